@@ -1,0 +1,117 @@
+// Package ntb is the device model of a PCIe non-transparent bridge port as
+// ntstack sees it: memory windows, doorbells, scratchpads and link state.
+//
+// A Device is one end of one link. Its inbound window is local memory that
+// the peer writes across the bridge; its outbound window is this side's
+// mapping of the peer's inbound window. The rule every user of a Device
+// follows is "poll local, write remote": a side only ever polls words in its
+// inbound window, and only ever writes the peer's inbound window through its
+// outbound mapping. Reads across the bridge are round trips on real
+// hardware; nothing in ntstack issues them on a hot path.
+//
+// Backends:
+//   - ntb/shm: the emulated fabric, shared-memory files between processes
+//     (the default and what tests, the demo and the benchmarks use);
+//   - ntb/ntbtest: an in-memory pair for unit tests of upper layers.
+//
+// Concurrency: every Device method is safe for concurrent use. The window
+// slices stay valid until Close; touching them afterwards faults (shm) or
+// reads stale memory (ntbtest), so owners close the device last.
+//
+// Everything read from the inbound window was written by the peer and is
+// untrusted: layers above validate every index, length and offset they
+// take from it.
+package ntb
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// ErrNotSupported reports a capability the backend or platform lacks (no
+// IOMMU, no write-combining, no such doorbell). Match it with errors.Is.
+var ErrNotSupported = errors.New("not supported")
+
+// ErrLinkDown is returned by operations that need the peer while the link
+// is down.
+var ErrLinkDown = errors.New("ntb link down")
+
+// ErrClosed is returned by operations on a closed Device.
+var ErrClosed = errors.New("ntb device closed")
+
+// LinkState is the state of the link between this port and its peer.
+type LinkState int
+
+const (
+	LinkDown LinkState = iota
+	LinkUp
+)
+
+func (s LinkState) String() string {
+	if s == LinkUp {
+		return "up"
+	}
+	return "down"
+}
+
+// LinkEvent reports a change of link state.
+type LinkEvent struct {
+	State LinkState
+	// Reason says why the link changed, for logs ("peer attached",
+	// "peer heartbeat lost for 60ms", "forced down").
+	Reason string
+	Time   time.Time
+}
+
+// Device is one port of an NTB link.
+type Device interface {
+	// Name identifies the device in logs and errors.
+	Name() string
+
+	// InboundWindow is local memory the peer writes through its outbound
+	// window. Its contents are untrusted.
+	InboundWindow() []byte
+	// OutboundWindow is this side's mapping of the peer's inbound window.
+	// It has the same size as the peer's inbound window. Writes are posted;
+	// never read from it on a hot path.
+	OutboundWindow() []byte
+
+	// DoorbellCount is the number of doorbell bits (bit i < DoorbellCount).
+	DoorbellCount() int
+	// RingPeer sets doorbell bits on the peer. Cheap if the peer is not
+	// sleeping; a wake-up otherwise.
+	RingPeer(bits uint64) error
+	// Doorbells returns the pending local doorbell bits, masked ones
+	// included.
+	Doorbells() uint64
+	// ClearDoorbells acknowledges pending local bits.
+	ClearDoorbells(bits uint64)
+	// SetDoorbellMask masks bits: a masked bit stays pending but does not
+	// wake WaitDoorbell. Unmask with ClearDoorbellMask.
+	SetDoorbellMask(bits uint64)
+	ClearDoorbellMask(bits uint64)
+	// WaitDoorbell blocks until an unmasked bit in want is pending, the
+	// link changes state, ctx ends or the device closes, and returns the
+	// pending bits of want (possibly zero on a link change). It does not
+	// clear them. Callers re-check their condition after every return.
+	WaitDoorbell(ctx context.Context, want uint64) (uint64, error)
+
+	// ScratchpadCount is the number of 32-bit scratchpad registers.
+	ScratchpadCount() int
+	// Scratchpad reads local scratchpad i (written by the peer).
+	Scratchpad(i int) (uint32, error)
+	// SetPeerScratchpad writes the peer's scratchpad i.
+	SetPeerScratchpad(i int, v uint32) error
+
+	// Link is the current link state.
+	Link() LinkState
+	// LinkEvents delivers link state changes. The channel is buffered and
+	// closed on Close; a slow reader misses intermediate events but always
+	// sees the latest state through Link.
+	LinkEvents() <-chan LinkEvent
+
+	// Close detaches from the link (the peer sees it go down) and unmaps
+	// the windows. It is idempotent.
+	Close() error
+}
