@@ -1,0 +1,205 @@
+// Package ntbtest provides an in-memory ntb.Device pair for unit tests of
+// the layers above ntb, and a conformance suite every backend passes.
+//
+// The two ends share heap memory: what one writes through its outbound
+// window appears in the other's inbound window. Doorbells, scratchpads and
+// link state behave like the emulated fabric's, without files, processes or
+// privileges. The pair starts with the link up.
+package ntbtest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ntstack/ntstack/ntb"
+)
+
+const (
+	doorbellBits   = 64
+	scratchpadRegs = 64
+)
+
+// Device is one end of an in-memory pair.
+type Device struct {
+	name string
+	peer *Device
+	in   []byte
+
+	mu sync.Mutex
+	// mu protects the following fields.
+	pending uint64
+	mask    uint64
+	spads   [scratchpadRegs]uint32
+	link    ntb.LinkState
+	closed  bool
+	notify  chan struct{} // closed and replaced on every change waiters care about
+
+	events chan ntb.LinkEvent
+}
+
+var _ ntb.Device = (*Device)(nil)
+
+// NewPair returns two connected ends with windows of the given size each.
+func NewPair(window int) (*Device, *Device) {
+	a := newDevice("ntbtest/0", window)
+	b := newDevice("ntbtest/1", window)
+	a.peer, b.peer = b, a
+	return a, b
+}
+
+func newDevice(name string, window int) *Device {
+	// Backed by uint64s so the window is 8-byte aligned, as a mapping is.
+	words := make([]uint64, (window+7)/8)
+	return &Device{
+		name:   name,
+		in:     unsafeBytes(words)[:window],
+		link:   ntb.LinkUp,
+		notify: make(chan struct{}),
+		events: make(chan ntb.LinkEvent, 16),
+	}
+}
+
+func (d *Device) Name() string           { return d.name }
+func (d *Device) InboundWindow() []byte  { return d.in }
+func (d *Device) OutboundWindow() []byte { return d.peer.in }
+func (d *Device) DoorbellCount() int     { return doorbellBits }
+
+// changedLocked wakes every waiter.
+func (d *Device) changedLocked() {
+	close(d.notify)
+	d.notify = make(chan struct{})
+}
+
+func (d *Device) RingPeer(bits uint64) error {
+	d.mu.Lock()
+	closed := d.closed
+	d.mu.Unlock()
+	if closed {
+		return ntb.ErrClosed
+	}
+	p := d.peer
+	p.mu.Lock()
+	p.pending |= bits
+	p.changedLocked()
+	p.mu.Unlock()
+	return nil
+}
+
+func (d *Device) Doorbells() uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.pending
+}
+
+func (d *Device) ClearDoorbells(bits uint64) {
+	d.mu.Lock()
+	d.pending &^= bits
+	d.mu.Unlock()
+}
+
+func (d *Device) SetDoorbellMask(bits uint64) {
+	d.mu.Lock()
+	d.mask |= bits
+	d.mu.Unlock()
+}
+
+func (d *Device) ClearDoorbellMask(bits uint64) {
+	d.mu.Lock()
+	d.mask &^= bits
+	d.changedLocked()
+	d.mu.Unlock()
+}
+
+func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) {
+	d.mu.Lock()
+	link := d.link
+	for {
+		p := d.pending & want
+		switch {
+		case d.closed:
+			d.mu.Unlock()
+			return 0, ntb.ErrClosed
+		case p&^d.mask != 0 || d.link != link:
+			d.mu.Unlock()
+			return p, nil
+		}
+		ch := d.notify
+		d.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return d.Doorbells() & want, ctx.Err()
+		}
+		d.mu.Lock()
+	}
+}
+
+func (d *Device) ScratchpadCount() int { return scratchpadRegs }
+
+func (d *Device) Scratchpad(i int) (uint32, error) {
+	if i < 0 || i >= scratchpadRegs {
+		return 0, fmt.Errorf("scratchpad %d of %d: out of range", i, scratchpadRegs)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.spads[i], nil
+}
+
+func (d *Device) SetPeerScratchpad(i int, v uint32) error {
+	if i < 0 || i >= scratchpadRegs {
+		return fmt.Errorf("scratchpad %d of %d: out of range", i, scratchpadRegs)
+	}
+	p := d.peer
+	p.mu.Lock()
+	p.spads[i] = v
+	p.mu.Unlock()
+	return nil
+}
+
+func (d *Device) Link() ntb.LinkState {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.link
+}
+
+func (d *Device) LinkEvents() <-chan ntb.LinkEvent { return d.events }
+
+// SetLink changes the link state on both ends, as a cable pull or a
+// retrain would.
+func (d *Device) SetLink(s ntb.LinkState, reason string) {
+	d.setLink(s, reason)
+	d.peer.setLink(s, reason)
+}
+
+func (d *Device) setLink(s ntb.LinkState, reason string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed || d.link == s {
+		return
+	}
+	d.link = s
+	d.changedLocked()
+	select {
+	case d.events <- ntb.LinkEvent{State: s, Reason: reason, Time: time.Now()}:
+	default:
+	}
+}
+
+// Close takes the link down on both ends.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.mu.Unlock()
+	d.SetLink(ntb.LinkDown, "peer detached")
+	d.mu.Lock()
+	d.closed = true
+	d.changedLocked()
+	close(d.events)
+	d.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,70 @@
+package shm
+
+// A link is one file, by default /dev/shm/ntstack/<name>, mapped shared by
+// the two processes that attach its ends (side 0 and side 1):
+//
+//	file offset        size   what
+//	0                  4 KiB  link header (written once, by whoever creates the file)
+//	4 KiB              4 KiB  registers of side 0 (written by side 1)
+//	8 KiB              4 KiB  registers of side 1 (written by side 0)
+//	12 KiB             W      inbound window of side 0 (side 1's outbound)
+//	12 KiB + W         W      inbound window of side 1 (side 0's outbound)
+//
+// Link header:
+//
+//	off  size  field
+//	  0     4  magic "NTBL"
+//	  4     4  layout version
+//	  8     8  window size W (bytes, a multiple of 4 KiB)
+//
+// Registers of side S. Every word is written by the peer P and only read
+// by S, like a real NTB port's doorbell and scratchpad registers:
+//
+//	off  size  field
+//	  0     4  doorbell sequence: P adds one after every ring; S sleeps on it (futex)
+//	  4     4  reserved
+//	  8     8  P's attach generation (0 = P detached)
+//	 16     8  P's heartbeat count
+//	 24    40  reserved
+//	 64   256  doorbell counters, 64 x uint32: P adds one to bit i's counter to ring it
+//	320   256  scratchpads, 64 x uint32
+//
+// Side claims and initialisation use open-file-description byte-range locks
+// on the link file (byte 0: init, byte 1+S: side S), which the kernel drops
+// when a process exits, so a crashed side can be claimed again at once.
+//
+// Heartbeats: every HeartbeatInterval each side adds one to its count in the
+// peer's registers. A side considers the link up while the peer's count
+// moved within HeartbeatTimeout; 10 ms and 50 ms put detection of a dead peer
+// at ≤ 60 ms, inside the 100 ms the project promises, at a cost of 100
+// wake-ups a second (well under 0.1% of a core).
+const (
+	fileMagic   = 0x4c42544e // "NTBL"
+	fileVersion = 1
+
+	offFileMagic   = 0
+	offFileVersion = 4
+	offFileWindow  = 8
+
+	pageSize   = 4096
+	headerSize = pageSize
+	regsSize   = pageSize
+	offRegs    = headerSize // + side*regsSize
+	offWindows = headerSize + 2*regsSize
+
+	regDoorbellSeq = 0
+	regGeneration  = 8
+	regHeartbeat   = 16
+	regDoorbells   = 64
+	regScratchpads = 320
+
+	doorbellBits   = 64
+	scratchpadRegs = 64
+
+	lockInit = 0 // byte offsets used as lock ranges
+	lockSide = 1
+)
+
+func regsOffset(side int) int           { return offRegs + side*regsSize }
+func windowOffset(side, window int) int { return offWindows + side*window }
+func fileSize(window int) int           { return offWindows + 2*window }

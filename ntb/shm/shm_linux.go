@@ -1,0 +1,555 @@
+// Package shm is the emulated NTB fabric: two processes on one host attach
+// the two ends of a link through a shared-memory file, and each sees the
+// other's inbound window as its outbound window, with doorbells, scratchpads
+// and link state that behave like a real NTB port's. It is ntstack's default
+// backend, used by the demo, the tests and the benchmarks; processes in
+// different network namespaces share it as long as they share /dev/shm.
+//
+// The layout of the link file is drawn in layout.go. Doorbells are futex
+// words in the file, so a sleeping peer wakes in one syscall; the link is
+// up while both sides are attached and their heartbeats keep moving.
+//
+// Concurrency: a Device is safe for concurrent use. Lifetime: the window
+// slices are unmapped by Close; using them afterwards faults, so owners
+// close the Device after everything that holds a window.
+package shm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ntstack/ntstack/ntb"
+)
+
+// Defaults for Options.
+const (
+	DefaultDir               = "/dev/shm/ntstack"
+	DefaultWindowSize        = 16 << 20
+	DefaultHeartbeatInterval = 10 * time.Millisecond
+	DefaultHeartbeatTimeout  = 50 * time.Millisecond
+
+	waitSlice = 100 * time.Millisecond
+)
+
+// Side selects which end of a link to attach.
+type Side int
+
+const (
+	// AnySide, the zero value, claims side 0 if it is free, else side 1.
+	AnySide Side = iota
+	Side0
+	Side1
+)
+
+// Options configure Open. The zero value attaches any free side of a link
+// with a 16 MiB window per side under /dev/shm/ntstack.
+type Options struct {
+	Dir               string
+	Side              Side
+	WindowSize        int // per side; both ends must agree
+	HeartbeatInterval time.Duration
+	HeartbeatTimeout  time.Duration
+}
+
+func (o *Options) setDefaults() {
+	if o.Dir == "" {
+		o.Dir = DefaultDir
+	}
+	if o.WindowSize == 0 {
+		o.WindowSize = DefaultWindowSize
+	}
+	if o.HeartbeatInterval == 0 {
+		o.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if o.HeartbeatTimeout == 0 {
+		o.HeartbeatTimeout = DefaultHeartbeatTimeout
+	}
+}
+
+// Device is one end of an emulated link.
+type Device struct {
+	name string
+	side int
+	file *os.File
+	mem  []byte // the whole link file, mapped shared
+
+	local  []byte // our registers (written by the peer)
+	remote []byte // the peer's registers (written by us)
+	in     []byte
+	out    []byte
+
+	gen      uint64 // our attach generation
+	interval time.Duration
+	timeout  time.Duration
+
+	events chan ntb.LinkEvent
+	stop   chan struct{}
+	done   chan struct{}
+
+	link      atomic.Int32 // ntb.LinkState
+	linkSeq   atomic.Uint64
+	forceDown atomic.Bool
+	closeOnce sync.Once
+	closeErr  error
+
+	// users is held shared by every method that touches the mapping and
+	// exclusively by Close to unmap it.
+	users  sync.RWMutex
+	closed atomic.Bool
+
+	mu sync.Mutex
+	// mu protects the following fields.
+	seen      [doorbellBits]uint32 // doorbell counters as of the last clear
+	mask      uint64
+	ringCount [doorbellBits]uint32 // our own count per peer bit
+	ringSeq   uint32
+}
+
+var _ ntb.Device = (*Device)(nil)
+
+// Open attaches one end of the link called name, creating the link file if
+// it does not exist.
+func Open(name string, o Options) (_ *Device, err error) {
+	o.setDefaults()
+	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
+		return nil, fmt.Errorf("open link %q: invalid name", name)
+	}
+	if o.WindowSize <= 0 || o.WindowSize%pageSize != 0 {
+		return nil, fmt.Errorf("open link %q: window size %d is not a positive multiple of %d", name, o.WindowSize, pageSize)
+	}
+	if err := os.MkdirAll(o.Dir, 0o770); err != nil {
+		return nil, fmt.Errorf("open link %q: %w", name, err)
+	}
+	path := filepath.Join(o.Dir, name)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o660)
+	if err != nil {
+		return nil, fmt.Errorf("open link %q: %w", name, err)
+	}
+	d := &Device{name: name, file: f, interval: o.HeartbeatInterval, timeout: o.HeartbeatTimeout}
+	defer func() {
+		if err != nil {
+			d.release()
+			err = fmt.Errorf("open link %q: %w", name, err)
+		}
+	}()
+	if err := d.claim(o.Side); err != nil {
+		return nil, err
+	}
+	if err := d.initFile(o.WindowSize); err != nil {
+		return nil, err
+	}
+	d.mem, err = unix.Mmap(int(f.Fd()), 0, fileSize(o.WindowSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		d.mem = nil
+		return nil, fmt.Errorf("map link file: %w", err)
+	}
+	peer := 1 - d.side
+	d.local = d.mem[regsOffset(d.side) : regsOffset(d.side)+regsSize]
+	d.remote = d.mem[regsOffset(peer) : regsOffset(peer)+regsSize]
+	d.in = d.mem[windowOffset(d.side, o.WindowSize) : windowOffset(d.side, o.WindowSize)+o.WindowSize]
+	d.out = d.mem[windowOffset(peer, o.WindowSize) : windowOffset(peer, o.WindowSize)+o.WindowSize]
+
+	// Resume the peer's doorbell counters where they are, so that rings
+	// meant for an earlier attachment do not look pending.
+	for i := range d.seen {
+		d.seen[i] = load32(d.local, regDoorbells+4*i)
+	}
+	d.ringSeq = load32(d.remote, regDoorbellSeq)
+	for i := range d.ringCount {
+		d.ringCount[i] = load32(d.remote, regDoorbells+4*i)
+	}
+	// A generation unlike any earlier one tells the peer we are new.
+	d.gen = rand.Uint64() | 1
+	store64(d.remote, regGeneration, d.gen)
+
+	d.events = make(chan ntb.LinkEvent, 16)
+	d.stop = make(chan struct{})
+	d.done = make(chan struct{})
+	go d.runMonitor()
+	return d, nil
+}
+
+// claim takes the lock of the requested side.
+func (d *Device) claim(s Side) error {
+	var sides []int
+	switch s {
+	case AnySide:
+		sides = []int{0, 1}
+	case Side0, Side1:
+		sides = []int{int(s - Side0)}
+	default:
+		return fmt.Errorf("invalid side %d", s)
+	}
+	for _, side := range sides {
+		err := d.lock(lockSide+side, false)
+		if err == nil {
+			d.side = side
+			return nil
+		}
+		if !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EACCES) {
+			return fmt.Errorf("claim side %d: %w", side, err)
+		}
+	}
+	if s == AnySide {
+		return errors.New("both ends are attached by other processes")
+	}
+	return fmt.Errorf("side %d is attached by another process", s-Side0)
+}
+
+// initFile sizes and stamps a new link file, or checks an existing one.
+// A file with another layout is rebuilt only if nobody holds its other end.
+func (d *Device) initFile(window int) error {
+	if err := d.lock(lockInit, true); err != nil {
+		return fmt.Errorf("lock link file: %w", err)
+	}
+	defer d.unlock(lockInit)
+	var hdr [16]byte
+	if n, _ := d.file.ReadAt(hdr[:], 0); n == len(hdr) && le.Uint32(hdr[offFileMagic:]) != 0 {
+		magic, version, size := le.Uint32(hdr[offFileMagic:]), le.Uint32(hdr[offFileVersion:]), le.Uint64(hdr[offFileWindow:])
+		mismatch := ""
+		switch {
+		case magic != fileMagic:
+			mismatch = fmt.Sprintf("magic %#x is not an ntstack link", magic)
+		case version != fileVersion:
+			mismatch = fmt.Sprintf("layout version %d, this build speaks %d", version, fileVersion)
+		case size != uint64(window):
+			mismatch = fmt.Sprintf("window size %d, this end asks for %d", size, window)
+		}
+		if mismatch == "" {
+			return nil
+		}
+		if d.lock(lockSide+1-d.side, false) != nil {
+			return fmt.Errorf("link file %s: %s, and its other end is attached", d.file.Name(), mismatch)
+		}
+		d.unlock(lockSide + 1 - d.side)
+	}
+	// New (or abandoned and mismatched): zero it at the right size.
+	if err := d.file.Truncate(0); err != nil {
+		return err
+	}
+	if err := d.file.Truncate(int64(fileSize(window))); err != nil {
+		return err
+	}
+	le.PutUint32(hdr[offFileMagic:], fileMagic)
+	le.PutUint32(hdr[offFileVersion:], fileVersion)
+	le.PutUint64(hdr[offFileWindow:], uint64(window))
+	_, err := d.file.WriteAt(hdr[:], 0)
+	return err
+}
+
+func (d *Device) lock(b int, wait bool) error {
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: int64(b), Len: 1}
+	cmd := unix.F_OFD_SETLK
+	if wait {
+		cmd = unix.F_OFD_SETLKW
+	}
+	return unix.FcntlFlock(d.file.Fd(), cmd, &lk)
+}
+
+func (d *Device) unlock(b int) {
+	lk := unix.Flock_t{Type: unix.F_UNLCK, Whence: 0, Start: int64(b), Len: 1}
+	_ = unix.FcntlFlock(d.file.Fd(), unix.F_OFD_SETLK, &lk)
+}
+
+// enter guards the mapping against Close; call exit when done.
+func (d *Device) enter() bool {
+	d.users.RLock()
+	if d.closed.Load() {
+		d.users.RUnlock()
+		return false
+	}
+	return true
+}
+
+func (d *Device) exit() { d.users.RUnlock() }
+
+// Name is the link name and side, e.g. "demo/0".
+func (d *Device) Name() string { return fmt.Sprintf("%s/%d", d.name, d.side) }
+
+// Side is the end of the link this Device holds: 0 or 1.
+func (d *Device) Side() int { return d.side }
+
+func (d *Device) InboundWindow() []byte  { return d.in }
+func (d *Device) OutboundWindow() []byte { return d.out }
+
+func (d *Device) DoorbellCount() int { return doorbellBits }
+
+// RingPeer adds one to the peer's counter of every bit set, then to its
+// doorbell sequence, and wakes it if it sleeps.
+func (d *Device) RingPeer(bits uint64) error {
+	if !d.enter() {
+		return ntb.ErrClosed
+	}
+	defer d.exit()
+	d.mu.Lock()
+	for i := 0; bits != 0; i, bits = i+1, bits>>1 {
+		if bits&1 != 0 {
+			d.ringCount[i]++
+			store32(d.remote, regDoorbells+4*i, d.ringCount[i])
+		}
+	}
+	d.ringSeq++
+	store32(d.remote, regDoorbellSeq, d.ringSeq)
+	d.mu.Unlock()
+	futexWake(d.remote, regDoorbellSeq)
+	return nil
+}
+
+func (d *Device) Doorbells() uint64 {
+	if !d.enter() {
+		return 0
+	}
+	defer d.exit()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.pendingLocked()
+}
+
+func (d *Device) pendingLocked() uint64 {
+	var p uint64
+	for i := range d.seen {
+		if load32(d.local, regDoorbells+4*i) != d.seen[i] {
+			p |= 1 << i
+		}
+	}
+	return p
+}
+
+func (d *Device) ClearDoorbells(bits uint64) {
+	if !d.enter() {
+		return
+	}
+	defer d.exit()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i := 0; bits != 0; i, bits = i+1, bits>>1 {
+		if bits&1 != 0 {
+			d.seen[i] = load32(d.local, regDoorbells+4*i)
+		}
+	}
+}
+
+func (d *Device) SetDoorbellMask(bits uint64) {
+	d.mu.Lock()
+	d.mask |= bits
+	d.mu.Unlock()
+}
+
+func (d *Device) ClearDoorbellMask(bits uint64) {
+	d.mu.Lock()
+	d.mask &^= bits
+	d.mu.Unlock()
+	if d.enter() {
+		futexWake(d.local, regDoorbellSeq) // a newly unmasked bit may be pending
+		d.exit()
+	}
+}
+
+// WaitDoorbell sleeps on the doorbell sequence word until an unmasked bit
+// of want is pending. The monitor wakes it on link changes and Close.
+func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) {
+	if !d.enter() {
+		return 0, ntb.ErrClosed
+	}
+	defer d.exit()
+	linkSeq := d.linkSeq.Load()
+	stop := context.AfterFunc(ctx, func() {
+		if d.enter() {
+			futexWake(d.local, regDoorbellSeq)
+			d.exit()
+		}
+	})
+	defer stop()
+	for {
+		seq := load32(d.local, regDoorbellSeq)
+		d.mu.Lock()
+		p := d.pendingLocked() & want
+		mask := d.mask
+		d.mu.Unlock()
+		switch {
+		case d.closed.Load():
+			return 0, ntb.ErrClosed
+		case p&^mask != 0:
+			return p, nil
+		case d.linkSeq.Load() != linkSeq:
+			return p, nil
+		case ctx.Err() != nil:
+			return p, ctx.Err()
+		}
+		// The slice bounds the sleep of a waiter that raced with Close.
+		futexWait(d.local, regDoorbellSeq, seq, waitSlice)
+	}
+}
+
+func (d *Device) ScratchpadCount() int { return scratchpadRegs }
+
+func (d *Device) Scratchpad(i int) (uint32, error) {
+	if i < 0 || i >= scratchpadRegs {
+		return 0, fmt.Errorf("scratchpad %d of %d: out of range", i, scratchpadRegs)
+	}
+	if !d.enter() {
+		return 0, ntb.ErrClosed
+	}
+	defer d.exit()
+	return load32(d.local, regScratchpads+4*i), nil
+}
+
+func (d *Device) SetPeerScratchpad(i int, v uint32) error {
+	if i < 0 || i >= scratchpadRegs {
+		return fmt.Errorf("scratchpad %d of %d: out of range", i, scratchpadRegs)
+	}
+	if !d.enter() {
+		return ntb.ErrClosed
+	}
+	defer d.exit()
+	store32(d.remote, regScratchpads+4*i, v)
+	return nil
+}
+
+func (d *Device) Link() ntb.LinkState { return ntb.LinkState(d.link.Load()) }
+
+func (d *Device) LinkEvents() <-chan ntb.LinkEvent { return d.events }
+
+// ForceLinkDown is fault injection: the device stops heartbeating and
+// reports the link down until ForceLinkUp; the peer sees the heartbeat stop.
+func (d *Device) ForceLinkDown() { d.forceDown.Store(true) }
+
+// ForceLinkUp ends ForceLinkDown.
+func (d *Device) ForceLinkUp() { d.forceDown.Store(false) }
+
+// CorruptInbound is fault injection: it overwrites n bytes of the inbound
+// window at off with pseudo-random bytes from seed, as a faulty or hostile
+// peer might.
+func (d *Device) CorruptInbound(off, n int, seed uint64) {
+	if !d.enter() {
+		return
+	}
+	defer d.exit()
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	for i := off; i < off+n && i < len(d.in); i++ {
+		d.in[i] = byte(rng.Uint32())
+	}
+}
+
+// runMonitor beats our heart in the peer's registers and watches the
+// peer's in ours. The link is up once the peer's heartbeat has moved since
+// we attached (so a dead peer's leftover registers never look alive) and
+// stays up while it keeps moving and the peer's generation stays the same.
+func (d *Device) runMonitor() {
+	defer close(d.done)
+	defer close(d.events)
+	t := time.NewTicker(d.interval)
+	defer t.Stop()
+	beats := load64(d.remote, regHeartbeat)
+	lastBeat := load64(d.local, regHeartbeat)
+	var lastMove time.Time // zero until the peer's heartbeat moves
+	var upGen uint64
+	state := ntb.LinkDown
+	for {
+		now := time.Now()
+		forced := d.forceDown.Load()
+		if !forced {
+			beats++
+			store64(d.remote, regHeartbeat, beats)
+		}
+		gen, beat := load64(d.local, regGeneration), load64(d.local, regHeartbeat)
+		if beat != lastBeat {
+			lastBeat, lastMove = beat, now
+		}
+		next, why := ntb.LinkUp, "peer attached"
+		switch {
+		case forced:
+			next, why = ntb.LinkDown, "forced down"
+		case gen == 0:
+			next, why = ntb.LinkDown, "peer detached"
+		case lastMove.IsZero():
+			next = ntb.LinkDown
+		case now.Sub(lastMove) > d.timeout:
+			next, why = ntb.LinkDown, fmt.Sprintf("peer heartbeat lost for %v", now.Sub(lastMove).Round(time.Millisecond))
+		}
+		if state == ntb.LinkUp && next == ntb.LinkUp && gen != upGen {
+			d.setLink(ntb.LinkDown, "peer re-attached", now) // the peer we knew is gone
+			state = ntb.LinkDown
+		}
+		if next != state {
+			d.setLink(next, why, now)
+			state, upGen = next, gen
+		}
+		select {
+		case <-d.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (d *Device) setLink(s ntb.LinkState, why string, at time.Time) {
+	d.link.Store(int32(s))
+	d.linkSeq.Add(1)
+	ev := ntb.LinkEvent{State: s, Reason: why, Time: at}
+	select {
+	case d.events <- ev:
+	default: // full: drop the oldest, keep the newest
+		select {
+		case <-d.events:
+		default:
+		}
+		select {
+		case d.events <- ev:
+		default:
+		}
+	}
+	futexWake(d.local, regDoorbellSeq)
+}
+
+// Close detaches: the peer sees the link go down at its next check.
+func (d *Device) Close() error {
+	d.closeOnce.Do(func() {
+		close(d.stop)
+		<-d.done
+		d.closed.Store(true)
+		store64(d.remote, regGeneration, 0)
+		futexWake(d.remote, regDoorbellSeq)
+		futexWake(d.local, regDoorbellSeq)
+		d.users.Lock() // wait for methods in flight
+		d.closeErr = d.release()
+		d.users.Unlock()
+	})
+	return d.closeErr
+}
+
+func (d *Device) release() error {
+	var errs []error
+	if d.mem != nil {
+		errs = append(errs, unix.Munmap(d.mem))
+		d.mem = nil
+	}
+	if d.file != nil {
+		errs = append(errs, d.file.Close()) // drops our locks
+		d.file = nil
+	}
+	return errors.Join(errs...)
+}
+
+// Remove deletes the link file. Attached ends keep working; new ones
+// create a fresh file.
+func Remove(dir, name string) error {
+	if dir == "" {
+		dir = DefaultDir
+	}
+	err := os.Remove(filepath.Join(dir, name))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,109 @@
+package shm
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ntstack/ntstack/ntb"
+	"github.com/ntstack/ntstack/ntb/ntbtest"
+)
+
+var linkSeq atomic.Int64
+
+// testDir is a fresh directory under /dev/shm (tmpfs, like production).
+func testDir(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join("/dev/shm", fmt.Sprintf("ntstack-test-%d-%d", os.Getpid(), linkSeq.Add(1)))
+	require.NoError(t, os.MkdirAll(dir, 0o700))
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+func openPair(t *testing.T, o Options) (*Device, *Device) {
+	t.Helper()
+	a, err := Open("l", o)
+	require.NoError(t, err)
+	b, err := Open("l", o)
+	require.NoError(t, err)
+	return a, b
+}
+
+func TestConformance(t *testing.T) {
+	ntbtest.Conformance(t, func(t *testing.T) (ntb.Device, ntb.Device) {
+		a, b := openPair(t, Options{Dir: testDir(t), WindowSize: 64 << 10})
+		return a, b
+	})
+}
+
+func TestSides(t *testing.T) {
+	dir := testDir(t)
+	o := Options{Dir: dir, WindowSize: 64 << 10}
+	a, b := openPair(t, o)
+	require.Equal(t, 0, a.Side())
+	require.Equal(t, 1, b.Side())
+	_, err := Open("l", o)
+	require.ErrorContains(t, err, "both ends are attached")
+
+	// A side freed by Close can be claimed again, and the survivor sees a
+	// new peer come up.
+	require.NoError(t, b.Close())
+	ntbtest.WaitLink(t, a, ntb.LinkDown, ntbtest.LinkDetectTimeout)
+	o.Side = Side1
+	c, err := Open("l", o)
+	require.NoError(t, err)
+	defer c.Close()
+	defer a.Close()
+	ntbtest.WaitLink(t, a, ntb.LinkUp, time.Second)
+	ntbtest.WaitLink(t, c, ntb.LinkUp, time.Second)
+}
+
+func TestLayoutMismatch(t *testing.T) {
+	dir := testDir(t)
+	a, err := Open("l", Options{Dir: dir, WindowSize: 64 << 10})
+	require.NoError(t, err)
+	defer a.Close()
+	_, err = Open("l", Options{Dir: dir, WindowSize: 128 << 10})
+	require.ErrorContains(t, err, "window size 65536, this end asks for 131072")
+
+	// With nobody attached, a mismatched file is rebuilt.
+	require.NoError(t, a.Close())
+	b, err := Open("l", Options{Dir: dir, WindowSize: 128 << 10})
+	require.NoError(t, err)
+	require.Len(t, b.InboundWindow(), 128<<10)
+	require.NoError(t, b.Close())
+
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "junk"), make([]byte, 100), 0o600))
+	_, err = Open("bad/name", Options{Dir: dir})
+	require.ErrorContains(t, err, "invalid name")
+}
+
+func TestForcedDownAndHeartbeatLoss(t *testing.T) {
+	a, b := openPair(t, Options{Dir: testDir(t), WindowSize: 64 << 10})
+	defer a.Close()
+	defer b.Close()
+	ntbtest.WaitLink(t, a, ntb.LinkUp, time.Second)
+	ntbtest.WaitLink(t, b, ntb.LinkUp, time.Second)
+
+	start := time.Now()
+	a.ForceLinkDown()
+	ntbtest.WaitLink(t, a, ntb.LinkDown, ntbtest.LinkDetectTimeout)
+	ntbtest.WaitLink(t, b, ntb.LinkDown, ntbtest.LinkDetectTimeout) // a's heartbeat stopped
+	t.Logf("heartbeat loss detected in %v", time.Since(start).Round(time.Millisecond))
+	a.ForceLinkUp()
+	ntbtest.WaitLink(t, a, ntb.LinkUp, time.Second)
+	ntbtest.WaitLink(t, b, ntb.LinkUp, time.Second)
+}
+
+func TestCorruptInbound(t *testing.T) {
+	a, b := openPair(t, Options{Dir: testDir(t), WindowSize: 64 << 10})
+	defer a.Close()
+	defer b.Close()
+	b.CorruptInbound(100, 8, 1)
+	require.NotEqual(t, make([]byte, 8), a.OutboundWindow()[100:108])
+}
