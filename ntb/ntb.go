@@ -68,6 +68,10 @@ type LinkEvent struct {
 type Device interface {
 	// Name identifies the device in logs and errors.
 	Name() string
+	// Port is this end's index on the link, 0 or 1 (Linux's
+	// ntb_port_number). The two ends of a link differ; upper layers use
+	// it to break symmetry.
+	Port() int
 
 	// InboundWindow is local memory the peer writes through its outbound
 	// window. Its contents are untrusted.

@@ -234,9 +234,10 @@ type Producer struct {
 	err          error
 }
 
-// NewProducer attaches the producing side. data is the consumer's data
-// region (formatted by the consumer), ctl our control block (formatted by
-// FormatCtl). Both must stay mapped while the Producer is used.
+// NewProducer attaches the producing side to a freshly formatted ring.
+// data is the consumer's data region (formatted by the consumer), ctl our
+// control block (formatted by FormatCtl). Both must stay mapped while the
+// Producer is used.
 func NewProducer(data, ctl []byte) (*Producer, error) {
 	size, err := checkRegion(data)
 	if err != nil {
@@ -245,11 +246,9 @@ func NewProducer(data, ctl []byte) (*Producer, error) {
 	if err := checkCtl(ctl); err != nil {
 		return nil, fmt.Errorf("attach ring producer: %w", err)
 	}
-	p := &Producer{data: data[:HeaderSize+size], ctl: ctl[:CtlSize], size: uint64(size), mask: uint64(size) - 1}
-	p.dataWakeSeen = load64(p.ctl, offDataWake)
-	p.shadow = load64(p.ctl, offReadIdx)
-	p.write = p.shadow // a fresh ring: both zero
-	return p, nil
+	// Indices and wake generations start at zero, the formatted values:
+	// the consumer may have armed a wake already, which must still count.
+	return &Producer{data: data[:HeaderSize+size], ctl: ctl[:CtlSize], size: uint64(size), mask: uint64(size) - 1}, nil
 }
 
 // Size is the ring's data size in bytes.
@@ -374,8 +373,9 @@ type Consumer struct {
 	err           error
 }
 
-// NewConsumer attaches the consuming side. data is our data region
-// (formatted by Format), ctl the producer's control block.
+// NewConsumer attaches the consuming side to a freshly formatted ring.
+// data is our data region (formatted by Format), ctl the producer's
+// control block.
 func NewConsumer(data, ctl []byte) (*Consumer, error) {
 	size, err := checkRegion(data)
 	if err != nil {
@@ -384,10 +384,7 @@ func NewConsumer(data, ctl []byte) (*Consumer, error) {
 	if err := checkCtl(ctl); err != nil {
 		return nil, fmt.Errorf("attach ring consumer: %w", err)
 	}
-	c := &Consumer{data: data[:HeaderSize+size], ctl: ctl[:CtlSize], size: uint64(size), mask: uint64(size) - 1}
-	c.spaceWakeSeen = load64(c.data, offSpaceWake)
-	c.dataGen = load64(c.ctl, offDataWake)
-	return c, nil
+	return &Consumer{data: data[:HeaderSize+size], ctl: ctl[:CtlSize], size: uint64(size), mask: uint64(size) - 1}, nil
 }
 
 // Err returns the error that failed the consumer, if any.

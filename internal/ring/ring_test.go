@@ -132,6 +132,23 @@ func TestWriteBackWakesProducer(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// TestWakeArmedBeforeAttach: a consumer that arms before the producer
+// attaches must still be woken by the first record.
+func TestWakeArmedBeforeAttach(t *testing.T) {
+	data := make([]byte, RegionSize(MinSize))
+	ctl := make([]byte, CtlSize)
+	require.NoError(t, Format(data))
+	require.NoError(t, FormatCtl(ctl))
+	c, err := NewConsumer(data, ctl)
+	require.NoError(t, err)
+	c.ArmDataWake()
+	p, err := NewProducer(data, ctl)
+	require.NoError(t, err)
+	_, err = p.Reserve(1)
+	require.NoError(t, err)
+	require.True(t, p.Commit(1))
+}
+
 func TestDataWake(t *testing.T) {
 	p, c, _, _ := newPair(t, MinSize)
 	put(t, p, 1, []byte{1})

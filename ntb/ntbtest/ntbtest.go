@@ -24,6 +24,7 @@ const (
 // Device is one end of an in-memory pair.
 type Device struct {
 	name string
+	port int
 	peer *Device
 	in   []byte
 
@@ -45,6 +46,7 @@ var _ ntb.Device = (*Device)(nil)
 func NewPair(window int) (*Device, *Device) {
 	a := newDevice("ntbtest/0", window)
 	b := newDevice("ntbtest/1", window)
+	b.port = 1
 	a.peer, b.peer = b, a
 	return a, b
 }
@@ -62,6 +64,7 @@ func newDevice(name string, window int) *Device {
 }
 
 func (d *Device) Name() string           { return d.name }
+func (d *Device) Port() int              { return d.port }
 func (d *Device) InboundWindow() []byte  { return d.in }
 func (d *Device) OutboundWindow() []byte { return d.peer.in }
 func (d *Device) DoorbellCount() int     { return doorbellBits }

@@ -279,6 +279,9 @@ func (d *Device) Name() string { return fmt.Sprintf("%s/%d", d.name, d.side) }
 // Side is the end of the link this Device holds: 0 or 1.
 func (d *Device) Side() int { return d.side }
 
+// Port is the same as Side.
+func (d *Device) Port() int { return d.side }
+
 func (d *Device) InboundWindow() []byte  { return d.in }
 func (d *Device) OutboundWindow() []byte { return d.out }
 

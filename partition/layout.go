@@ -1,0 +1,140 @@
+package partition
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/ntstack/ntstack/internal/ring"
+)
+
+// Window layout. Each side formats its own inbound window; the peer writes
+// everything in it afterwards except the header:
+//
+//	off                     size           written by  what
+//	0                       64             owner       window header (below)
+//	4 KiB + 64*i            64             peer        control block of our TX ring of partition i
+//	                                                   (the peer, its consumer, writes back its read index)
+//	D + i*RegionSize(R)     64 + R         peer        data region of our RX ring of partition i
+//	                                                   (the peer, its producer, writes records)
+//
+// with D = 4 KiB + 64*P rounded up to 4 KiB, and R the largest power of two
+// with D + P*(64+R) <= W for window size W and P partitions. For the default
+// 16 MiB window and one partition: D = 8 KiB and R = 8 MiB (a 16 MiB ring
+// would need 16 MiB + 8 KiB + 64); 8 MiB rings stream fastest on this
+// machine class (DESIGN.md §4).
+//
+// Window header:
+//
+//	off  size  field
+//	  0     4  magic "NTBP"
+//	  4     2  layout version
+//	  6     2  partitions P
+//	  8     8  window size W
+//	 16     8  ring size R
+const (
+	winMagic   = 0x5042544e // "NTBP"
+	winVersion = 1
+
+	offWinMagic      = 0
+	offWinVersion    = 4
+	offWinPartitions = 6
+	offWinSize       = 8
+	offWinRing       = 16
+
+	ctlBase = 4096
+
+	// MaxPartitions bounds P so the control blocks fit their page run and
+	// each partition keeps a doorbell pair (bits 2i, 2i+1) below the
+	// session bit.
+	MaxPartitions = 31
+)
+
+// Layout is the arithmetic of one side's inbound window.
+type Layout struct {
+	Window     int
+	Partitions int
+	RingSize   int
+	dataBase   int
+}
+
+// NewLayout computes the layout of a window of the given size.
+func NewLayout(window, partitions int) (Layout, error) {
+	if partitions < 1 || partitions > MaxPartitions {
+		return Layout{}, fmt.Errorf("partitions %d: want 1..%d", partitions, MaxPartitions)
+	}
+	l := Layout{Window: window, Partitions: partitions}
+	l.dataBase = (ctlBase + ring.CtlSize*partitions + 4095) &^ 4095
+	if window > l.dataBase {
+		l.RingSize = ring.SizeFor((window - l.dataBase) / partitions)
+	}
+	if l.RingSize == 0 {
+		return Layout{}, fmt.Errorf("window of %d bytes cannot hold %d partitions of at least %d bytes", window, partitions, ring.MinSize)
+	}
+	return l, nil
+}
+
+// Ctl returns the control block of partition i's TX ring in window w.
+func (l Layout) Ctl(w []byte, i int) []byte {
+	off := ctlBase + ring.CtlSize*i
+	return w[off : off+ring.CtlSize]
+}
+
+// Data returns the data region of partition i's RX ring in window w.
+func (l Layout) Data(w []byte, i int) []byte {
+	n := ring.RegionSize(l.RingSize)
+	off := l.dataBase + n*i
+	return w[off : off+n]
+}
+
+// format writes the header and formats every ring region of our own
+// inbound window.
+func (l Layout) format(w []byte) error {
+	if len(w) < l.Window {
+		return fmt.Errorf("format window: %d bytes, layout needs %d", len(w), l.Window)
+	}
+	clear(w[:64])
+	binary.LittleEndian.PutUint32(w[offWinMagic:], winMagic)
+	binary.LittleEndian.PutUint16(w[offWinVersion:], winVersion)
+	binary.LittleEndian.PutUint16(w[offWinPartitions:], uint16(l.Partitions))
+	binary.LittleEndian.PutUint64(w[offWinSize:], uint64(l.Window))
+	binary.LittleEndian.PutUint64(w[offWinRing:], uint64(l.RingSize))
+	for i := range l.Partitions {
+		if err := ring.FormatCtl(l.Ctl(w, i)); err != nil {
+			return err
+		}
+		if err := ring.Format(l.Data(w, i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// peerLayout reads and checks the header of the peer's window (our
+// outbound window; a read across the bridge, done once per session).
+func peerLayout(w []byte, partitions int) (Layout, error) {
+	if len(w) < 64 {
+		return Layout{}, fmt.Errorf("peer window of %d bytes", len(w))
+	}
+	magic := binary.LittleEndian.Uint32(w[offWinMagic:])
+	version := binary.LittleEndian.Uint16(w[offWinVersion:])
+	parts := int(binary.LittleEndian.Uint16(w[offWinPartitions:]))
+	size := binary.LittleEndian.Uint64(w[offWinSize:])
+	switch {
+	case magic != winMagic:
+		return Layout{}, fmt.Errorf("peer window magic %#x is not ntstack's %#x", magic, winMagic)
+	case version != winVersion:
+		return Layout{}, fmt.Errorf("peer speaks window layout version %d, this build speaks %d", version, winVersion)
+	case parts != partitions:
+		return Layout{}, fmt.Errorf("peer has %d partitions, this side %d: configure both ends alike", parts, partitions)
+	case size != uint64(len(w)):
+		return Layout{}, fmt.Errorf("peer window header says %d bytes, the window has %d", size, len(w))
+	}
+	l, err := NewLayout(len(w), parts)
+	if err != nil {
+		return Layout{}, fmt.Errorf("peer window: %w", err)
+	}
+	if r := binary.LittleEndian.Uint64(w[offWinRing:]); r != uint64(l.RingSize) {
+		return Layout{}, fmt.Errorf("peer window header says rings of %d bytes, its layout gives %d", r, l.RingSize)
+	}
+	return l, nil
+}

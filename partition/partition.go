@@ -1,0 +1,117 @@
+package partition
+
+import (
+	"errors"
+	"sync"
+
+	"github.com/ntstack/ntstack/internal/ring"
+	"github.com/ntstack/ntstack/ntb"
+)
+
+// Partition is one ring pair of a session: a TX ring in the peer's window
+// and an RX ring in ours.
+//
+// Locking: TrySend and ArmSpace take the TX lock themselves. The RX ring is
+// consumed by whoever holds the RX lock (LockRX or TryLockRX); Peek,
+// Release and ArmData require it. A corrupt ring fails the session. Lock
+// order is RX before TX; never block on the TX ring while holding the RX
+// lock (TrySend does not block).
+type Partition struct {
+	Index int
+
+	sess              *Session
+	dev               ntb.Device
+	dataBit, spaceBit uint64
+
+	txMu sync.Mutex
+	// txMu protects the following fields.
+	tx *ring.Producer
+
+	rxMu sync.Mutex
+	// rxMu protects the following fields.
+	rx *ring.Consumer
+}
+
+// DataBit is the doorbell bit the peer rings when it publishes records for
+// us; SpaceBit the one it rings when it hands back room in our TX ring.
+func (p *Partition) DataBit() uint64  { return p.dataBit }
+func (p *Partition) SpaceBit() uint64 { return p.spaceBit }
+
+// MaxPayload is the largest record TrySend accepts.
+func (p *Partition) MaxPayload() int { return p.tx.MaxPayload() }
+
+// Session is the session the partition belongs to.
+func (p *Partition) Session() *Session { return p.sess }
+
+// TrySend publishes one record made of hdr followed by body, tagged with tag
+// (≤ ring.MaxTag), and rings the peer if it sleeps. It never blocks: with
+// no room it returns ring.ErrFull (arm with ArmSpace before sleeping). After
+// the session ends it returns the session's error.
+func (p *Partition) TrySend(tag uint32, hdr, body []byte) error {
+	p.txMu.Lock()
+	if p.sess.dead.Load() {
+		p.txMu.Unlock()
+		return p.sess.Err()
+	}
+	b, err := p.tx.Reserve(len(hdr) + len(body))
+	if err != nil {
+		p.txMu.Unlock()
+		if errors.Is(err, ring.ErrCorrupt) {
+			p.sess.fail(err)
+		}
+		return err
+	}
+	copy(b, hdr)
+	copy(b[len(hdr):], body)
+	wake := p.tx.Commit(tag)
+	p.txMu.Unlock()
+	if wake {
+		_ = p.dev.RingPeer(p.dataBit)
+	}
+	return nil
+}
+
+// ArmSpace asks the peer to ring SpaceBit when it hands back room, and
+// reports whether room for n payload bytes appeared meanwhile (then do not
+// sleep).
+func (p *Partition) ArmSpace(n int) bool {
+	p.txMu.Lock()
+	defer p.txMu.Unlock()
+	p.tx.ArmSpaceWake()
+	free, err := p.tx.Free()
+	return err != nil || free >= n+64 // a record, its padding and the next header
+}
+
+// TryLockRX takes the RX lock if it is free.
+func (p *Partition) TryLockRX() bool { return p.rxMu.TryLock() }
+
+// LockRX takes the RX lock.
+func (p *Partition) LockRX() { p.rxMu.Lock() }
+
+// UnlockRX releases the RX lock.
+func (p *Partition) UnlockRX() { p.rxMu.Unlock() }
+
+// Peek returns the next record (RX lock held). payload aliases the ring and
+// is valid until Release. err is the session's end or the ring's
+// corruption.
+func (p *Partition) Peek() (tag uint32, payload []byte, ok bool, err error) {
+	if p.sess.dead.Load() {
+		return 0, nil, false, p.sess.Err()
+	}
+	tag, payload, ok, err = p.rx.Peek()
+	if err != nil {
+		p.sess.fail(err)
+	}
+	return tag, payload, ok, err
+}
+
+// Release consumes the record returned by Peek (RX lock held).
+func (p *Partition) Release() {
+	if p.rx.Release() {
+		_ = p.dev.RingPeer(p.spaceBit)
+	}
+}
+
+// ArmData asks the peer to ring DataBit on its next record (RX lock held).
+// Peek again before sleeping.
+func (p *Partition) ArmData() { p.rx.ArmDataWake() }

@@ -1,0 +1,112 @@
+package socklike
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/ntstack/ntstack/internal/ring"
+)
+
+// Frames. Every ring record is one frame; the ring's 24-bit tag carries the
+// frame kind and the connection id it is addressed to, so a data frame is
+// nothing but payload:
+//
+//	tag bits 20..23  kind
+//	tag bits  0..19  connection id at the receiver (OPEN/ACCEPT/REFUSE: the dialer's)
+//
+//	kind    payload (little endian)                 meaning
+//	OPEN    port u16, 0 u16, window u32             dial port; the dialer receives up to window bytes
+//	ACCEPT  acceptor's id u32, window u32           connection established
+//	REFUSE  code u32                                no listener / backlog full
+//	DATA    bytes                                   stream bytes, at most the sender's credit
+//	FIN     -                                       no more DATA from me (CloseWrite)
+//	CLOSE   -                                       no more frames of any kind from me
+//	CREDIT  consumed u64                            bytes of your DATA my application has read
+//
+// Each side sends exactly one CLOSE per connection (on Close, or in answer
+// to the peer's), and frees the id once it has both sent and received one:
+// rings are FIFO, so no frame for the id can follow.
+const (
+	kindOpen   = 1
+	kindAccept = 2
+	kindRefuse = 3
+	kindData   = 4
+	kindFin    = 5
+	kindClose  = 6
+	kindCredit = 7
+
+	idBits = 20
+	maxID  = 1<<idBits - 1
+
+	refuseNoListener = 1
+	refuseBacklog    = 2
+	refuseNoIDs      = 3
+)
+
+func makeTag(kind, id uint32) uint32 { return kind<<idBits | id }
+
+func splitTag(tag uint32) (kind, id uint32) { return tag >> idBits, tag & maxID }
+
+var _ = ring.MaxTag >> idBits // kinds fit in the tag's top 4 bits
+
+type openMsg struct {
+	port   uint16
+	window uint32
+}
+
+type acceptMsg struct {
+	id     uint32
+	window uint32
+}
+
+func (m openMsg) encode(b []byte) []byte {
+	b = binary.LittleEndian.AppendUint16(b, m.port)
+	b = binary.LittleEndian.AppendUint16(b, 0)
+	return binary.LittleEndian.AppendUint32(b, m.window)
+}
+
+func (m acceptMsg) encode(b []byte) []byte {
+	b = binary.LittleEndian.AppendUint32(b, m.id)
+	return binary.LittleEndian.AppendUint32(b, m.window)
+}
+
+// Decoders of peer-written payloads: exact lengths, validated values.
+
+func decodeOpen(p []byte) (openMsg, error) {
+	if len(p) != 8 {
+		return openMsg{}, fmt.Errorf("open frame of %d bytes, want 8", len(p))
+	}
+	m := openMsg{port: binary.LittleEndian.Uint16(p), window: binary.LittleEndian.Uint32(p[4:])}
+	if m.window < minWindow || m.window > maxWindow {
+		return openMsg{}, fmt.Errorf("open frame window %d outside [%d, %d]", m.window, minWindow, maxWindow)
+	}
+	return m, nil
+}
+
+func decodeAccept(p []byte) (acceptMsg, error) {
+	if len(p) != 8 {
+		return acceptMsg{}, fmt.Errorf("accept frame of %d bytes, want 8", len(p))
+	}
+	m := acceptMsg{id: binary.LittleEndian.Uint32(p), window: binary.LittleEndian.Uint32(p[4:])}
+	if m.id == 0 || m.id > maxID {
+		return acceptMsg{}, fmt.Errorf("accept frame id %d outside [1, %d]", m.id, maxID)
+	}
+	if m.window < minWindow || m.window > maxWindow {
+		return acceptMsg{}, fmt.Errorf("accept frame window %d outside [%d, %d]", m.window, minWindow, maxWindow)
+	}
+	return m, nil
+}
+
+func decodeU32(p []byte, what string) (uint32, error) {
+	if len(p) != 4 {
+		return 0, fmt.Errorf("%s frame of %d bytes, want 4", what, len(p))
+	}
+	return binary.LittleEndian.Uint32(p), nil
+}
+
+func decodeU64(p []byte, what string) (uint64, error) {
+	if len(p) != 8 {
+		return 0, fmt.Errorf("%s frame of %d bytes, want 8", what, len(p))
+	}
+	return binary.LittleEndian.Uint64(p), nil
+}

@@ -1,0 +1,215 @@
+package socklike
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Addr is an ntstack address: a host (in embedded mode, the link end) and
+// a port.
+type Addr struct {
+	Host string
+	Port int
+}
+
+var _ net.Addr = Addr{}
+
+func (a Addr) Network() string { return "ntb" }
+func (a Addr) String() string  { return net.JoinHostPort(a.Host, strconv.Itoa(a.Port)) }
+
+func (ep *Endpoint) localHost() string { return ep.dev.Name() }
+func (ep *Endpoint) peerHost() string  { return "peer-of-" + ep.dev.Name() }
+
+// Listener accepts connections to one port of an Endpoint.
+type Listener struct {
+	ep      *Endpoint
+	port    uint16
+	addr    Addr
+	acceptq chan *Conn
+
+	mu sync.Mutex
+	// mu protects the following fields.
+	closed bool
+	done   chan struct{}
+}
+
+var _ net.Listener = (*Listener)(nil)
+
+// Listen listens on port (1..65535) of the endpoint.
+func (ep *Endpoint) Listen(port int) (*Listener, error) {
+	addr := Addr{Host: ep.localHost(), Port: port}
+	if port < 1 || port > 65535 {
+		return nil, &net.OpError{Op: "listen", Net: "ntb", Addr: addr, Err: fmt.Errorf("port %d outside 1..65535", port)}
+	}
+	ln := &Listener{ep: ep, port: uint16(port), addr: addr, acceptq: make(chan *Conn, ep.cfg.Backlog), done: make(chan struct{})}
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	if ep.closed {
+		return nil, &net.OpError{Op: "listen", Net: "ntb", Addr: addr, Err: net.ErrClosed}
+	}
+	if ep.listeners[ln.port] != nil {
+		return nil, &net.OpError{Op: "listen", Net: "ntb", Addr: addr, Err: syscall.EADDRINUSE}
+	}
+	ep.listeners[ln.port] = ln
+	return ln, nil
+}
+
+// Accept waits for the next connection.
+func (ln *Listener) Accept() (net.Conn, error) {
+	c, err := ln.AcceptConn()
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// AcceptConn is Accept returning the concrete type.
+func (ln *Listener) AcceptConn() (*Conn, error) {
+	select { // fast path: already queued
+	case c := <-ln.acceptq:
+		return c, nil
+	default:
+	}
+	ln.ep.parked.Add(1) // the poller must watch the ring for OPEN frames
+	ln.ep.kickPoller()
+	defer ln.ep.parked.Add(-1)
+	select {
+	case c := <-ln.acceptq:
+		return c, nil
+	case <-ln.done:
+		return nil, &net.OpError{Op: "accept", Net: "ntb", Addr: ln.addr, Err: net.ErrClosed}
+	}
+}
+
+// offer queues an established connection; false if the backlog is full or
+// the listener closed.
+func (ln *Listener) offer(c *Conn) bool {
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	if ln.closed {
+		return false
+	}
+	select {
+	case ln.acceptq <- c:
+		return true
+	default:
+		return false
+	}
+}
+
+// Close stops listening and closes connections not yet accepted.
+func (ln *Listener) Close() error {
+	ln.mu.Lock()
+	if ln.closed {
+		ln.mu.Unlock()
+		return &net.OpError{Op: "close", Net: "ntb", Addr: ln.addr, Err: net.ErrClosed}
+	}
+	ln.closed = true
+	close(ln.done)
+	ln.mu.Unlock()
+	ln.ep.mu.Lock()
+	if ln.ep.listeners[ln.port] == ln {
+		delete(ln.ep.listeners, ln.port)
+	}
+	ln.ep.mu.Unlock()
+	for {
+		select {
+		case c := <-ln.acceptq:
+			c.Close()
+		default:
+			return nil
+		}
+	}
+}
+
+func (ln *Listener) Addr() net.Addr { return ln.addr }
+
+// Dialer dials connections over an Endpoint. Its DialContext fits
+// http.Transport.DialContext and gRPC's and Redis clients' dialer hooks.
+type Dialer struct {
+	Endpoint *Endpoint
+	// Timeout bounds a dial, including waiting for the link to come up
+	// (default: none beyond the context's).
+	Timeout time.Duration
+}
+
+// Dial is DialContext with a background context.
+func (d *Dialer) Dial(network, address string) (net.Conn, error) {
+	return d.DialContext(context.Background(), network, address)
+}
+
+// DialContext connects to address, "host:port". An embedded Endpoint
+// reaches the one peer at the other end of its link, so the host part is
+// not interpreted; network is ignored ("tcp" from net/http is fine).
+func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	_, p, err := net.SplitHostPort(address)
+	port, perr := strconv.Atoi(p)
+	if err != nil || perr != nil || port < 1 || port > 65535 {
+		return nil, &net.OpError{Op: "dial", Net: "ntb", Err: fmt.Errorf("address %q: want host:port with port 1..65535", address)}
+	}
+	if d.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d.Timeout)
+		defer cancel()
+	}
+	c, err := d.Endpoint.DialContext(ctx, port)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Dial connects to port on the peer, waiting up to a minute for the link.
+func (ep *Endpoint) Dial(port int) (*Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	return ep.DialContext(ctx, port)
+}
+
+// DialContext connects to port on the peer. It waits for the link to come
+// up and the peer to accept, until ctx ends.
+func (ep *Endpoint) DialContext(ctx context.Context, port int) (*Conn, error) {
+	remote := Addr{Host: ep.peerHost(), Port: port}
+	opErr := func(err error) error {
+		return &net.OpError{Op: "dial", Net: "ntb", Addr: remote, Err: err}
+	}
+	if port < 1 || port > 65535 {
+		return nil, opErr(fmt.Errorf("port %d outside 1..65535", port))
+	}
+	st, err := ep.session(ctx)
+	if err != nil {
+		return nil, opErr(dialErr(err))
+	}
+	c := newConn(ep, Addr{Host: ep.localHost()}, remote)
+	c.state = connDialing
+	if err := st.newConn(c); err != nil {
+		return nil, opErr(err)
+	}
+	c.local.Port = int(c.id)
+	st.sendCtl(kindOpen, c.id, openMsg{port: uint16(port), window: uint32(ep.cfg.Window)}.encode(nil))
+	sp := spinner{ep: ep}
+	defer sp.stop()
+	for {
+		c.mu.Lock()
+		state, cerr := c.state, c.err
+		c.mu.Unlock()
+		switch {
+		case state == connEstablished:
+			return c, nil
+		case cerr != nil:
+			return nil, opErr(cerr)
+		case ctx.Err() != nil:
+			c.Close() // an ACCEPT still in flight is answered with CLOSE
+			return nil, opErr(dialErr(ctx.Err()))
+		}
+		st.poll(nil, nil)
+		if !sp.spin() {
+			c.park(&sp, c.wnotify, c.wdl, ctx.Done())
+		}
+	}
+}
