@@ -2,6 +2,7 @@ package socklike
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -9,6 +10,8 @@ import (
 // passes, so a blocked call can select on it. Setting a new deadline
 // re-arms it; the zero time disarms it.
 type deadline struct {
+	armed atomic.Bool // a deadline is set: the fast path skips the lock
+
 	mu sync.Mutex
 	// mu protects the following fields.
 	timer   *time.Timer
@@ -29,6 +32,7 @@ func (d *deadline) set(t time.Time) {
 		d.expired = make(chan struct{})
 	default:
 	}
+	d.armed.Store(!t.IsZero())
 	if t.IsZero() {
 		return
 	}
@@ -49,6 +53,9 @@ func (d *deadline) wait() <-chan struct{} {
 
 // passed reports whether the current deadline has passed.
 func (d *deadline) passed() bool {
+	if !d.armed.Load() {
+		return false
+	}
 	select {
 	case <-d.wait():
 		return true

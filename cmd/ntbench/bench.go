@@ -1,0 +1,246 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ntstack/ntstack/internal/proc"
+)
+
+// benchmark runs every transport×mode×size the options name and reports
+// them to stdout. fwd holds the command-line flags, for the server
+// processes.
+func benchmark(o *options, fwd []string, stdout, stderr io.Writer) (err error) {
+	r := &runner{o: o, fwd: fwd, host: proc.ReadHost(), stderr: stderr}
+
+	// Fix GOMAXPROCS before pinning: left automatic, the runtime would
+	// shrink it to the pinned CPU count within a second.
+	r.procs = o.gomaxprocs
+	if r.procs == 0 {
+		r.procs = runtime.GOMAXPROCS(0)
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(r.procs))
+
+	clientCPU, serverCPU, err := placement(o.pin)
+	if err != nil {
+		return err
+	}
+	r.serverCPU = serverCPU
+	if clientCPU >= 0 {
+		prev, err := proc.Affinity()
+		if err != nil {
+			return fmt.Errorf("pin client: %w", err)
+		}
+		if err := proc.SetAffinity([]int{clientCPU}); err != nil {
+			return fmt.Errorf("pin client: %w", err)
+		}
+		defer func() {
+			if rerr := proc.SetAffinity(prev); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("restore affinity: %w", rerr))
+			}
+		}()
+	}
+
+	rep := &report{o: o, w: stdout}
+	rep.begin(r.host, r.procs, clientCPU, serverCPU)
+	failed := 0
+	for _, tn := range o.transports {
+		for _, mn := range o.modes {
+			m, _ := modeNamed(mn)
+			if err := r.runMode(transports[tn], m, rep.add); err != nil {
+				fmt.Fprintf(stderr, "ntbench: %s %s: %v\n", tn, mn, err)
+				failed++
+			}
+		}
+	}
+	rep.end()
+	if failed > 0 {
+		return fmt.Errorf("%d of %d transport×mode runs failed", failed, len(o.transports)*len(o.modes))
+	}
+	return nil
+}
+
+// placement returns the CPUs -pin puts the client and the server on, -1
+// for not pinned: the first (and second) CPU this process may use.
+func placement(pin string) (client, server int, err error) {
+	if pin == "none" {
+		return -1, -1, nil
+	}
+	cpus, err := proc.Affinity()
+	if err != nil {
+		return 0, 0, fmt.Errorf("-pin=%s: %w", pin, err)
+	}
+	if pin == "same" {
+		return cpus[0], cpus[0], nil
+	}
+	if len(cpus) < 2 {
+		return 0, 0, fmt.Errorf("-pin=split needs two CPUs, this process may use only %v (try -pin=same)", cpus)
+	}
+	return cpus[0], cpus[1], nil
+}
+
+// runner measures one transport×mode at a time.
+type runner struct {
+	o         *options
+	fwd       []string // command-line flags, for the server processes
+	host      proc.Host
+	procs     int // GOMAXPROCS of client and server
+	serverCPU int // -1: not pinned
+	stderr    io.Writer
+}
+
+// runMode starts a server for t and m and measures every size against it,
+// handing each result to emit as soon as it is ready.
+func (r *runner) runMode(t transport, m mode, emit func(result)) error {
+	args := []string{serverRole, "-transport=" + t.name, "-mode=" + m.name, "-cpu=" + strconv.Itoa(r.serverCPU)}
+	args = append(args, r.fwd...)
+	args = append(args, "-gomaxprocs="+strconv.Itoa(r.procs))
+	srv, err := startServer(args, r.stderr)
+	if err != nil {
+		return err
+	}
+	for _, size := range r.o.sizes {
+		res, err := r.measure(t, m, srv, size)
+		if err != nil {
+			return errors.Join(fmt.Errorf("size %d: %w", size, err), srv.stop())
+		}
+		emit(res)
+	}
+	return srv.stop()
+}
+
+// measure runs one size over fresh connections to srv.
+func (r *runner) measure(t transport, m mode, srv *serverProc, size int) (res result, err error) {
+	conns := make([]net.Conn, 0, r.o.conns)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range r.o.conns {
+		c, err := t.dial(r.o, srv.addr)
+		if err != nil {
+			return result{}, fmt.Errorf("dial %s: %w", srv.addr, err)
+		}
+		conns = append(conns, c)
+	}
+
+	// A transport that stops moving data would block this run forever. The
+	// watchdog kills the server and closes the connections, which fails
+	// every blocked call, and the error says why.
+	var hung atomic.Bool
+	watchdog := time.AfterFunc(hangTimeout, func() {
+		hung.Store(true)
+		srv.kill()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	defer func() {
+		watchdog.Stop()
+		if err != nil && hung.Load() {
+			err = fmt.Errorf("hung, killed the server after %v: %w", hangTimeout, err)
+		}
+	}()
+
+	clients := make([]client, len(conns))
+	for i, c := range conns {
+		clients[i] = m.client(c, size, r.o)
+	}
+	if err := parallel(len(clients), func(i int) error { return clients[i].warmup() }); err != nil {
+		return result{}, fmt.Errorf("warm-up: %w", err)
+	}
+
+	cpu0, err := r.cpuTime(srv)
+	if err != nil {
+		return result{}, err
+	}
+	start := time.Now()
+	deadline := start.Add(r.o.duration)
+	watchdog.Reset(r.o.duration + hangTimeout)
+	samples := make([]sample, len(clients))
+	err = parallel(len(clients), func(i int) (err error) {
+		samples[i], err = clients[i].measure(deadline)
+		return err
+	})
+	wall := time.Since(start)
+	if err != nil {
+		return result{}, err
+	}
+	cpu1, err := r.cpuTime(srv)
+	if err != nil {
+		return result{}, err
+	}
+	return r.result(t, m, size, samples, wall, cpu1-cpu0), nil
+}
+
+// cpuTime returns the CPU time client and server have used so far.
+func (r *runner) cpuTime(srv *serverProc) (time.Duration, error) {
+	client, err := proc.CPUTime()
+	if err != nil {
+		return 0, fmt.Errorf("client cpu time: %w", err)
+	}
+	server, err := srv.cpuTime()
+	if err != nil {
+		return 0, err
+	}
+	return client + server, nil
+}
+
+// result aggregates the samples of all connections of one measurement.
+func (r *runner) result(t transport, m mode, size int, samples []sample, wall, cpu time.Duration) result {
+	var rtts []time.Duration
+	msgs := 0
+	for _, s := range samples {
+		rtts = append(rtts, s.rtts...)
+		msgs += s.msgs
+	}
+	lat := summarize(rtts)
+	res := result{
+		Transport:  t.name,
+		Mode:       m.name,
+		Size:       size,
+		Conns:      len(samples),
+		P50:        lat.p50.Nanoseconds(),
+		P90:        lat.p90.Nanoseconds(),
+		P99:        lat.p99.Nanoseconds(),
+		P999:       lat.p999.Nanoseconds(),
+		Max:        lat.max.Nanoseconds(),
+		Stalls:     lat.stalls,
+		MsgsPerS:   float64(msgs) / wall.Seconds(),
+		BytesPerS:  float64(msgs) * float64(size) / wall.Seconds(),
+		CPUPct:     100 * cpu.Seconds() / wall.Seconds(),
+		Pin:        r.o.pin,
+		Count:      msgs,
+		DurationNs: wall.Nanoseconds(),
+		GOMAXPROCS: r.procs,
+		Host:       r.host,
+	}
+	if m.name == "rate" {
+		res.Window = r.o.window
+	}
+	return res
+}
+
+// parallel runs f(0) … f(n-1) in goroutines of their own and joins their
+// errors.
+func parallel(n int, f func(i int) error) error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			if err := f(i); err != nil {
+				errs[i] = fmt.Errorf("conn %d: %w", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}

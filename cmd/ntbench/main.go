@@ -1,0 +1,291 @@
+// Command ntbench measures ntstack's transports side by side with the
+// kernel's loopback sockets, in one run, in the spirit of sockperf and
+// qperf.
+//
+// Usage:
+//
+//	ntbench                                  # every transport, pingpong and stream, 64 B … 64 KiB
+//	ntbench -transports tcp,unix -modes pingpong,stream,rate -size 64
+//	ntbench -json -q > results.jsonl         # one JSON object per line
+//	ntbench -h                               # every flag
+//
+// # How it runs
+//
+// The client is the ntbench process itself. For every transport×mode it
+// starts a fresh server process by re-executing its own binary with hidden
+// flags; the server listens, prints "READY <addr>" and serves until the
+// client closes its standard input. The kernel kills a server whose client
+// dies (parent-death signal), so an interrupted run leaves nothing behind.
+// Every size of that transport×mode then runs on -conns fresh connections.
+// Each connection first exchanges -warmup unmeasured messages; then all
+// connections start together and run until each has done -count messages
+// or -duration has passed, whichever comes first.
+//
+// Modes:
+//
+//	pingpong  write size bytes, read the size-byte echo, one at a time;
+//	          every round trip is timed
+//	stream    write size-byte messages back to back; the server discards
+//	          them and acknowledges the byte count at the end; the time runs
+//	          from the first write to the acknowledgement
+//	rate      keep -window messages in flight (a writer and a reader
+//	          goroutine per connection); the server echoes; every echo is
+//	          timed from just before its message was written, queueing
+//	          included
+//
+// # Reading the figures
+//
+// One row per transport×mode×size (JSON field names in brackets):
+//
+//	p50 … max  [p50_ns … max_ns]  round-trip time, exact nearest-rank
+//	           percentiles over every measured round trip of every
+//	           connection (pingpong, rate; "-" for stream)
+//	stalls     [stalls]       round trips over 1 ms. A busy poller that
+//	           loses its CPU to another process waits a scheduler tick or
+//	           more; on small shared VMs that happens, and percentiles hide
+//	           it, so it is counted
+//	msgs/s     [msgs_per_s]   round trips (pingpong, rate) or messages
+//	           written (stream) per second, all connections together
+//	MB/s       [bytes_per_s]  msgs/s × size: payload in one direction,
+//	           MB = 10^6 bytes
+//	cpu%       [cpu_pct]      user+system CPU time of client and server over
+//	           the measured interval, divided by wall time, × 100: 200 means
+//	           two cores busy
+//
+// JSON rows also carry pin, count (measured messages, all connections),
+// duration_ns (measured wall time), gomaxprocs, window (rate) and host.
+// After the table ntbench compares every transport with tcp of the same run,
+// when tcp is among the transports.
+//
+// Placement decides socket figures on small VMs, so ntbench pins by
+// default: -pin=split puts the client on the first CPU it may use and the
+// server on the second, -pin=same puts both on the first, -pin=none leaves
+// placement to the scheduler (which lands on either and varies from run to
+// run). On a 2-vCPU VM a TCP loopback 64 B round trip takes ≈17 µs when
+// both processes share a vCPU (a cheap same-CPU switch) and ≈60 µs when
+// split (waking a process on the other, idle vCPU costs ≈30 µs each way);
+// Unix sockets ≈13 and ≈54 µs. Quote the placement with every figure, and
+// compare transports only within one run: absolute times drift between runs
+// and machines; the ratios hold.
+//
+// -gomaxprocs is fixed in both processes for the whole run (0 keeps the
+// start-up value); left alone, the runtime would shrink it to the pinned CPU
+// count within a second, in the middle of a measurement.
+//
+// -verify sends a seeded pseudo-random pattern and checks every echo
+// (client) and every streamed byte (server). It costs throughput: compare
+// verified runs only with verified runs. Stream byte counts are checked
+// always.
+//
+// # Adding a transport
+//
+// A transport is one file with an init function calling register; see
+// transport.go. New flags added to newFlagSet reach the server process
+// without further code.
+package main
+
+import (
+	"github.com/ntstack/ntstack/socklike"
+
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+// options are the parsed flags, shared read-only by client and server code.
+type options struct {
+	transports []string
+	modes      []string
+	sizes      []int
+	count      int
+	duration   time.Duration
+	warmup     int
+	conns      int
+	window     int
+	pin        string
+	gomaxprocs int
+	verify     bool
+	json       bool
+	quiet      bool
+	spin       time.Duration // ntb: socklike's spin budget
+
+	// Server process only, from hidden flags.
+	transport string // transport to listen on
+	mode      string // mode to serve
+	cpu       int    // CPU to pin to; -1: do not pin
+}
+
+// maxSize bounds -size so that per-connection buffers stay modest.
+const maxSize = 16 << 20
+
+// serverRole, as the first argument, makes ntbench the server process.
+const serverRole = "-role=server"
+
+// run is the whole program: it returns the exit status (0 ok, 1 failure,
+// 2 bad usage).
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	var o options
+	fs := newFlagSet(&o, stderr)
+	server := len(args) > 0 && args[0] == serverRole
+	if server {
+		args = args[1:]
+		fs.StringVar(&o.transport, "transport", "", "")
+		fs.StringVar(&o.mode, "mode", "", "")
+		fs.IntVar(&o.cpu, "cpu", -1, "")
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if err := o.check(fs.Args()); err != nil {
+		fmt.Fprintf(stderr, "ntbench: %v\n", err)
+		return 2
+	}
+	if server {
+		if err := serve(&o, stdin, stdout); err != nil {
+			fmt.Fprintf(stderr, "ntbench server %s %s: %v\n", o.transport, o.mode, err)
+			return 1
+		}
+		return 0
+	}
+	if err := benchmark(&o, setFlags(fs), stdout, stderr); err != nil {
+		fmt.Fprintf(stderr, "ntbench: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// newFlagSet returns the public flags, bound to o and set to their defaults.
+func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("ntbench", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `usage: ntbench [flags]
+
+ntbench compares byte-stream transports between two processes, side by side
+in one run: round-trip percentiles, stalls, throughput and the CPU both
+processes spend. "go doc ./cmd/ntbench" explains how to read the figures.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	o.transports = transportNames()
+	fs.Var((*listFlag)(&o.transports), "transports", "comma-separated `list` of transports to compare: "+strings.Join(transportNames(), ", "))
+	o.modes = []string{"pingpong", "stream"}
+	fs.Var((*listFlag)(&o.modes), "modes", "comma-separated `list` of modes: pingpong, stream, rate")
+	o.sizes = []int{64, 4096, 65536}
+	fs.Var((*sizesFlag)(&o.sizes), "size", "comma-separated `list` of message sizes in bytes")
+	fs.IntVar(&o.count, "count", 100_000, "measured messages per connection, at most")
+	fs.DurationVar(&o.duration, "duration", 500*time.Millisecond, "measured time per transport×mode×size, at most")
+	fs.IntVar(&o.warmup, "warmup", 1000, "unmeasured messages per connection before measuring")
+	fs.IntVar(&o.conns, "conns", 1, "parallel connections, each in its own goroutine; figures are aggregates")
+	fs.IntVar(&o.window, "window", 32, "messages in flight per connection (rate mode)")
+	fs.StringVar(&o.pin, "pin", "split", "`placement`: split (client and server on different CPUs), same (both on one CPU) or none")
+	fs.IntVar(&o.gomaxprocs, "gomaxprocs", 0, "GOMAXPROCS of client and server (0: the start-up value)")
+	fs.DurationVar(&o.spin, "spin", socklike.DefaultSpinBudget, "ntb: how long a blocked call polls before it parks (socklike Config.SpinBudget; negative: never spin)")
+	fs.BoolVar(&o.verify, "verify", false, "send a seeded pattern and check every echo and streamed byte (slower)")
+	fs.BoolVar(&o.json, "json", false, "print one JSON object per line instead of a table")
+	fs.BoolVar(&o.quiet, "q", false, "print only result rows: no banner, column header or comparison")
+	return fs
+}
+
+// check validates the options; extra holds the non-flag arguments.
+func (o *options) check(extra []string) error {
+	switch {
+	case len(extra) > 0:
+		return fmt.Errorf("unexpected argument %q (flags only; see -h)", extra[0])
+	case o.count < 1:
+		return fmt.Errorf("-count %d: need at least 1", o.count)
+	case o.duration <= 0:
+		return fmt.Errorf("-duration %v: need a positive duration", o.duration)
+	case o.warmup < 0:
+		return fmt.Errorf("-warmup %d: need 0 or more", o.warmup)
+	case o.conns < 1:
+		return fmt.Errorf("-conns %d: need at least 1", o.conns)
+	case o.window < 1:
+		return fmt.Errorf("-window %d: need at least 1", o.window)
+	case o.gomaxprocs < 0:
+		return fmt.Errorf("-gomaxprocs %d: need 0 or more", o.gomaxprocs)
+	case !slices.Contains([]string{"split", "same", "none"}, o.pin):
+		return fmt.Errorf("-pin %q: want split, same or none", o.pin)
+	case len(o.transports) == 0 || len(o.modes) == 0 || len(o.sizes) == 0:
+		return errors.New("-transports, -modes and -size each need at least one value")
+	}
+	for _, t := range o.transports {
+		if _, ok := transports[t]; !ok {
+			return fmt.Errorf("unknown transport %q (have %s)", t, strings.Join(transportNames(), ", "))
+		}
+	}
+	for _, m := range o.modes {
+		if _, ok := modeNamed(m); !ok {
+			return fmt.Errorf("unknown mode %q (have pingpong, stream, rate)", m)
+		}
+	}
+	for _, s := range o.sizes {
+		if s < 1 || s > maxSize {
+			return fmt.Errorf("-size %d: want 1 to %d bytes", s, maxSize)
+		}
+	}
+	return nil
+}
+
+// setFlags returns the flags set on the command line as arguments, for the
+// server process.
+func setFlags(fs *flag.FlagSet) []string {
+	var args []string
+	fs.Visit(func(f *flag.Flag) {
+		args = append(args, "-"+f.Name+"="+f.Value.String())
+	})
+	return args
+}
+
+// listFlag is a comma-separated list of names.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(s string) error {
+	*l = nil
+	for v := range strings.SplitSeq(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			*l = append(*l, v)
+		}
+	}
+	return nil
+}
+
+// sizesFlag is a comma-separated list of byte counts.
+type sizesFlag []int
+
+func (l *sizesFlag) String() string {
+	s := make([]string, len(*l))
+	for i, v := range *l {
+		s[i] = strconv.Itoa(v)
+	}
+	return strings.Join(s, ",")
+}
+
+func (l *sizesFlag) Set(s string) error {
+	*l = nil
+	for v := range strings.SplitSeq(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil {
+			return fmt.Errorf("size %q: %w", v, err)
+		}
+		*l = append(*l, n)
+	}
+	return nil
+}

@@ -1,0 +1,271 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ntstack/ntstack/internal/proc"
+)
+
+// TestMain lets the test binary serve as the server process: the client
+// code re-executes os.Executable, which under go test is this binary.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == serverRole {
+		os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	}
+	// A binary built with -race sleeps a second at exit, waiting for late
+	// reports; the servers these tests start need not.
+	os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	os.Exit(m.Run())
+}
+
+// syncBuffer is a bytes.Buffer safe for the concurrent writes of the test
+// and the goroutine copying a server's stderr.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// runBench runs ntbench in-process with args and returns its stdout,
+// failing the test on a non-zero exit.
+func runBench(t *testing.T, args ...string) string {
+	t.Helper()
+	var stdout, stderr syncBuffer
+	if code := run(args, strings.NewReader(""), &stdout, &stderr); code != 0 {
+		t.Fatalf("ntbench %s: exit %d, stderr:\n%s", strings.Join(args, " "), code, stderr.String())
+	}
+	return stdout.String()
+}
+
+// testPin is the placement the integration tests use: the default where the
+// machine allows it.
+func testPin(t *testing.T) string {
+	cpus, err := proc.Affinity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cpus) < 2 {
+		return "same"
+	}
+	return "split"
+}
+
+// TestJSONRun runs tcp and unix through all three modes with tiny counts
+// and checks that every row is complete and sane. It asserts no timing.
+func TestJSONRun(t *testing.T) {
+	pin := testPin(t)
+	out := runBench(t, "-json", "-transports=tcp,unix", "-modes=pingpong,stream,rate", "-size=64,4096",
+		"-count=200", "-warmup=20", "-conns=2", "-window=4", "-verify", "-pin="+pin)
+
+	var want []string
+	for _, tr := range []string{"tcp", "unix"} {
+		for _, m := range []string{"pingpong", "stream", "rate"} {
+			for _, size := range []int{64, 4096} {
+				want = append(want, fmt.Sprintf("%s %s %d", tr, m, size))
+			}
+		}
+	}
+	sc := bufio.NewScanner(strings.NewReader(out))
+	var got []string
+	for sc.Scan() {
+		var r result
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("line %q: %v", sc.Text(), err)
+		}
+		got = append(got, fmt.Sprintf("%s %s %d", r.Transport, r.Mode, r.Size))
+		if r.Conns != 2 || r.Pin != pin || r.GOMAXPROCS < 1 || r.Host.CPUs < 1 || r.Host.Kernel == "" {
+			t.Errorf("%s: bad run description %+v", got[len(got)-1], r)
+		}
+		if r.Count < 1 || r.Count > 2*200 || r.DurationNs <= 0 {
+			t.Errorf("%s: count %d, duration %d ns", got[len(got)-1], r.Count, r.DurationNs)
+		}
+		if r.MsgsPerS <= 0 || r.BytesPerS <= 0 || r.CPUPct < 0 {
+			t.Errorf("%s: msgs/s %v, bytes/s %v, cpu%% %v", got[len(got)-1], r.MsgsPerS, r.BytesPerS, r.CPUPct)
+		}
+		timed := r.Mode != "stream"
+		ordered := r.P50 <= r.P90 && r.P90 <= r.P99 && r.P99 <= r.P999 && r.P999 <= r.Max
+		if timed && (r.P50 <= 0 || !ordered || r.Stalls > r.Count) || !timed && r.Max != 0 {
+			t.Errorf("%s: latencies %d %d %d %d %d, %d stalls", got[len(got)-1], r.P50, r.P90, r.P99, r.P999, r.Max, r.Stalls)
+		}
+		if (r.Mode == "rate") != (r.Window == 4) {
+			t.Errorf("%s: window %d", got[len(got)-1], r.Window)
+		}
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("rows:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func TestTableRun(t *testing.T) {
+	out := runBench(t, "-transports=tcp,unix", "-modes=pingpong", "-size=64", "-count=50", "-warmup=5", "-pin="+testPin(t))
+	for _, want := range []string{"GOMAXPROCS", "transport mode", "\ntcp       pingpong      64", "\nunix      pingpong      64", "against tcp in this run", "unix pingpong 64: p50 "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestUsage(t *testing.T) {
+	var stdout, stderr syncBuffer
+	if code := run([]string{"-h"}, nil, &stdout, &stderr); code != 0 {
+		t.Errorf("-h: exit %d", code)
+	}
+	help := stderr.String()
+	for _, want := range []string{"-transports", "tcp, unix", "-modes", "-size", "-count", "-duration", "-warmup", "-conns", "-window", "-json", "-pin", "-gomaxprocs", "-verify", "-q"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("-h lacks %q", want)
+		}
+	}
+	for _, hidden := range []string{"-role", "-transport ", "-mode ", "-cpu"} {
+		if strings.Contains(help, hidden) {
+			t.Errorf("-h shows hidden flag %q", hidden)
+		}
+	}
+
+	for _, args := range [][]string{
+		{"-modes=pingpong,bogus"},
+		{"-transports=carrier-pigeon"},
+		{"-pin=left"},
+		{"-size=64,0"},
+		{"-size=64k"},
+		{"-count=0"},
+		{"-duration=0s"},
+		{"extra"},
+	} {
+		var stderr syncBuffer
+		if code := run(args, nil, io.Discard, &stderr); code != 2 || stderr.String() == "" {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and a message", args, code, stderr.String())
+		}
+	}
+}
+
+// TestServerExitsWhenStdinCloses checks that a server with a connection
+// still open exits, and closes that connection, once its stdin closes.
+func TestServerExitsWhenStdinCloses(t *testing.T) {
+	var stderr syncBuffer
+	srv, err := startServer([]string{serverRole, "-transport=tcp", "-mode=pingpong"}, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", srv.addr)
+	if err != nil {
+		srv.stop()
+		t.Fatal(err)
+	}
+	defer c.Close()
+	o := &options{warmup: 3}
+	if err := newPingpong(c, 64, o).warmup(); err != nil {
+		t.Errorf("round trips: %v", err)
+	}
+	if cpu, err := srv.cpuTime(); err != nil || cpu <= 0 {
+		t.Errorf("server cpu time = %v, %v", cpu, err)
+	}
+	if err := srv.stop(); err != nil {
+		t.Errorf("stop: %v, stderr:\n%s", err, stderr.String())
+	}
+	if n, err := c.Read(make([]byte, 1)); err == nil {
+		t.Errorf("read after server exit = %d, nil; want an error", n)
+	}
+}
+
+// TestServerReportsFailure checks that a connection's error makes the
+// server exit non-zero and say why.
+func TestServerReportsFailure(t *testing.T) {
+	var stderr syncBuffer
+	srv, err := startServer([]string{serverRole, "-transport=unix", "-mode=stream", "-verify"}, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("unix", srv.addr)
+	if err != nil {
+		srv.stop()
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// A chunk of 8 zero bytes: not the pattern.
+	c.Write([]byte{8, 0, 0, 0, 0, 0, 0, 0})
+	c.Write(make([]byte, 8))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Error("server kept the connection open after bad data")
+	}
+	if err := srv.stop(); err == nil {
+		t.Error("stop: server exited 0 after a verify failure")
+	}
+	if !strings.Contains(stderr.String(), "verify: bytes 0..8 differ") {
+		t.Errorf("server stderr %q lacks the verify failure", stderr.String())
+	}
+}
+
+// blackhole is what a broken transport looks like: its server side
+// swallows everything the server writes.
+func init() {
+	register(transport{
+		name: "blackhole",
+		listen: func(*options) (net.Listener, string, error) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				return nil, "", err
+			}
+			return muteListener{ln}, ln.Addr().String(), nil
+		},
+		dial: func(_ *options, addr string) (net.Conn, error) {
+			return net.Dial("tcp", addr)
+		},
+	})
+}
+
+type muteListener struct{ net.Listener }
+
+func (l muteListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return muteConn{c}, nil
+}
+
+type muteConn struct{ net.Conn }
+
+func (muteConn) Write(b []byte) (int, error) { return len(b), nil }
+
+// TestHungTransportTimesOut checks that a transport that stops moving data
+// ends in an error naming the hang, not in a benchmark that never returns,
+// and that the other transports of the run still report.
+func TestHungTransportTimesOut(t *testing.T) {
+	defer func(d time.Duration) { hangTimeout = d }(hangTimeout)
+	hangTimeout = time.Second
+
+	var stdout, stderr syncBuffer
+	code := run([]string{"-json", "-transports=blackhole,tcp", "-modes=pingpong", "-size=64", "-count=10", "-warmup=1", "-pin=none"},
+		strings.NewReader(""), &stdout, &stderr)
+	if code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	if !strings.Contains(stderr.String(), "blackhole pingpong: size 64: hung, killed the server after 1s") {
+		t.Errorf("stderr lacks the hang:\n%s", stderr.String())
+	}
+	if !strings.Contains(stdout.String(), `"transport":"tcp"`) {
+		t.Errorf("stdout lacks the tcp row:\n%s", stdout.String())
+	}
+}

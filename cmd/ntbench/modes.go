@@ -1,0 +1,386 @@
+package main
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"time"
+)
+
+// A mode is one traffic pattern: what each client connection does, and what
+// the server does with each connection it accepts.
+type mode struct {
+	name   string
+	serve  func(c net.Conn, o *options) error
+	client func(c net.Conn, size int, o *options) client
+}
+
+// modes lists the modes in the order -h names them.
+var modes = []mode{
+	{"pingpong", echo, newPingpong},
+	{"stream", sink, newStream},
+	{"rate", echo, newRate},
+}
+
+// modeNamed returns the mode called name.
+func modeNamed(name string) (mode, bool) {
+	for _, m := range modes {
+		if m.name == name {
+			return m, true
+		}
+	}
+	return mode{}, false
+}
+
+// A client drives one connection. warmup runs -warmup unmeasured messages;
+// measure then runs until -count messages or the deadline, whichever comes
+// first. The two are called once each, in that order, from one goroutine.
+type client interface {
+	warmup() error
+	measure(deadline time.Time) (sample, error)
+}
+
+// newRTTs returns an empty slice for count round-trip times, allocated up
+// front (up to 8 MiB) so that measuring does not allocate.
+func newRTTs(count int) []time.Duration {
+	return make([]time.Duration, 0, min(count, 1<<20))
+}
+
+// sample is what one connection measured.
+type sample struct {
+	msgs int             // messages (round trips for pingpong and rate)
+	rtts []time.Duration // round-trip times; nil for stream
+}
+
+// Payloads come from a fixed pseudo-random byte stream: byte i of a
+// connection's stream is pattern[i % patternPeriod]. The period is prime,
+// so no power-of-two message size lines up with it and a duplicated,
+// dropped or reordered message shows up as a mismatch under -verify.
+const (
+	patternPeriod = 65521
+	patternSeed   = 0x6e7462656e6368 // "ntbench"
+)
+
+// pattern holds one period of the payload stream plus enough of the next
+// to hand out any message as one slice.
+type pattern []byte
+
+// newPattern returns a pattern able to hand out messages of up to maxMsg
+// bytes.
+func newPattern(maxMsg int) pattern {
+	p := make(pattern, patternPeriod+maxMsg)
+	rng := rand.New(rand.NewPCG(patternSeed, patternSeed))
+	for i := range patternPeriod {
+		p[i] = byte(rng.Uint32())
+	}
+	for i := patternPeriod; i < len(p); i++ {
+		p[i] = p[i-patternPeriod]
+	}
+	return p
+}
+
+// at returns the n bytes of the stream starting at offset off. n must not
+// exceed the pattern's maxMsg. The slice is shared and read-only.
+func (p pattern) at(off int64, n int) []byte {
+	i := int(off % patternPeriod)
+	return p[i : i+n]
+}
+
+// matches reports whether b equals the stream starting at offset off.
+func (p pattern) matches(off int64, b []byte) bool {
+	for len(b) > 0 {
+		i := int(off % patternPeriod)
+		n := min(len(b), len(p)-i)
+		if !bytes.Equal(b[:n], p[i:i+n]) {
+			return false
+		}
+		b, off = b[n:], off+int64(n)
+	}
+	return true
+}
+
+// serverBuf is the server's read buffer per connection: large enough that
+// a 64 KiB message or several small ones move in one read.
+const serverBuf = 256 << 10
+
+// echo writes back everything it reads, until end of stream.
+func echo(c net.Conn, _ *options) error {
+	buf := make([]byte, serverBuf)
+	for {
+		n, err := c.Read(buf)
+		if n > 0 {
+			if _, err := c.Write(buf[:n]); err != nil {
+				return fmt.Errorf("echo: %w", err)
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("echo: %w", err)
+		}
+	}
+}
+
+// The stream framing: the client sends chunks, each an 8-byte
+// little-endian payload length followed by that many payload bytes. A
+// zero-length chunk asks the server to reply with the 8-byte total of
+// payload bytes it has received so far; the client uses it to end warm-up
+// and measurement. A chunk carries up to streamChunk bytes of messages so
+// the client can check the clock between chunks without a header per
+// message.
+const (
+	streamHeader = 8
+	streamChunk  = 1 << 20
+)
+
+// sink reads stream chunks, discarding their payload (or checking it under
+// -verify), and acknowledges byte counts, until end of stream.
+func sink(c net.Conn, o *options) error {
+	var pat pattern
+	if o.verify {
+		pat = newPattern(0)
+	}
+	buf := make([]byte, serverBuf)
+	var hdr [streamHeader]byte
+	var total int64
+	for {
+		if _, err := io.ReadFull(c, hdr[:]); errors.Is(err, io.EOF) {
+			return nil
+		} else if err != nil {
+			return fmt.Errorf("sink: read chunk header: %w", err)
+		}
+		n := int64(binary.LittleEndian.Uint64(hdr[:]))
+		if n == 0 {
+			binary.LittleEndian.PutUint64(hdr[:], uint64(total))
+			if _, err := c.Write(hdr[:]); err != nil {
+				return fmt.Errorf("sink: write ack: %w", err)
+			}
+			continue
+		}
+		for n > 0 {
+			b := buf[:min(n, int64(len(buf)))]
+			if _, err := io.ReadFull(c, b); err != nil {
+				return fmt.Errorf("sink: read payload: %w", err)
+			}
+			if o.verify && !pat.matches(total, b) {
+				return fmt.Errorf("sink: verify: bytes %d..%d differ from what the client sends", total, total+int64(len(b)))
+			}
+			total += int64(len(b))
+			n -= int64(len(b))
+		}
+	}
+}
+
+// pingpong writes a message, reads its echo, and times the pair.
+type pingpong struct {
+	c    net.Conn
+	o    *options
+	size int
+	pat  pattern
+	buf  []byte
+	seq  int64 // messages sent so far
+}
+
+func newPingpong(c net.Conn, size int, o *options) client {
+	return &pingpong{c: c, o: o, size: size, pat: newPattern(size), buf: make([]byte, size)}
+}
+
+func (p *pingpong) roundTrip() error {
+	msg := p.pat.at(p.seq*int64(p.size), p.size)
+	p.seq++
+	if _, err := p.c.Write(msg); err != nil {
+		return fmt.Errorf("write message %d: %w", p.seq-1, err)
+	}
+	if _, err := io.ReadFull(p.c, p.buf); err != nil {
+		return fmt.Errorf("read echo %d: %w", p.seq-1, err)
+	}
+	if p.o.verify && !bytes.Equal(p.buf, msg) {
+		return fmt.Errorf("verify: echo %d differs from the message sent", p.seq-1)
+	}
+	return nil
+}
+
+func (p *pingpong) warmup() error {
+	for range p.o.warmup {
+		if err := p.roundTrip(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *pingpong) measure(deadline time.Time) (sample, error) {
+	rtts := newRTTs(p.o.count)
+	for len(rtts) < p.o.count {
+		start := time.Now()
+		if start.After(deadline) {
+			break
+		}
+		if err := p.roundTrip(); err != nil {
+			return sample{}, err
+		}
+		rtts = append(rtts, time.Since(start))
+	}
+	return sample{msgs: len(rtts), rtts: rtts}, nil
+}
+
+// stream writes messages back to back in chunks (see sink).
+type stream struct {
+	c    net.Conn
+	o    *options
+	size int
+	pat  pattern
+	sent int64 // payload bytes written so far
+}
+
+func newStream(c net.Conn, size int, o *options) client {
+	return &stream{c: c, o: o, size: size, pat: newPattern(size)}
+}
+
+// send writes up to n messages, stopping early once the deadline has
+// passed (checked between chunks; zero means none), and returns how many
+// it wrote.
+func (s *stream) send(n int, deadline time.Time) (int, error) {
+	var hdr [streamHeader]byte
+	perChunk := max(1, streamChunk/s.size)
+	sent := 0
+	for sent < n && (deadline.IsZero() || time.Now().Before(deadline)) {
+		k := min(perChunk, n-sent)
+		binary.LittleEndian.PutUint64(hdr[:], uint64(k*s.size))
+		if _, err := s.c.Write(hdr[:]); err != nil {
+			return sent, fmt.Errorf("write chunk header: %w", err)
+		}
+		for range k {
+			if _, err := s.c.Write(s.pat.at(s.sent, s.size)); err != nil {
+				return sent, fmt.Errorf("write message: %w", err)
+			}
+			s.sent += int64(s.size)
+		}
+		sent += k
+	}
+	return sent, nil
+}
+
+// sync waits until the server has received everything sent so far.
+func (s *stream) sync() error {
+	var hdr [streamHeader]byte
+	if _, err := s.c.Write(hdr[:]); err != nil {
+		return fmt.Errorf("write sync: %w", err)
+	}
+	if _, err := io.ReadFull(s.c, hdr[:]); err != nil {
+		return fmt.Errorf("read ack: %w", err)
+	}
+	if got := int64(binary.LittleEndian.Uint64(hdr[:])); got != s.sent {
+		return fmt.Errorf("server acknowledged %d bytes, %d were sent", got, s.sent)
+	}
+	return nil
+}
+
+func (s *stream) warmup() error {
+	if _, err := s.send(s.o.warmup, time.Time{}); err != nil {
+		return err
+	}
+	return s.sync()
+}
+
+func (s *stream) measure(deadline time.Time) (sample, error) {
+	n, err := s.send(s.o.count, deadline)
+	if err != nil {
+		return sample{}, err
+	}
+	return sample{msgs: n}, s.sync()
+}
+
+// rate keeps -window messages in flight: a writer goroutine sends while the
+// caller's goroutine reads echoes, and each echo's time counts from just
+// before its message was written, queueing included.
+type rate struct {
+	c    net.Conn
+	o    *options
+	size int
+	pat  pattern
+	seq  int64 // messages echoed so far
+}
+
+func newRate(c net.Conn, size int, o *options) client {
+	return &rate{c: c, o: o, size: size, pat: newPattern(size)}
+}
+
+// run sends up to n messages, stopping early once the deadline has passed
+// (zero means none), and reads all their echoes. It appends each echo's
+// round-trip time to rtts if rtts is not nil. On failure it closes the
+// connection, the only way to wake the goroutine blocked on the other
+// direction.
+func (r *rate) run(n int, deadline time.Time, rtts []time.Duration) (int, []time.Duration, error) {
+	var (
+		tokens   = make(chan struct{}, r.o.window)  // one per message in flight
+		inflight = make(chan time.Time, r.o.window) // send times, in order
+		done     = make(chan struct{})
+		werr     error // written by runWriter before done closes
+		first    = r.seq
+	)
+	go func() { // runWriter
+		defer close(done)
+		defer close(inflight)
+		for i := range int64(n) {
+			tokens <- struct{}{}
+			now := time.Now()
+			if !deadline.IsZero() && now.After(deadline) {
+				return
+			}
+			inflight <- now
+			if _, err := r.c.Write(r.pat.at((first+i)*int64(r.size), r.size)); err != nil {
+				werr = fmt.Errorf("write message %d: %w", first+i, err)
+				r.c.Close()
+				return
+			}
+		}
+	}()
+
+	buf := make([]byte, r.size)
+	var rerr error
+	for sent := range inflight {
+		if rerr == nil {
+			if rerr = r.readEcho(buf, sent, &rtts); rerr != nil {
+				r.c.Close()
+			}
+		}
+		<-tokens
+	}
+	<-done
+	if err := errors.Join(werr, rerr); err != nil {
+		return 0, nil, err
+	}
+	return int(r.seq - first), rtts, nil
+}
+
+// readEcho reads the echo of message r.seq, sent at the given time, and
+// appends its round-trip time to *rtts if that is not nil.
+func (r *rate) readEcho(buf []byte, sent time.Time, rtts *[]time.Duration) error {
+	if _, err := io.ReadFull(r.c, buf); err != nil {
+		return fmt.Errorf("read echo %d: %w", r.seq, err)
+	}
+	if *rtts != nil {
+		*rtts = append(*rtts, time.Since(sent))
+	}
+	if r.o.verify && !r.pat.matches(r.seq*int64(r.size), buf) {
+		return fmt.Errorf("verify: echo %d differs from the message sent", r.seq)
+	}
+	r.seq++
+	return nil
+}
+
+func (r *rate) warmup() error {
+	_, _, err := r.run(r.o.warmup, time.Time{}, nil)
+	return err
+}
+
+func (r *rate) measure(deadline time.Time) (sample, error) {
+	n, rtts, err := r.run(r.o.count, deadline, newRTTs(r.o.count))
+	return sample{msgs: n, rtts: rtts}, err
+}

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPattern(t *testing.T) {
+	p := newPattern(100)
+	if len(p) != patternPeriod+100 {
+		t.Fatalf("len = %d, want %d", len(p), patternPeriod+100)
+	}
+	// The stream repeats with the period, and at and matches agree across
+	// the wrap.
+	for _, off := range []int64{0, 5, patternPeriod - 50, patternPeriod, 7*patternPeriod - 1} {
+		msg := p.at(off, 100)
+		if !p.matches(off, msg) || !p.matches(off+patternPeriod, msg) {
+			t.Errorf("matches(%d, at(%d)) = false", off, off)
+		}
+		if p.matches(off+1, msg) {
+			t.Errorf("matches(%d, at(%d)) = true", off+1, off)
+		}
+	}
+	long := make([]byte, 3*patternPeriod)
+	for i := range long {
+		long[i] = p[(i+9)%patternPeriod]
+	}
+	if !p.matches(9, long) {
+		t.Error("matches rejects a stream three periods long")
+	}
+	long[2*patternPeriod] ^= 1
+	if p.matches(9, long) {
+		t.Error("matches accepts a corrupted byte")
+	}
+}
+
+// TestModes runs every mode's client against its server over net.Pipe,
+// with verification on.
+func TestModes(t *testing.T) {
+	o := &options{count: 50, warmup: 7, window: 4, verify: true}
+	for _, m := range modes {
+		for _, size := range []int{1, 64, 5000} {
+			t.Run(fmt.Sprintf("%s/%d", m.name, size), func(t *testing.T) {
+				cc, sc := net.Pipe()
+				served := make(chan error, 1)
+				go func() { served <- m.serve(sc, o) }()
+				c := m.client(cc, size, o)
+				if err := c.warmup(); err != nil {
+					t.Fatalf("warmup: %v", err)
+				}
+				s, err := c.measure(time.Now().Add(time.Minute))
+				if err != nil {
+					t.Fatalf("measure: %v", err)
+				}
+				if s.msgs != o.count {
+					t.Errorf("measured %d messages, want %d", s.msgs, o.count)
+				}
+				wantRTTs := o.count
+				if m.name == "stream" {
+					wantRTTs = 0
+				}
+				if len(s.rtts) != wantRTTs {
+					t.Errorf("got %d round-trip times, want %d", len(s.rtts), wantRTTs)
+				}
+				cc.Close()
+				if err := <-served; err != nil {
+					t.Errorf("server: %v", err)
+				}
+			})
+		}
+	}
+}
+
+// TestMeasureStopsAtDeadline checks that a passed deadline ends every mode
+// with no or few messages and no error.
+func TestMeasureStopsAtDeadline(t *testing.T) {
+	o := &options{count: 1_000_000, window: 4}
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			cc, sc := net.Pipe()
+			defer cc.Close()
+			go m.serve(sc, o)
+			s, err := m.client(cc, 64, o).measure(time.Now().Add(-time.Second))
+			if err != nil || s.msgs != 0 {
+				t.Errorf("measure past the deadline = %d messages, %v; want 0, nil", s.msgs, err)
+			}
+		})
+	}
+}
+
+// corruptEcho echoes like echo but flips one bit of the byte at offset n
+// of the stream.
+func corruptEcho(n int64) func(net.Conn, *options) error {
+	return func(c net.Conn, _ *options) error {
+		buf := make([]byte, serverBuf)
+		for off := int64(0); ; {
+			k, err := c.Read(buf)
+			if err != nil {
+				return nil
+			}
+			if off <= n && n < off+int64(k) {
+				buf[n-off] ^= 1
+			}
+			off += int64(k)
+			if _, err := c.Write(buf[:k]); err != nil {
+				return nil
+			}
+		}
+	}
+}
+
+func TestVerifyDetectsCorruption(t *testing.T) {
+	o := &options{count: 20, window: 4, verify: true}
+	for _, name := range []string{"pingpong", "rate"} {
+		t.Run(name, func(t *testing.T) {
+			m, _ := modeNamed(name)
+			cc, sc := net.Pipe()
+			defer cc.Close()
+			go corruptEcho(10*64+3)(sc, o)
+			_, err := m.client(cc, 64, o).measure(time.Now().Add(time.Minute))
+			if err == nil || !strings.Contains(err.Error(), "verify: echo 10 differs") {
+				t.Errorf("measure = %v, want a verify error for echo 10", err)
+			}
+		})
+	}
+
+	t.Run("stream", func(t *testing.T) {
+		cc, sc := net.Pipe()
+		defer cc.Close()
+		served := make(chan error, 1)
+		go func() { served <- sink(sc, o) }()
+		var hdr [streamHeader]byte
+		binary.LittleEndian.PutUint64(hdr[:], 64)
+		msg := append([]byte(nil), newPattern(64).at(0, 64)...)
+		msg[5] ^= 1
+		cc.Write(hdr[:])
+		cc.Write(msg)
+		if err := <-served; err == nil || !strings.Contains(err.Error(), "verify: bytes 0..64 differ") {
+			t.Errorf("sink = %v, want a verify error", err)
+		}
+	})
+}
+
+func TestStreamChecksAck(t *testing.T) {
+	cc, sc := net.Pipe()
+	defer cc.Close()
+	go func() { // acknowledges one byte too few
+		var hdr [streamHeader]byte
+		var total uint64
+		for {
+			if _, err := io.ReadFull(sc, hdr[:]); err != nil {
+				return
+			}
+			n := binary.LittleEndian.Uint64(hdr[:])
+			if n == 0 {
+				binary.LittleEndian.PutUint64(hdr[:], total-1)
+				sc.Write(hdr[:])
+				continue
+			}
+			io.CopyN(io.Discard, sc, int64(n))
+			total += n
+		}
+	}()
+	o := &options{count: 3, warmup: 2}
+	err := newStream(cc, 100, o).warmup()
+	if err == nil || !strings.Contains(err.Error(), "server acknowledged 199 bytes, 200 were sent") {
+		t.Errorf("warmup = %v, want an ack mismatch", err)
+	}
+}

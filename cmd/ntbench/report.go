@@ -1,0 +1,177 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/ntstack/ntstack/internal/proc"
+)
+
+// result is one row of the report: one transport, mode and size. The JSON
+// keys are documented in the package comment; latencies are zero for stream.
+type result struct {
+	Transport  string    `json:"transport"`
+	Mode       string    `json:"mode"`
+	Size       int       `json:"size"`
+	Conns      int       `json:"conns"`
+	P50        int64     `json:"p50_ns"`
+	P90        int64     `json:"p90_ns"`
+	P99        int64     `json:"p99_ns"`
+	P999       int64     `json:"p999_ns"`
+	Max        int64     `json:"max_ns"`
+	Stalls     int       `json:"stalls"`
+	MsgsPerS   float64   `json:"msgs_per_s"`
+	BytesPerS  float64   `json:"bytes_per_s"`
+	CPUPct     float64   `json:"cpu_pct"`
+	Pin        string    `json:"pin"`
+	Count      int       `json:"count"`       // measured messages, all connections
+	DurationNs int64     `json:"duration_ns"` // measured wall time
+	GOMAXPROCS int       `json:"gomaxprocs"`
+	Window     int       `json:"window,omitempty"` // rate only
+	Host       proc.Host `json:"host"`
+}
+
+// report prints results as they arrive, as table rows or JSON lines, and
+// the comparison with tcp at the end.
+type report struct {
+	o       *options
+	w       io.Writer
+	results []result
+}
+
+const rowFormat = "%-9s %-8s %7s %5s %8s %8s %8s %8s %8s %6s %8s %9s %6s\n"
+
+// begin prints the banner and the column header.
+func (r *report) begin(host proc.Host, procs, clientCPU, serverCPU int) {
+	if r.o.json || r.o.quiet {
+		return
+	}
+	var place string
+	switch {
+	case clientCPU < 0:
+		place = "unpinned: the scheduler places client and server"
+	case clientCPU == serverCPU:
+		place = fmt.Sprintf("client and server on CPU %d", clientCPU)
+	default:
+		place = fmt.Sprintf("client on CPU %d, server on CPU %d", clientCPU, serverCPU)
+	}
+	fmt.Fprintf(r.w, "host %s: %d CPUs, %s, kernel %s\n", host.Hostname, host.CPUs, host.CPUModel, host.Kernel)
+	fmt.Fprintf(r.w, "pin=%s (%s), GOMAXPROCS %d\n", r.o.pin, place, procs)
+	fmt.Fprintf(r.w, "%d connection(s), each: %d warm-up msgs, then up to %d msgs or %v\n\n",
+		r.o.conns, r.o.warmup, r.o.count, r.o.duration)
+	fmt.Fprintf(r.w, rowFormat, "transport", "mode", "size", "conns", "p50", "p90", "p99", "p99.9", "max", "stalls", "msgs/s", "MB/s", "cpu%")
+}
+
+// add prints one result and keeps it for the comparison.
+func (r *report) add(res result) {
+	r.results = append(r.results, res)
+	if r.o.json {
+		b, err := json.Marshal(res)
+		if err != nil {
+			panic(fmt.Sprintf("ntbench: encode result: %v", err)) // only plain fields: cannot happen
+		}
+		fmt.Fprintf(r.w, "%s\n", b)
+		return
+	}
+	lat := []string{"-", "-", "-", "-", "-", "-"}
+	if res.Max > 0 { // round trips were timed
+		lat = []string{formatNs(res.P50), formatNs(res.P90), formatNs(res.P99), formatNs(res.P999), formatNs(res.Max), fmt.Sprint(res.Stalls)}
+	}
+	fmt.Fprintf(r.w, rowFormat, res.Transport, res.Mode, fmt.Sprint(res.Size), fmt.Sprint(res.Conns),
+		lat[0], lat[1], lat[2], lat[3], lat[4], lat[5],
+		formatRate(res.MsgsPerS), fmt.Sprintf("%.1f", res.BytesPerS/1e6), fmt.Sprintf("%.1f", res.CPUPct))
+}
+
+// end prints how every transport fared against tcp of the same run.
+func (r *report) end() {
+	if r.o.json || r.o.quiet {
+		return
+	}
+	var lines []string
+	for _, res := range r.results {
+		if res.Transport == "tcp" {
+			continue
+		}
+		for _, tcp := range r.results {
+			if tcp.Transport == "tcp" && tcp.Mode == res.Mode && tcp.Size == res.Size && tcp.Conns == res.Conns {
+				lines = append(lines, fmt.Sprintf("  %s %s %d: %s", res.Transport, res.Mode, res.Size, compare(res, tcp)))
+			}
+		}
+	}
+	if len(lines) > 0 {
+		fmt.Fprintf(r.w, "\nagainst tcp in this run (pin=%s):\n%s\n", r.o.pin, strings.Join(lines, "\n"))
+	}
+}
+
+// compare describes res relative to tcp, a result of the same mode and
+// size.
+func compare(res, tcp result) string {
+	var parts []string
+	if res.Max > 0 && tcp.Max > 0 {
+		parts = append(parts, "p50 "+lowerThan(res.P50, tcp.P50), "p99 "+lowerThan(res.P99, tcp.P99))
+	}
+	if res.Mode != "pingpong" && tcp.BytesPerS > 0 {
+		parts = append(parts, fmt.Sprintf("throughput %.2fx tcp", res.BytesPerS/tcp.BytesPerS))
+	}
+	if res.MsgsPerS > 0 && tcp.MsgsPerS > 0 && tcp.CPUPct > 0 {
+		perMsg := (res.CPUPct / res.MsgsPerS) / (tcp.CPUPct / tcp.MsgsPerS)
+		parts = append(parts, fmt.Sprintf("cpu per msg %.2fx tcp", perMsg))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// lowerThan says how a latency compares with tcp's.
+func lowerThan(ns, tcp int64) string {
+	switch {
+	case ns <= 0 || tcp <= 0:
+		return "not comparable with tcp"
+	case ns <= tcp:
+		return fmt.Sprintf("%.1fx lower than tcp", float64(tcp)/float64(ns))
+	default:
+		return fmt.Sprintf("%.1fx higher than tcp", float64(ns)/float64(tcp))
+	}
+}
+
+// formatNs formats a duration in nanoseconds with three significant digits
+// (whole nanoseconds below 1 µs).
+func formatNs(ns int64) string {
+	switch {
+	case ns < 1e3:
+		return fmt.Sprintf("%dns", ns)
+	case ns < 1e6:
+		return sig3(float64(ns)/1e3) + "µs"
+	case ns < 1e9:
+		return sig3(float64(ns)/1e6) + "ms"
+	default:
+		return sig3(float64(ns)/1e9) + "s"
+	}
+}
+
+// formatRate formats a per-second rate with an SI suffix.
+func formatRate(v float64) string {
+	switch {
+	case v < 1e3:
+		return sig3(v)
+	case v < 1e6:
+		return sig3(v/1e3) + "k"
+	case v < 1e9:
+		return sig3(v/1e6) + "M"
+	default:
+		return sig3(v/1e9) + "G"
+	}
+}
+
+// sig3 formats v, at least 1 and below 1000 after scaling, with three
+// significant digits.
+func sig3(v float64) string {
+	switch {
+	case v < 10:
+		return fmt.Sprintf("%.2f", v)
+	case v < 100:
+		return fmt.Sprintf("%.1f", v)
+	default:
+		return fmt.Sprintf("%.0f", v)
+	}
+}

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"sync"
+
+	"github.com/ntstack/ntstack/ntb/shm"
+	"github.com/ntstack/ntstack/socklike"
+)
+
+// ntb is ntstack itself in embedded mode: each process attaches its end of
+// an emulated link (shared memory under /dev/shm) and talks through
+// socklike connections. The server names the link after its pid.
+func init() {
+	register(transport{
+		name: "ntb",
+		listen: func(o *options) (net.Listener, string, error) {
+			name := fmt.Sprintf("ntbench-%d", os.Getpid())
+			ep, err := socklike.Open(name, socklike.Config{SpinBudget: o.spin})
+			if err != nil {
+				return nil, "", err
+			}
+			ln, err := ep.Listen(1)
+			if err != nil {
+				ep.Close()
+				return nil, "", err
+			}
+			return &endpointListener{Listener: ln, ep: ep, link: name}, name, nil
+		},
+		dial: func(o *options, link string) (net.Conn, error) {
+			ep, err := clientEndpoint(link, o)
+			if err != nil {
+				return nil, err
+			}
+			return ep.Dial(1)
+		},
+	})
+}
+
+// endpointListener closes the server's endpoint and removes the link file
+// with the listener.
+type endpointListener struct {
+	*socklike.Listener
+	ep   *socklike.Endpoint
+	link string
+}
+
+func (l *endpointListener) Close() error {
+	l.Listener.Close()
+	err := l.ep.Close()
+	shm.Remove("", l.link)
+	return err
+}
+
+// The client process keeps one endpoint per link for all its connections;
+// it lives until the process exits.
+var (
+	clientMu  sync.Mutex
+	clientEps = map[string]*socklike.Endpoint{}
+)
+
+func clientEndpoint(link string, o *options) (*socklike.Endpoint, error) {
+	clientMu.Lock()
+	defer clientMu.Unlock()
+	if ep := clientEps[link]; ep != nil {
+		return ep, nil
+	}
+	ep, err := socklike.Open(link, socklike.Config{SpinBudget: o.spin})
+	if err != nil {
+		return nil, err
+	}
+	clientEps[link] = ep
+	return ep, nil
+}

@@ -1,0 +1,216 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ntstack/ntstack/internal/ring"
+	"github.com/ntstack/ntstack/ntb/shm"
+	"github.com/ntstack/ntstack/partition"
+)
+
+// ring is the floor: the same shared-memory rings the ntb transport uses,
+// driven by busy polling with no socket layer — no framing, connection
+// multiplexing, flow control, doorbells or parking. One link per
+// connection; the server opens -conns links up front.
+func init() {
+	register(transport{
+		name: "ring",
+		listen: func(o *options) (net.Listener, string, error) {
+			base := fmt.Sprintf("ntbench-ring-%d", os.Getpid())
+			ln := &ringListener{base: base, conns: make(chan net.Conn, o.conns), done: make(chan struct{})}
+			for i := range o.conns {
+				if err := ln.open(i, o.conns); err != nil {
+					ln.Close()
+					return nil, "", err
+				}
+			}
+			return ln, base, nil
+		},
+		dial: func(o *options, base string) (net.Conn, error) {
+			i := ringDials.Add(1) - 1
+			c, err := openRing(fmt.Sprintf("%s-%d", base, i))
+			if err != nil {
+				return nil, err
+			}
+			if err := c.waitSession(); err != nil {
+				c.Close()
+				return nil, err
+			}
+			return c, nil
+		},
+	})
+}
+
+var ringDials atomic.Int64
+
+// ringListener serves links base-0, base-1, …: the client dials them in
+// order, -conns at a time, so when link i is taken link i+conns is opened.
+type ringListener struct {
+	base  string
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+
+	mu  sync.Mutex
+	all []*ringConn
+}
+
+func (l *ringListener) open(i, stride int) error {
+	c, err := openRing(fmt.Sprintf("%s-%d", l.base, i))
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.all = append(l.all, c)
+	l.mu.Unlock()
+	go func() {
+		select {
+		case <-c.ready:
+		case <-l.done:
+			return
+		}
+		l.open(i+stride, stride)
+		select {
+		case l.conns <- c:
+		case <-l.done:
+		}
+	}()
+	return nil
+}
+
+func (l *ringListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *ringListener) Close() error {
+	l.once.Do(func() {
+		close(l.done)
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		for _, c := range l.all {
+			c.Close()
+		}
+	})
+	return nil
+}
+
+func (l *ringListener) Addr() net.Addr { return &net.UnixAddr{Name: "ring", Net: "ring"} }
+
+// ringConn is a minimal net.Conn over one partition, busy polling.
+type ringConn struct {
+	name    string
+	dev     *shm.Device
+	link    *partition.Link
+	part    *partition.Partition
+	ready   chan struct{}
+	pending []byte // rest of a record larger than the last Read
+	closed  atomic.Bool
+	once    sync.Once
+}
+
+func openRing(name string) (*ringConn, error) {
+	dev, err := shm.Open(name, shm.Options{})
+	if err != nil {
+		return nil, err
+	}
+	c := &ringConn{name: name, dev: dev, ready: make(chan struct{})}
+	var once sync.Once
+	c.link, err = partition.Open(dev, partition.Config{OnSession: func(s *partition.Session) {
+		once.Do(func() {
+			c.part = s.Partitions()[0]
+			close(c.ready)
+		})
+	}})
+	if err != nil {
+		dev.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *ringConn) waitSession() error {
+	select {
+	case <-c.ready:
+		return nil
+	case <-time.After(10 * time.Second):
+		return errors.New("ring: no session with the peer after 10s")
+	}
+}
+
+func (c *ringConn) Write(b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		chunk := min(len(b)-n, c.part.MaxPayload())
+		err := c.part.TrySend(0, nil, b[n:n+chunk])
+		switch {
+		case err == nil:
+			n += chunk
+		case errors.Is(err, ring.ErrFull):
+			if c.closed.Load() {
+				return n, net.ErrClosed
+			}
+		default:
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+func (c *ringConn) Read(b []byte) (int, error) {
+	if len(c.pending) > 0 {
+		n := copy(b, c.pending)
+		c.pending = c.pending[n:]
+		return n, nil
+	}
+	p := c.part
+	p.LockRX()
+	defer p.UnlockRX()
+	for {
+		_, payload, ok, err := p.Peek()
+		if errors.Is(err, partition.ErrSessionEnded) {
+			return 0, io.EOF // the peer closed its end
+		}
+		if err != nil {
+			return 0, err
+		}
+		if ok {
+			n := copy(b, payload)
+			if n < len(payload) {
+				c.pending = append(c.pending[:0], payload[n:]...)
+			}
+			p.Release()
+			return n, nil
+		}
+		if c.closed.Load() {
+			return 0, io.EOF
+		}
+	}
+}
+
+func (c *ringConn) Close() error {
+	c.once.Do(func() {
+		c.closed.Store(true)
+		c.link.Close()
+		c.dev.Close()
+		shm.Remove("", c.name)
+	})
+	return nil
+}
+
+func (c *ringConn) LocalAddr() net.Addr                { return &net.UnixAddr{Name: c.name, Net: "ring"} }
+func (c *ringConn) RemoteAddr() net.Addr               { return &net.UnixAddr{Name: c.name, Net: "ring"} }
+func (c *ringConn) SetDeadline(t time.Time) error      { return nil }
+func (c *ringConn) SetReadDeadline(t time.Time) error  { return nil }
+func (c *ringConn) SetWriteDeadline(t time.Time) error { return nil }

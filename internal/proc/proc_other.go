@@ -1,0 +1,37 @@
+//go:build !linux
+
+package proc
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"syscall"
+	"time"
+)
+
+// Affinity is not supported on this platform.
+func Affinity() ([]int, error) {
+	return nil, fmt.Errorf("sched_getaffinity: %w", ErrNotSupported)
+}
+
+// SetAffinity is not supported on this platform.
+func SetAffinity(cpus []int) error {
+	return fmt.Errorf("set affinity: %w", ErrNotSupported)
+}
+
+// CPUTime is not supported on this platform.
+func CPUTime() (time.Duration, error) {
+	return 0, fmt.Errorf("getrusage: %w", ErrNotSupported)
+}
+
+// KillWithParent returns nil: this platform has no parent-death signal,
+// so children rely on noticing that their stdin closed.
+func KillWithParent() *syscall.SysProcAttr { return nil }
+
+// ReadHost describes this machine as far as the platform tells.
+func ReadHost() Host {
+	h := Host{CPUs: runtime.NumCPU(), CPUModel: "unknown"}
+	h.Hostname, _ = os.Hostname()
+	return h
+}

@@ -1,0 +1,64 @@
+package socklike
+
+import (
+	"io"
+	"testing"
+)
+
+// Benchmarks over the emulated fabric inside one process (two goroutines).
+// The project's figures come from cmd/ntbench, across processes; these are
+// for profiling the data path.
+
+func BenchmarkPingPong64(b *testing.B) {
+	a, s := endpoints(b, "shm", Config{Logf: func(string, ...any) {}})
+	c1, c2 := connPair(b, a, s, 1)
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			if _, err := io.ReadFull(c2, buf); err != nil {
+				return
+			}
+			if _, err := c2.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 64)
+	b.ResetTimer()
+	for range b.N {
+		if _, err := c1.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(c1, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	c1.Close()
+	c2.Close()
+}
+
+func BenchmarkStream64K(b *testing.B) {
+	a, s := endpoints(b, "shm", Config{Logf: func(string, ...any) {}})
+	c1, c2 := connPair(b, a, s, 1)
+	done := make(chan int64)
+	go func() {
+		n, _ := io.Copy(io.Discard, c2)
+		done <- n
+	}()
+	buf := make([]byte, 64<<10)
+	b.SetBytes(int64(len(buf)))
+	b.ResetTimer()
+	for range b.N {
+		if _, err := c1.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	c1.CloseWrite()
+	if n := <-done; n != int64(b.N*len(buf)) {
+		b.Fatalf("read %d bytes, wrote %d", n, b.N*len(buf))
+	}
+	b.StopTimer()
+	c1.Close()
+	c2.Close()
+}
