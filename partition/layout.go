@@ -73,17 +73,22 @@ func NewLayout(window, partitions int) (Layout, error) {
 	return l, nil
 }
 
+// CtlOffset is the window offset of partition i's TX control block.
+func (l Layout) CtlOffset(i int) int { return ctlBase + ring.CtlSize*i }
+
+// DataOffset is the window offset of partition i's RX data region.
+func (l Layout) DataOffset(i int) int { return l.dataBase + ring.RegionSize(l.RingSize)*i }
+
 // Ctl returns the control block of partition i's TX ring in window w.
 func (l Layout) Ctl(w []byte, i int) []byte {
-	off := ctlBase + ring.CtlSize*i
+	off := l.CtlOffset(i)
 	return w[off : off+ring.CtlSize]
 }
 
 // Data returns the data region of partition i's RX ring in window w.
 func (l Layout) Data(w []byte, i int) []byte {
-	n := ring.RegionSize(l.RingSize)
-	off := l.dataBase + n*i
-	return w[off : off+n]
+	off := l.DataOffset(i)
+	return w[off : off+ring.RegionSize(l.RingSize)]
 }
 
 // format writes the header and formats every ring region of our own
