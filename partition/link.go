@@ -331,6 +331,7 @@ func (s *Session) quiesce() {
 	for _, p := range s.parts {
 		p.rxMu.Lock()
 		p.txMu.Lock()
+		//lint:ignore SA2001 waiting out the holders is the point
 		p.txMu.Unlock()
 		p.rxMu.Unlock()
 	}

@@ -9,8 +9,6 @@ type byteQueue struct {
 	n    int // bytes queued
 }
 
-func (q *byteQueue) len() int { return q.n }
-
 // push appends p; the caller has checked that len(p) fits the window.
 func (q *byteQueue) push(p []byte) {
 	if q.n+len(p) > len(q.buf) {

@@ -48,11 +48,11 @@ type Conn struct {
 
 	mu sync.Mutex
 	// mu protects the following fields.
-	state                connState
-	finSent, closeSent   bool
-	closeRecv, idFreed   bool
-	err                  error // terminal: refused, session ended
-	localClosed, dialing bool
+	state              connState
+	finSent, closeSent bool
+	closeRecv, idFreed bool
+	err                error // terminal: refused, session ended
+	localClosed        bool
 }
 
 type connState uint8

@@ -1,0 +1,66 @@
+# ntstack — every build, test and measurement goes through this file.
+# `make help` lists the targets.
+
+SHELL := /bin/bash
+export PATH := $(PATH):/usr/local/go/bin:$(HOME)/go/bin
+GO ?= go
+
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+FUZZTIME ?= 60s
+SHORT_FUZZTIME ?= 10s
+# Packages of the unit tier: everything but the integration tests in test/.
+UNIT_PKGS = $$($(GO) list ./... | grep -v '/test$$')
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: deps
+deps: ## download the Go modules
+	$(GO) mod download
+
+.PHONY: build
+build: deps ## build every package and the binaries into bin/
+	$(GO) build ./...
+	$(GO) build -o bin/ ./cmd/...
+
+.PHONY: test
+test: deps ## vet, unit tier under -race, integration tier, short fuzzing
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 10m $(UNIT_PKGS)
+	$(GO) test -count=1 -timeout 10m ./test/...
+	$(MAKE) --no-print-directory fuzz FUZZTIME=$(SHORT_FUZZTIME)
+
+.PHONY: fuzz
+fuzz: ## run every fuzz target for FUZZTIME (default 60s) each
+	@set -e; grep -rl --include='*_test.go' '^func Fuzz' . | while read -r f; do \
+		dir=$$(dirname "$$f"); \
+		for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$$f"); do \
+			echo "fuzz $$dir $$t for $(FUZZTIME)"; \
+			$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) "$$dir"; \
+		done; \
+	done
+
+.PHONY: lint
+lint: deps ## gofmt, go vet, staticcheck and the project's import and unsafe rules
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+	.ci/lint-rules
+
+.PHONY: demo
+demo: ## two endpoints on the emulated fabric: request/response and streaming beside TCP loopback
+	$(GO) run ./cmd/ntbench -transports ntb,ring,tcp -modes pingpong,stream -size 64,65536 -duration 300ms
+
+.PHONY: bench
+bench: ## the full benchmark, table and JSON (out/bench.jsonl), plus go test -bench
+	@mkdir -p out
+	$(GO) run ./cmd/ntbench -transports ntb,ring,tcp,unix -modes pingpong,stream,rate -size 64,4096,65536 -json -q | tee out/bench.jsonl
+	$(GO) run ./cmd/ntbench -transports ntb,ring,tcp,unix -modes pingpong,stream -size 64,4096,65536
+	$(GO) test -run '^$$' -bench . -benchtime 2s ./socklike/
+
+.PHONY: clean
+clean: ## remove build output and leftover fabric files
+	rm -rf bin out /dev/shm/ntstack /dev/shm/ntstack-test-*
