@@ -34,7 +34,10 @@ func init() {
 			return ln, base, nil
 		},
 		dial: func(o *options, base string) (net.Conn, error) {
-			i := ringDials.Add(1) - 1
+			ringMu.Lock()
+			i := ringDials[base]
+			ringDials[base]++
+			ringMu.Unlock()
 			c, err := openRing(fmt.Sprintf("%s-%d", base, i))
 			if err != nil {
 				return nil, err
@@ -48,7 +51,11 @@ func init() {
 	})
 }
 
-var ringDials atomic.Int64
+// ringDials counts the client's dials per server, which name its links.
+var (
+	ringMu    sync.Mutex
+	ringDials = map[string]int{}
+)
 
 // ringListener serves links base-0, base-1, …: the client dials them in
 // order, -conns at a time, so when link i is taken link i+conns is opened.
