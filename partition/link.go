@@ -235,14 +235,16 @@ func (l *Link) runSession() {
 }
 
 // wait sleeps until the session bit rings, the link changes, the session
-// fails, the Link closes or the periodic re-check is due. It reports
-// whether to go on.
+// fails or the Link closes; without a session, also until the periodic
+// re-check of the handshake is due. An established session costs no
+// wake-ups. It reports whether to go on.
 func (l *Link) wait(s *Session) bool {
 	ctx, cancel := context.WithTimeout(l.ctx, recheck)
-	defer cancel()
 	if s != nil {
+		ctx, cancel = context.WithCancel(l.ctx)
 		defer context.AfterFunc(s.ctx, cancel)()
 	}
+	defer cancel()
 	_, err := l.dev.WaitDoorbell(ctx, sessionBit)
 	return l.ctx.Err() == nil && !errors.Is(err, ntb.ErrClosed)
 }

@@ -35,10 +35,8 @@ import (
 const (
 	DefaultDir               = "/dev/shm/ntstack"
 	DefaultWindowSize        = 16 << 20
-	DefaultHeartbeatInterval = 10 * time.Millisecond
-	DefaultHeartbeatTimeout  = 50 * time.Millisecond
-
-	waitSlice = 100 * time.Millisecond
+	DefaultHeartbeatInterval = 50 * time.Millisecond
+	DefaultHeartbeatTimeout  = 250 * time.Millisecond
 )
 
 // Side selects which end of a link to attach.
@@ -99,8 +97,14 @@ type Device struct {
 	link      atomic.Int32 // ntb.LinkState
 	linkSeq   atomic.Uint64
 	forceDown atomic.Bool
+	silent    atomic.Bool // fault injection: stop heartbeating
 	closeOnce sync.Once
 	closeErr  error
+
+	// kick is a process-private word, in its own anonymous mapping, that
+	// local events (close, link change, cancellation) bump to wake
+	// WaitDoorbell; it sleeps on it and the shared doorbell word at once.
+	kick []byte
 
 	// users is held shared by every method that touches the mapping and
 	// exclusively by Close to unmap it.
@@ -153,6 +157,11 @@ func Open(name string, o Options) (_ *Device, err error) {
 		d.mem = nil
 		return nil, fmt.Errorf("map link file: %w", err)
 	}
+	d.kick, err = unix.Mmap(-1, 0, pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		d.kick = nil
+		return nil, fmt.Errorf("map wake word: %w", err)
+	}
 	peer := 1 - d.side
 	d.local = d.mem[regsOffset(d.side) : regsOffset(d.side)+regsSize]
 	d.remote = d.mem[regsOffset(peer) : regsOffset(peer)+regsSize]
@@ -171,6 +180,7 @@ func Open(name string, o Options) (_ *Device, err error) {
 	// A generation unlike any earlier one tells the peer we are new.
 	d.gen = rand.Uint64() | 1
 	store64(d.remote, regGeneration, d.gen)
+	store32(d.remote, regPeerDown, 0)
 
 	d.events = make(chan ntb.LinkEvent, 16)
 	d.stop = make(chan struct{})
@@ -273,6 +283,12 @@ func (d *Device) enter() bool {
 
 func (d *Device) exit() { d.users.RUnlock() }
 
+// wakeLocal wakes this process's WaitDoorbell callers so they re-check.
+func (d *Device) wakeLocal() {
+	add32(d.kick, 0, 1)
+	futexWakePrivate(d.kick, 0)
+}
+
 // Name is the link name and side, e.g. "demo/0".
 func (d *Device) Name() string { return fmt.Sprintf("%s/%d", d.name, d.side) }
 
@@ -353,13 +369,14 @@ func (d *Device) ClearDoorbellMask(bits uint64) {
 	d.mask &^= bits
 	d.mu.Unlock()
 	if d.enter() {
-		futexWake(d.local, regDoorbellSeq) // a newly unmasked bit may be pending
+		d.wakeLocal() // a newly unmasked bit may be pending
 		d.exit()
 	}
 }
 
-// WaitDoorbell sleeps on the doorbell sequence word until an unmasked bit
-// of want is pending. The monitor wakes it on link changes and Close.
+// WaitDoorbell sleeps until an unmasked bit of want is pending. It sleeps
+// on the peer's doorbell sequence word and on the local wake word at once,
+// with no timeout: link changes, Close and ctx wake it through the latter.
 func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) {
 	if !d.enter() {
 		return 0, ntb.ErrClosed
@@ -368,12 +385,13 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 	linkSeq := d.linkSeq.Load()
 	stop := context.AfterFunc(ctx, func() {
 		if d.enter() {
-			futexWake(d.local, regDoorbellSeq)
+			d.wakeLocal()
 			d.exit()
 		}
 	})
 	defer stop()
 	for {
+		kick := load32(d.kick, 0)
 		seq := load32(d.local, regDoorbellSeq)
 		d.mu.Lock()
 		p := d.pendingLocked() & want
@@ -389,8 +407,7 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 		case ctx.Err() != nil:
 			return p, ctx.Err()
 		}
-		// The slice bounds the sleep of a waiter that raced with Close.
-		futexWait(d.local, regDoorbellSeq, seq, waitSlice)
+		futexWait2(d.local, regDoorbellSeq, seq, d.kick, 0, kick)
 	}
 }
 
@@ -423,12 +440,41 @@ func (d *Device) Link() ntb.LinkState { return ntb.LinkState(d.link.Load()) }
 
 func (d *Device) LinkEvents() <-chan ntb.LinkEvent { return d.events }
 
-// ForceLinkDown is fault injection: the device stops heartbeating and
-// reports the link down until ForceLinkUp; the peer sees the heartbeat stop.
-func (d *Device) ForceLinkDown() { d.forceDown.Store(true) }
+// ForceLinkDown is fault injection, a cable pull: both ends report the
+// link down (the peer within one heartbeat interval) until ForceLinkUp.
+func (d *Device) ForceLinkDown() {
+	d.forceDown.Store(true)
+	if d.enter() {
+		store32(d.remote, regPeerDown, 1)
+		d.exit()
+	}
+}
 
 // ForceLinkUp ends ForceLinkDown.
-func (d *Device) ForceLinkUp() { d.forceDown.Store(false) }
+func (d *Device) ForceLinkUp() {
+	d.forceDown.Store(false)
+	if d.enter() {
+		store32(d.remote, regPeerDown, 0)
+		d.exit()
+	}
+}
+
+// SilenceHeartbeat is fault injection, a hung process: while on, the device
+// stops heartbeating, and the peer declares the link down after its
+// heartbeat timeout.
+func (d *Device) SilenceHeartbeat(on bool) { d.silent.Store(on) }
+
+// peerAttached asks the kernel whether a process holds the peer's side
+// lock. The kernel drops it the moment that process exits, however it
+// exits, so a dead peer is seen at the next heartbeat without waiting for
+// its heartbeat to time out.
+func (d *Device) peerAttached() bool {
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Start: int64(lockSide + 1 - d.side), Len: 1}
+	if err := unix.FcntlFlock(d.file.Fd(), unix.F_OFD_GETLK, &lk); err != nil {
+		return true // cannot tell: the heartbeat decides
+	}
+	return lk.Type != unix.F_UNLCK
+}
 
 // CorruptInbound is fault injection: it overwrites n bytes of the inbound
 // window at off with pseudo-random bytes from seed, as a faulty or hostile
@@ -445,9 +491,10 @@ func (d *Device) CorruptInbound(off, n int, seed uint64) {
 }
 
 // runMonitor beats our heart in the peer's registers and watches the
-// peer's in ours. The link is up once the peer's heartbeat has moved since
-// we attached (so a dead peer's leftover registers never look alive) and
-// stays up while it keeps moving and the peer's generation stays the same.
+// peer's in ours. The link is up while the peer's process holds its side
+// lock, its generation is unchanged, it has not forced the link down, and
+// its heartbeat has moved since we attached (so a dead peer's leftover
+// registers never look alive) and within the heartbeat timeout.
 func (d *Device) runMonitor() {
 	defer close(d.done)
 	defer close(d.events)
@@ -460,8 +507,7 @@ func (d *Device) runMonitor() {
 	state := ntb.LinkDown
 	for {
 		now := time.Now()
-		forced := d.forceDown.Load()
-		if !forced {
+		if !d.silent.Load() {
 			beats++
 			store64(d.remote, regHeartbeat, beats)
 		}
@@ -471,14 +517,18 @@ func (d *Device) runMonitor() {
 		}
 		next, why := ntb.LinkUp, "peer attached"
 		switch {
-		case forced:
+		case d.forceDown.Load():
 			next, why = ntb.LinkDown, "forced down"
+		case !d.peerAttached():
+			next, why = ntb.LinkDown, "peer process gone"
 		case gen == 0:
 			next, why = ntb.LinkDown, "peer detached"
+		case load32(d.local, regPeerDown) != 0:
+			next, why = ntb.LinkDown, "peer forced the link down"
 		case lastMove.IsZero():
 			next = ntb.LinkDown
 		case now.Sub(lastMove) > d.timeout:
-			next, why = ntb.LinkDown, fmt.Sprintf("peer heartbeat lost for %v", now.Sub(lastMove).Round(time.Millisecond))
+			next, why = ntb.LinkDown, fmt.Sprintf("peer heartbeat silent for %v", now.Sub(lastMove).Round(time.Millisecond))
 		}
 		if state == ntb.LinkUp && next == ntb.LinkUp && gen != upGen {
 			d.setLink(ntb.LinkDown, "peer re-attached", now) // the peer we knew is gone
@@ -512,7 +562,7 @@ func (d *Device) setLink(s ntb.LinkState, why string, at time.Time) {
 		default:
 		}
 	}
-	futexWake(d.local, regDoorbellSeq)
+	d.wakeLocal()
 }
 
 // Close detaches: the peer sees the link go down at its next check.
@@ -523,7 +573,7 @@ func (d *Device) Close() error {
 		d.closed.Store(true)
 		store64(d.remote, regGeneration, 0)
 		futexWake(d.remote, regDoorbellSeq)
-		futexWake(d.local, regDoorbellSeq)
+		d.wakeLocal()
 		d.users.Lock() // wait for methods in flight
 		d.closeErr = d.release()
 		d.users.Unlock()
@@ -536,6 +586,10 @@ func (d *Device) release() error {
 	if d.mem != nil {
 		errs = append(errs, unix.Munmap(d.mem))
 		d.mem = nil
+	}
+	if d.kick != nil {
+		errs = append(errs, unix.Munmap(d.kick))
+		d.kick = nil
 	}
 	if d.file != nil {
 		errs = append(errs, d.file.Close()) // drops our locks

@@ -83,7 +83,7 @@ func TestLayoutMismatch(t *testing.T) {
 	require.ErrorContains(t, err, "invalid name")
 }
 
-func TestForcedDownAndHeartbeatLoss(t *testing.T) {
+func TestForcedDown(t *testing.T) {
 	a, b := openPair(t, Options{Dir: testDir(t), WindowSize: 64 << 10})
 	defer a.Close()
 	defer b.Close()
@@ -93,10 +93,24 @@ func TestForcedDownAndHeartbeatLoss(t *testing.T) {
 	start := time.Now()
 	a.ForceLinkDown()
 	ntbtest.WaitLink(t, a, ntb.LinkDown, ntbtest.LinkDetectTimeout)
-	ntbtest.WaitLink(t, b, ntb.LinkDown, ntbtest.LinkDetectTimeout) // a's heartbeat stopped
-	t.Logf("heartbeat loss detected in %v", time.Since(start).Round(time.Millisecond))
+	ntbtest.WaitLink(t, b, ntb.LinkDown, ntbtest.LinkDetectTimeout)
+	t.Logf("forced link down seen by the peer in %v", time.Since(start).Round(time.Millisecond))
 	a.ForceLinkUp()
 	ntbtest.WaitLink(t, a, ntb.LinkUp, time.Second)
+	ntbtest.WaitLink(t, b, ntb.LinkUp, time.Second)
+}
+
+func TestHeartbeatSilence(t *testing.T) {
+	o := Options{Dir: testDir(t), WindowSize: 64 << 10, HeartbeatInterval: 10 * time.Millisecond, HeartbeatTimeout: 50 * time.Millisecond}
+	a, b := openPair(t, o)
+	defer a.Close()
+	defer b.Close()
+	ntbtest.WaitLink(t, b, ntb.LinkUp, time.Second)
+	start := time.Now()
+	a.SilenceHeartbeat(true) // a hung process: attached, but silent
+	ntbtest.WaitLink(t, b, ntb.LinkDown, time.Second)
+	t.Logf("silent peer declared down after %v", time.Since(start).Round(time.Millisecond))
+	a.SilenceHeartbeat(false)
 	ntbtest.WaitLink(t, b, ntb.LinkUp, time.Second)
 }
 

@@ -11,11 +11,27 @@ import (
 
 var le = binary.LittleEndian
 
-// futex(2) operations (linux/futex.h); x/sys/unix does not define them.
+// futex(2) and futex_waitv(2) constants (linux/futex.h); x/sys/unix does
+// not define them.
 const (
-	futexWaitOp = 0 // FUTEX_WAIT
-	futexWakeOp = 1 // FUTEX_WAKE
+	futexWaitOp    = 0   // FUTEX_WAIT
+	futexWakeOp    = 1   // FUTEX_WAKE
+	futexPrivate   = 128 // FUTEX_PRIVATE_FLAG
+	futex2Size32   = 2   // FUTEX2_SIZE_U32
+	futex2Private  = 128 // FUTEX2_PRIVATE
+	fallbackSlice  = 100 * time.Millisecond
+	futexWaitvSize = 24
 )
+
+// futexWaitv mirrors struct futex_waitv.
+type futexWaitv struct {
+	val      uint64
+	uaddr    uint64
+	flags    uint32
+	reserved uint32
+}
+
+var _ [futexWaitvSize - unsafe.Sizeof(futexWaitv{})]byte // size check
 
 // Registers are shared with another process: every access is atomic.
 
@@ -28,18 +44,44 @@ func ptr(b []byte, off, size int) unsafe.Pointer {
 
 func load32(b []byte, off int) uint32     { return atomic.LoadUint32((*uint32)(ptr(b, off, 4))) }
 func store32(b []byte, off int, v uint32) { atomic.StoreUint32((*uint32)(ptr(b, off, 4)), v) }
+func add32(b []byte, off int, v uint32)   { atomic.AddUint32((*uint32)(ptr(b, off, 4)), v) }
 func load64(b []byte, off int) uint64     { return atomic.LoadUint64((*uint64)(ptr(b, off, 8))) }
 func store64(b []byte, off int, v uint64) { atomic.StoreUint64((*uint64)(ptr(b, off, 8)), v) }
 
-// futexWait sleeps while the shared word at off holds val, at most d.
-// Spurious returns are fine: callers re-check.
-func futexWait(b []byte, off int, val uint32, d time.Duration) {
-	ts := unix.NsecToTimespec(int64(d))
-	// Not FUTEX_PRIVATE_FLAG: the word is shared with another process.
-	_, _, _ = unix.Syscall6(unix.SYS_FUTEX, uintptr(ptr(b, off, 4)), futexWaitOp, uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
+var noWaitv atomic.Bool // futex_waitv is missing (kernel < 5.16)
+
+// futexWait2 sleeps until the shared word at shared[soff] differs from sval
+// or the process-private word at private[poff] differs from pval. Spurious
+// returns are fine: callers re-check. Both words are compared by the
+// kernel atomically with going to sleep, so a wake between the caller's
+// check and the sleep is never lost and no timeout is needed. Without
+// futex_waitv it falls back to waiting on the shared word in slices.
+func futexWait2(shared []byte, soff int, sval uint32, private []byte, poff int, pval uint32) {
+	if !noWaitv.Load() {
+		w := [2]futexWaitv{
+			{val: uint64(sval), uaddr: uint64(uintptr(ptr(shared, soff, 4))), flags: futex2Size32},
+			{val: uint64(pval), uaddr: uint64(uintptr(ptr(private, poff, 4))), flags: futex2Size32 | futex2Private},
+		}
+		_, _, errno := unix.Syscall6(unix.SYS_FUTEX_WAITV, uintptr(unsafe.Pointer(&w[0])), 2, 0, 0, 0, 0)
+		if errno != unix.ENOSYS {
+			return
+		}
+		noWaitv.Store(true)
+	}
+	if load32(private, poff) != pval {
+		return
+	}
+	ts := unix.NsecToTimespec(int64(fallbackSlice))
+	_, _, _ = unix.Syscall6(unix.SYS_FUTEX, uintptr(ptr(shared, soff, 4)), futexWaitOp, uintptr(sval), uintptr(unsafe.Pointer(&ts)), 0, 0)
 }
 
 // futexWake wakes every sleeper on the shared word at off.
 func futexWake(b []byte, off int) {
 	_, _, _ = unix.Syscall6(unix.SYS_FUTEX, uintptr(ptr(b, off, 4)), futexWakeOp, uintptr(1<<30), 0, 0, 0)
+}
+
+// futexWakePrivate wakes every sleeper of this process on the private
+// word at off.
+func futexWakePrivate(b []byte, off int) {
+	_, _, _ = unix.Syscall6(unix.SYS_FUTEX, uintptr(ptr(b, off, 4)), futexWakeOp|futexPrivate, uintptr(1<<30), 0, 0, 0)
 }

@@ -1,0 +1,23 @@
+// Package test is ntstack's integration tier: tests that run two real
+// processes over the emulated fabric (ntb/shm) and check what only a pair of
+// processes can show — data integrity under load in both directions, a peer
+// killed with SIGKILL, and the CPU cost of an idle pair.
+//
+// The package holds only tests. The test binary is also the peer: TestMain
+// re-executes it as a child process with NTSTACK_TEST_ROLE naming a role
+// function and NTSTACK_TEST_PARAMS its JSON parameters. A child reports to
+// the test on stdout (one JSON object per line), takes commands on stdin
+// (one word per line; EOF means "finish and exit"), and logs to stderr,
+// which the test copies into its log.
+//
+// Run it with `go test -count=1 ./test/` (or `make test`); -short shrinks the
+// stress test. NTSTACK_TEST_SEED overrides the seed of every random choice;
+// the seed is logged so that a failure can be replayed.
+//
+// Concurrency and lifetime: the tests measure throughput, latency and CPU
+// time, so none of them runs in parallel with another. Every child is tied
+// to the test binary with a parent-death signal and killed and reaped by
+// the test's cleanup, and every link file lives in a directory under
+// /dev/shm unique to its test and removed at cleanup, so a failed or
+// interrupted run leaves no process and no link behind.
+package test
