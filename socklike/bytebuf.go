@@ -11,6 +11,9 @@ type byteQueue struct {
 
 // push appends p; the caller has checked that len(p) fits the window.
 func (q *byteQueue) push(p []byte) {
+	if len(p) == 0 {
+		return // an empty DATA frame: legal, and nothing to queue
+	}
 	if q.n+len(p) > len(q.buf) {
 		size := max(4096, 2*len(q.buf))
 		for size < q.n+len(p) {

@@ -1,0 +1,99 @@
+package socklike
+
+import (
+	"testing"
+	"time"
+
+	"github.com/ntstack/ntstack/internal/ring"
+	"github.com/ntstack/ntstack/ntb/ntbtest"
+	"github.com/ntstack/ntstack/partition"
+)
+
+// FuzzFrames plays a hostile peer: it publishes fuzzer-chosen frames (any
+// tag, any payload) into an endpoint's ring and lets the endpoint dispatch
+// them. The endpoint must never panic; a violation must end the session
+// with an error, and the endpoint must stay usable.
+//
+// Input: a sequence of [tag: 3 bytes][n: 1 byte][payload: n bytes].
+func FuzzFrames(f *testing.F) {
+	frame := func(kind, id uint32, payload ...byte) []byte {
+		t := makeTag(kind, id)
+		return append([]byte{byte(t), byte(t >> 8), byte(t >> 16), byte(len(payload))}, payload...)
+	}
+	open := openMsg{port: 1, window: 1 << 20}.encode(nil)
+	f.Add(frame(kindOpen, 5, open...))
+	f.Add(append(append(frame(kindOpen, 5, open...), frame(kindData, 1, 'h', 'i')...), frame(kindClose, 1)...))
+	f.Add(append(frame(kindOpen, 5, open...), frame(kindCredit, 1, 0, 0, 0, 0, 0, 0, 0, 9)...))
+	f.Add(frame(kindAccept, 1, 1, 0, 0, 0, 0, 0, 16, 0))
+	f.Add(frame(kindData, 77, 1, 2, 3))
+	f.Add(frame(15, 0))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		da, db := ntbtest.NewPair(64 << 10)
+		defer da.Close()
+		defer db.Close()
+		ep, err := Attach(db, Config{Logf: func(string, ...any) {}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ep.Close()
+		ln, err := ep.Listen(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sessions := make(chan *partition.Session, 4)
+		hostile, err := partition.Open(da, partition.Config{OnSession: func(s *partition.Session) { sessions <- s }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer hostile.Close()
+		var s *partition.Session
+		select {
+		case s = <-sessions:
+		case <-time.After(5 * time.Second):
+			t.Fatal("no session")
+		}
+		var st *state
+		for deadline := time.Now().Add(5 * time.Second); st == nil; {
+			ep.mu.Lock()
+			st = ep.cur
+			ep.mu.Unlock()
+			if time.Now().After(deadline) {
+				t.Fatal("endpoint has no session")
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		p := s.Partitions()[0]
+		for len(data) >= 4 {
+			tag := uint32(data[0]) | uint32(data[1])<<8 | uint32(data[2])<<16
+			n := min(int(data[3]), len(data)-4)
+			if p.TrySend(tag&ring.MaxTag, data[4:4+n], nil) != nil {
+				break
+			}
+			data = data[4+n:]
+		}
+		for {
+			if _, records := st.poll(nil, nil); records == 0 {
+				break
+			}
+		}
+		if err := st.sess.Err(); err != nil && s.Err() == nil {
+			// The endpoint ended the session: it must say why.
+			if err.Error() == "" {
+				t.Fatal("session ended without a reason")
+			}
+		}
+		for {
+			select {
+			case c := <-ln.acceptq:
+				// Must not panic, whatever the peer did; the peer never
+				// reads, so a full ring may block: bound it.
+				c.SetWriteDeadline(time.Now().Add(10 * time.Millisecond))
+				c.Write([]byte("x"))
+				c.Close()
+				continue
+			default:
+			}
+			break
+		}
+	})
+}
