@@ -117,6 +117,7 @@ func (c *Conn) opErr(op string, err error) error {
 // there, the peer finished (io.EOF), the deadline passed or the
 // connection failed.
 func (c *Conn) Read(b []byte) (int, error) {
+	c.ep.calls.Add(1)
 	c.rlock.Lock()
 	defer c.rlock.Unlock()
 	sp := spinner{ep: c.ep}
@@ -179,6 +180,7 @@ func (c *Conn) consumed(n int) {
 // Write writes b in frames of at most the MTU, blocking while the peer's
 // window or the ring is full. It returns len(b) or an error.
 func (c *Conn) Write(b []byte) (int, error) {
+	c.ep.calls.Add(1)
 	c.wlock.Lock()
 	defer c.wlock.Unlock()
 	if err := c.writeErr(); err != nil {

@@ -116,6 +116,7 @@ type Endpoint struct {
 	pollers sync.WaitGroup // runPoller goroutines
 	active  atomic.Int32   // goroutines spin-polling
 	parked  atomic.Int32   // goroutines parked, waiting for the poller
+	calls   atomic.Uint64  // Read and Write calls: the poller stays off while they come
 	kick    chan struct{}  // wakes the poller when it waits for work
 
 	mu sync.Mutex
@@ -501,8 +502,8 @@ func (st *state) drainLocked() {
 	}
 }
 
-// idleGrace is how long the endpoint must go without a spinning caller
-// before the poller arms the doorbell for frames nobody waits for (an OPEN
+// idleGrace is how long the endpoint must go without a spinning caller or
+// a new Read or Write before the poller arms the doorbell for frames nobody waits for (an OPEN
 // for a listener with no Accept pending, data for a connection not being
 // read). A parked caller arms it at once. Arming while callers come and go
 // between round trips would make every message ring a doorbell.
@@ -530,11 +531,13 @@ func (st *state) runPoller() {
 		}
 	}
 	var idleSince time.Time
+	var calls uint64
 	for ctx.Err() == nil {
 		ctlDone := st.flushCtl()
 		if ctlDone {
-			if ep.active.Load() > 0 { // a caller polls: nothing to do
-				idleSince = time.Time{}
+			// Somebody polls, or calls keep coming: nothing to do.
+			if c := ep.calls.Load(); ep.active.Load() > 0 || (c != calls && ep.parked.Load() == 0) {
+				calls, idleSince = c, time.Time{}
 				pause(idleGrace)
 				continue
 			}
