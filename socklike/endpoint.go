@@ -12,10 +12,12 @@
 // The data path runs in the caller's goroutine: Write copies straight into
 // the peer's ring, Read polls our ring and copies straight out of it, and
 // records for other connections are queued for them on the way. A waiting
-// call spins for Config.SpinBudget, then parks; while something is parked
-// and nobody spins, one poller goroutine per endpoint sleeps on the
-// doorbell. So a busy pair never takes a doorbell or a context switch and
-// an idle pair costs nothing.
+// call spins for Config.SpinBudget, then parks. One poller goroutine per
+// endpoint sleeps on the doorbell while something is parked and nobody
+// spins, or once no Read or Write has come for a couple of milliseconds
+// (so frames nobody waits for, like an OPEN, are still answered). So a busy
+// pair never takes a doorbell or a context switch and an idle pair costs
+// next to nothing.
 //
 // Flow control is by credit: a connection's sender never has more than the
 // receiver's window unread, so the receiver can always take a record off the
