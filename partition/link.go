@@ -51,7 +51,8 @@ const (
 
 	sessionBit = uint64(1) << 63
 
-	recheck = 100 * time.Millisecond // periodic re-check of the handshake
+	recheck            = 100 * time.Millisecond // re-check of the handshake without a session
+	establishedRecheck = time.Second            // and with one
 )
 
 // ErrSessionEnded is the cause of a session's end when the link went down
@@ -174,7 +175,8 @@ func (l *Link) runSession() {
 	tell := func(i int, v uint32) { _ = l.dev.SetPeerScratchpad(i, v) }
 	for {
 		l.dev.ClearDoorbells(sessionBit)
-		if l.dev.Link() != ntb.LinkUp {
+		up := l.dev.Link() == ntb.LinkUp
+		if !up {
 			end(fmt.Errorf("link down: %w", ErrSessionEnded))
 			nonce, epoch, lastHello = 0, 0, 0
 		} else if leader {
@@ -228,23 +230,32 @@ func (l *Link) runSession() {
 				l.logf("hello %#x", nonce)
 			}
 		}
-		if !l.wait(s) {
+		if !l.wait(s, up) {
 			return
 		}
 	}
 }
 
 // wait sleeps until the session bit rings, the link changes, the session
-// fails or the Link closes; without a session, also until the periodic
-// re-check of the handshake is due. An established session costs no
-// wake-ups. It reports whether to go on.
-func (l *Link) wait(s *Session) bool {
-	ctx, cancel := context.WithTimeout(l.ctx, recheck)
+// fails, the Link closes or a re-check is due, and reports whether to go
+// on. The re-check is frequent while there is no session (hello retries)
+// and rare while one is established: WaitDoorbell notices link changes
+// only from the moment it is called, so a change between the caller's
+// look at the link and the call would otherwise be missed until the next
+// doorbell. A second a session lasts costs one wake-up.
+func (l *Link) wait(s *Session, up bool) bool {
+	period := recheck
 	if s != nil {
-		ctx, cancel = context.WithCancel(l.ctx)
+		period = establishedRecheck
+	}
+	ctx, cancel := context.WithTimeout(l.ctx, period)
+	defer cancel()
+	if s != nil {
 		defer context.AfterFunc(s.ctx, cancel)()
 	}
-	defer cancel()
+	if (l.dev.Link() == ntb.LinkUp) != up {
+		return l.ctx.Err() == nil // changed since we looked: look again
+	}
 	_, err := l.dev.WaitDoorbell(ctx, sessionBit)
 	return l.ctx.Err() == nil && !errors.Is(err, ntb.ErrClosed)
 }
