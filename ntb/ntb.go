@@ -99,6 +99,9 @@ type Device interface {
 	// link changes state, ctx ends or the device closes, and returns the
 	// pending bits of want (possibly zero on a link change). It does not
 	// clear them. Callers re-check their condition after every return.
+	// A link change is noticed from the moment of the call: a caller that
+	// looked at Link before calling must look again after, or bound the
+	// wait with ctx, or it can sleep through a change that fell between.
 	WaitDoorbell(ctx context.Context, want uint64) (uint64, error)
 
 	// ScratchpadCount is the number of 32-bit scratchpad registers.

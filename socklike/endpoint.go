@@ -57,8 +57,9 @@ const (
 	maxWindow = 64 << 20
 )
 
-// ErrLinkDown is wrapped by errors of connections whose link went down.
-var ErrLinkDown = errors.New("ntb link down")
+// ErrLinkDown is wrapped by errors of connections whose link or session
+// went down. It is ntb.ErrLinkDown, so either name matches.
+var ErrLinkDown = ntb.ErrLinkDown
 
 // Config configures an Endpoint. The zero value is usable.
 type Config struct {
