@@ -12,16 +12,23 @@ import (
 //
 //	off                     size           written by  what
 //	0                       64             owner       window header (below)
-//	4 KiB + 64*i            64             peer        control block of our TX ring of partition i
+//	4 KiB + 64*i            64             peer        control block of our TX ring i, 0 <= i <= P
 //	                                                   (the peer, its consumer, writes back its read index)
-//	D + i*RegionSize(R)     64 + R         peer        data region of our RX ring of partition i
+//	D + i*(64+R)            64 + R         peer        data region of our RX ring of partition i < P
 //	                                                   (the peer, its producer, writes records)
+//	D + P*(64+R)            64 + C         peer        data region of our RX control ring (ring P)
 //
-// with D = 4 KiB + 64*P rounded up to 4 KiB, and R the largest power of two
-// with D + P*(64+R) <= W for window size W and P partitions. For the default
-// 16 MiB window and one partition: D = 8 KiB and R = 8 MiB (a 16 MiB ring
-// would need 16 MiB + 8 KiB + 64); 8 MiB rings stream fastest on this
-// machine class (DESIGN.md §4).
+// with D = 4 KiB + 64*(P+1) rounded up to 4 KiB, C = W/64 clamped to
+// [4 KiB, 64 KiB] (64 KiB for windows of 4 MiB and more), and R the
+// largest power of two with D + P*(64+R) + 64 + C <= W for window size W
+// and P data partitions. For the default 16 MiB window: P = 1 gives
+// R = 8 MiB (a 16 MiB ring would need 16 MiB + 8 KiB + 64); 8 MiB rings
+// stream fastest on this machine class (DESIGN.md §4). P = 2..3 give 4 MiB,
+// P = 4..7 give 2 MiB.
+//
+// The control ring carries flow-control signals (credits) only, so they
+// never wait behind bulk data; at 16 bytes a record its 64 KiB hold 4096
+// of them, and its sender coalesces when it is full.
 //
 // Window header:
 //
@@ -33,7 +40,7 @@ import (
 //	 16     8  ring size R
 const (
 	winMagic   = 0x5042544e // "NTBP"
-	winVersion = 1
+	winVersion = 2
 
 	offWinMagic      = 0
 	offWinVersion    = 4
@@ -43,18 +50,21 @@ const (
 
 	ctlBase = 4096
 
-	// MaxPartitions bounds P so the control blocks fit their page run and
-	// each partition keeps a doorbell pair (bits 2i, 2i+1) below the
-	// session bit.
-	MaxPartitions = 31
+	// MaxPartitions bounds P so every ring, the control ring included,
+	// keeps a doorbell pair (bits 2i, 2i+1) below the session bit.
+	MaxPartitions = 30
+
+	// MaxControlRing bounds C, the size of the control ring.
+	MaxControlRing = 64 << 10
 )
 
 // Layout is the arithmetic of one side's inbound window.
 type Layout struct {
-	Window     int
-	Partitions int
-	RingSize   int
-	dataBase   int
+	Window      int
+	Partitions  int
+	RingSize    int
+	ControlRing int
+	dataBase    int
 }
 
 // NewLayout computes the layout of a window of the given size.
@@ -63,9 +73,10 @@ func NewLayout(window, partitions int) (Layout, error) {
 		return Layout{}, fmt.Errorf("partitions %d: want 1..%d", partitions, MaxPartitions)
 	}
 	l := Layout{Window: window, Partitions: partitions}
-	l.dataBase = (ctlBase + ring.CtlSize*partitions + 4095) &^ 4095
-	if window > l.dataBase {
-		l.RingSize = ring.SizeFor((window - l.dataBase) / partitions)
+	l.dataBase = (ctlBase + ring.CtlSize*(partitions+1) + 4095) &^ 4095
+	l.ControlRing = min(max(ring.SizeFor(window/64), ring.MinSize), MaxControlRing)
+	if rest := window - l.dataBase - ring.RegionSize(l.ControlRing); rest > 0 {
+		l.RingSize = ring.SizeFor(rest / partitions)
 	}
 	if l.RingSize == 0 {
 		return Layout{}, fmt.Errorf("window of %d bytes cannot hold %d partitions of at least %d bytes", window, partitions, ring.MinSize)
@@ -73,22 +84,32 @@ func NewLayout(window, partitions int) (Layout, error) {
 	return l, nil
 }
 
-// CtlOffset is the window offset of partition i's TX control block.
+// CtlOffset is the window offset of ring i's TX control block (i == P:
+// the control ring).
 func (l Layout) CtlOffset(i int) int { return ctlBase + ring.CtlSize*i }
 
-// DataOffset is the window offset of partition i's RX data region.
+// DataOffset is the window offset of ring i's RX data region (i == P: the
+// control ring).
 func (l Layout) DataOffset(i int) int { return l.dataBase + ring.RegionSize(l.RingSize)*i }
 
-// Ctl returns the control block of partition i's TX ring in window w.
+// ringSize is the size of ring i.
+func (l Layout) ringSize(i int) int {
+	if i == l.Partitions {
+		return l.ControlRing
+	}
+	return l.RingSize
+}
+
+// Ctl returns the control block of ring i's TX ring in window w.
 func (l Layout) Ctl(w []byte, i int) []byte {
 	off := l.CtlOffset(i)
 	return w[off : off+ring.CtlSize]
 }
 
-// Data returns the data region of partition i's RX ring in window w.
+// Data returns the data region of ring i's RX ring in window w.
 func (l Layout) Data(w []byte, i int) []byte {
 	off := l.DataOffset(i)
-	return w[off : off+ring.RegionSize(l.RingSize)]
+	return w[off : off+ring.RegionSize(l.ringSize(i))]
 }
 
 // format writes the header and formats every ring region of our own
@@ -103,7 +124,7 @@ func (l Layout) format(w []byte) error {
 	binary.LittleEndian.PutUint16(w[offWinPartitions:], uint16(l.Partitions))
 	binary.LittleEndian.PutUint64(w[offWinSize:], uint64(l.Window))
 	binary.LittleEndian.PutUint64(w[offWinRing:], uint64(l.RingSize))
-	for i := range l.Partitions {
+	for i := range l.Partitions + 1 {
 		if err := ring.FormatCtl(l.Ctl(w, i)); err != nil {
 			return err
 		}

@@ -271,13 +271,18 @@ func (l *Link) attach(epoch uint32) *Session {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	s := &Session{Epoch: epoch, ctx: ctx, cancel: cancel}
 	in, out := l.dev.InboundWindow(), l.dev.OutboundWindow()
-	for i := range l.layout.Partitions {
+	for i := range l.layout.Partitions + 1 {
 		tx, err := ring.NewProducer(peer.Data(out, i), l.layout.Ctl(in, i))
 		if err == nil {
 			var rx *ring.Consumer
 			rx, err = ring.NewConsumer(l.layout.Data(in, i), peer.Ctl(out, i))
-			s.parts = append(s.parts, &Partition{Index: i, sess: s, dev: l.dev, tx: tx, rx: rx,
-				dataBit: 1 << (2 * i), spaceBit: 1 << (2*i + 1)})
+			p := &Partition{Index: i, sess: s, dev: l.dev, tx: tx, rx: rx,
+				dataBit: 1 << (2 * i), spaceBit: 1 << (2*i + 1)}
+			if i < l.layout.Partitions {
+				s.parts = append(s.parts, p)
+			} else {
+				s.control = p
+			}
 		}
 		if err != nil {
 			l.logf("attach epoch %#x partition %d: %v", epoch, i, err)
@@ -298,15 +303,19 @@ func (l *Link) attach(epoch uint32) *Session {
 // Everything sent in a session is delivered in order within it, or the
 // session fails for both ends.
 type Session struct {
-	Epoch  uint32
-	parts  []*Partition
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-	dead   atomic.Bool // set under every ring lock; cheap to test on hot paths
+	Epoch   uint32
+	parts   []*Partition
+	control *Partition
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
+	dead    atomic.Bool // set under every ring lock; cheap to test on hot paths
 }
 
-// Partitions are the session's ring pairs.
+// Partitions are the session's data ring pairs.
 func (s *Session) Partitions() []*Partition { return s.parts }
+
+// Control is the session's control ring pair, for flow-control signals.
+func (s *Session) Control() *Partition { return s.control }
 
 // Context is cancelled, with the session's error as cause, when it ends.
 func (s *Session) Context() context.Context { return s.ctx }
@@ -341,7 +350,7 @@ func (s *Session) fail(cause error) {
 // writes the peer's window again. Lock order is RX before TX, as in the
 // layer above, which sends control frames while it consumes.
 func (s *Session) quiesce() {
-	for _, p := range s.parts {
+	for _, p := range append(s.parts[:len(s.parts):len(s.parts)], s.control) {
 		p.rxMu.Lock()
 		p.txMu.Lock()
 		//lint:ignore SA2001 waiting out the holders is the point

@@ -3,6 +3,7 @@ package partition
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -117,7 +118,7 @@ func TestVersionMismatchRefused(t *testing.T) {
 	require.NoError(t, l.format(w))
 	binary.LittleEndian.PutUint16(w[offWinVersion:], winVersion+1)
 	_, err = peerLayout(w, 1)
-	require.ErrorContains(t, err, "peer speaks window layout version 2, this build speaks 1")
+	require.ErrorContains(t, err, fmt.Sprintf("peer speaks window layout version %d, this build speaks %d", winVersion+1, winVersion))
 	require.NoError(t, l.format(w))
 	_, err = peerLayout(w, 2)
 	require.ErrorContains(t, err, "peer has 1 partitions, this side 2")
@@ -132,7 +133,7 @@ func TestLayoutArithmetic(t *testing.T) {
 	require.Equal(t, 2<<20, l.RingSize)
 	w := make([]byte, 16<<20)
 	require.NoError(t, l.format(w))
-	end := l.dataBase + 4*ring.RegionSize(l.RingSize)
+	end := l.dataBase + 4*ring.RegionSize(l.RingSize) + ring.RegionSize(l.ControlRing)
 	require.LessOrEqual(t, end, len(w))
 	_, err = NewLayout(8<<10, 1)
 	require.Error(t, err)
