@@ -11,7 +11,8 @@ import (
 // Partition is one ring pair of a session: a TX ring in the peer's window
 // and an RX ring in ours.
 //
-// Locking: TrySend and ArmSpace take the TX lock themselves. The RX ring is
+// Locking: TrySend and ArmSpace take the TX lock themselves; BeginTX takes
+// it for a batch of Sends that EndTX publishes and releases. The RX ring is
 // consumed by whoever holds the RX lock (LockRX or TryLockRX); Peek,
 // Release and ArmData require it. A corrupt ring fails the session. Lock
 // order is RX before TX; never block on the TX ring while holding the RX
@@ -48,14 +49,28 @@ func (p *Partition) Session() *Session { return p.sess }
 // no room it returns ring.ErrFull (arm with ArmSpace before sleeping). After
 // the session ends it returns the session's error.
 func (p *Partition) TrySend(tag uint32, hdr, body []byte) error {
+	p.BeginTX()
+	err := p.Send(tag, hdr, body)
+	p.EndTX()
+	return err
+}
+
+// BeginTX takes the TX lock and opens a batch: records sent until EndTX
+// become visible to the peer together, with one store and at most one
+// doorbell.
+func (p *Partition) BeginTX() {
 	p.txMu.Lock()
+	p.tx.BeginBatch()
+}
+
+// Send adds one record to the batch (between BeginTX and EndTX), as
+// TrySend does.
+func (p *Partition) Send(tag uint32, hdr, body []byte) error {
 	if p.sess.dead.Load() {
-		p.txMu.Unlock()
 		return p.sess.Err()
 	}
 	b, err := p.tx.Reserve(len(hdr) + len(body))
 	if err != nil {
-		p.txMu.Unlock()
 		if errors.Is(err, ring.ErrCorrupt) {
 			p.sess.fail(err)
 		}
@@ -63,12 +78,18 @@ func (p *Partition) TrySend(tag uint32, hdr, body []byte) error {
 	}
 	copy(b, hdr)
 	copy(b[len(hdr):], body)
-	wake := p.tx.Commit(tag)
+	p.tx.Commit(tag)
+	return nil
+}
+
+// EndTX publishes the batch, rings the peer if it sleeps and releases the
+// TX lock.
+func (p *Partition) EndTX() {
+	wake := p.tx.EndBatch()
 	p.txMu.Unlock()
 	if wake {
 		_ = p.dev.RingPeer(p.dataBit)
 	}
-	return nil
 }
 
 // ArmSpace asks the peer to ring SpaceBit when it hands back room, and

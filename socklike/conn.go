@@ -8,12 +8,14 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/ntstack/ntstack/internal/ring"
+	"github.com/ntstack/ntstack/qos"
 )
 
 // Conn is one connection over the link. It implements net.Conn with the
@@ -23,6 +25,7 @@ type Conn struct {
 	st            *state
 	id            uint32 // ours; frames to us carry it
 	peerID        uint32 // theirs; frames we send carry it
+	gen, peerGen  uint32 // incarnations of id and peerID
 	local, remote Addr
 
 	rlock, wlock     sync.Mutex    // serialise Read calls and Write calls
@@ -39,10 +42,33 @@ type Conn struct {
 	read      atomic.Int64
 	creditOut int64 // read total last sent as CREDIT; guarded by rlock
 
+	rxmu sync.Mutex // serialises delivery of the peer's frames
+	// rxmu protects the following field; rxPart is also read atomically.
+	held   []heldFrame  // frames from a partition the peer moved us to, early
+	rxPart atomic.Int32 // partition the peer sends on; -1 until known
+
 	// Send side. sent-peerRead ≤ window, the peer's receive window.
 	window   int64
 	sent     atomic.Int64
 	peerRead atomic.Int64
+	prio     atomic.Uint32 // qos.Class
+	wdone    atomic.Bool   // the posted write has gone out
+
+	smu sync.Mutex // taken by whoever serves the connection
+	// smu protects the following fields.
+	unit       *unit
+	slot       int // the partition in unit.parts
+	inSched    bool
+	unplaced   bool // released: counted on no unit
+	frames     []ctlFrame // connection frames to send before more data
+	out        []byte     // the posted write
+	outOff     int
+	waitCredit bool
+	moving     bool // move to moveUnit/moveSlot before sending more
+	moveUnit   *unit
+	moveSlot   int
+	txBytes    uint64
+	txMark     uint64 // txBytes at the last rebalance
 
 	flags atomic.Uint32 // fast-path summary of the state below
 
@@ -51,8 +77,17 @@ type Conn struct {
 	state              connState
 	finSent, closeSent bool
 	closeRecv, idFreed bool
+	quotaHeld          bool
 	err                error // terminal: refused, session ended
 	localClosed        bool
+}
+
+// heldFrame is a frame that arrived early on the partition of a MOVE not
+// yet read.
+type heldFrame struct {
+	part    int
+	kind    uint32
+	payload []byte
 }
 
 type connState uint8
@@ -75,7 +110,7 @@ const (
 var _ net.Conn = (*Conn)(nil)
 
 func newConn(ep *Endpoint, local, remote Addr) *Conn {
-	return &Conn{
+	c := &Conn{
 		ep:       ep,
 		local:    local,
 		remote:   remote,
@@ -85,6 +120,8 @@ func newConn(ep *Endpoint, local, remote Addr) *Conn {
 		rdl:      newDeadline(),
 		wdl:      newDeadline(),
 	}
+	c.rxPart.Store(-1)
+	return c
 }
 
 func signal(ch chan struct{}) {
@@ -149,8 +186,10 @@ func (c *Conn) Read(b []byte) (int, error) {
 			}
 			return 0, c.opErr("read", c.failure())
 		}
-		if n, _ := c.st.poll(c, b); n > 0 {
-			return n, nil
+		if c.ep.cfg.CoreModel == CoreInline {
+			if n, _ := c.st.poll(c, b); n > 0 {
+				return n, nil
+			}
 		}
 		if !sp.spin() {
 			c.park(&sp, c.rnotify, c.rdl, nil)
@@ -169,16 +208,18 @@ func (c *Conn) consumed(n int) {
 	total := c.read.Add(int64(n))
 	if total-c.creditOut >= int64(c.ep.cfg.Window/creditEvery) {
 		c.creditOut = total
-		var b [8]byte
-		for i := range b {
-			b[i] = byte(total >> (8 * i))
+		c.mu.Lock()
+		live := c.state == connEstablished && !c.closeSent
+		c.mu.Unlock()
+		if live {
+			c.st.sendLoose(c.st.control, kindCredit, c.peerID, creditMsg{consumed: uint64(total), gen: c.peerGen}.encode(nil))
 		}
-		c.send(kindCredit, b[:])
 	}
 }
 
 // Write writes b in frames of at most the MTU, blocking while the peer's
-// window or the ring is full. It returns len(b) or an error.
+// window or the ring is full. It returns len(b) or an error. b is read by
+// whoever serves the connection's unit until Write returns.
 func (c *Conn) Write(b []byte) (int, error) {
 	c.ep.calls.Add(1)
 	c.wlock.Lock()
@@ -186,52 +227,302 @@ func (c *Conn) Write(b []byte) (int, error) {
 	if err := c.writeErr(); err != nil {
 		return 0, err
 	}
+	if len(b) == 0 {
+		return 0, nil
+	}
+	c.smu.Lock()
+	c.out, c.outOff = b, 0
+	c.wdone.Store(false)
+	c.unit.postLocked(c)
+	c.smu.Unlock()
+	inline := c.ep.cfg.CoreModel == CoreInline
 	sp := spinner{ep: c.ep}
 	defer sp.stop()
-	n := 0
-	for n < len(b) {
-		credit := c.window - (c.sent.Load() - c.peerRead.Load())
-		chunk := min(int64(len(b)-n), int64(c.ep.cfg.MTU), credit, int64(c.st.part.MaxPayload()))
-		if chunk > 0 {
-			// Count the bytes before they are visible: the peer may
-			// credit them before TrySend returns.
-			c.sent.Add(chunk)
-			c.mu.Lock() // orders DATA before a racing Close's CLOSE
-			err := net.ErrClosed
-			if !c.closeSent {
-				err = c.st.sendData(c.peerID, b[n:n+int(chunk)])
-			}
-			c.mu.Unlock()
-			if err == nil {
-				n += int(chunk)
+	for {
+		if c.wdone.Load() {
+			return len(b), nil
+		}
+		if err := c.writeErr(); err != nil {
+			return c.retract(), err
+		}
+		var wait time.Duration
+		if inline {
+			c.st.poll(nil, nil) // credits, ring space, and serving the unit
+			if c.wdone.Load() {
 				continue
 			}
-			c.sent.Add(-chunk)
-			if errors.Is(err, net.ErrClosed) {
-				return n, c.writeErr()
-			}
-			if !errors.Is(err, ring.ErrFull) {
-				return n, c.opErr("write", fmt.Errorf("%w: %w", ErrLinkDown, err))
+			c.smu.Lock()
+			u := c.unit
+			c.smu.Unlock()
+			var progress bool
+			if progress, wait = u.tryServe(); progress {
+				continue
 			}
 		}
-		// Wait for credit or ring space, polling for the frames that bring them.
-		if err := c.writeErr(); err != nil {
-			return n, err
-		}
-		c.st.poll(nil, nil)
 		if sp.spin() {
 			continue
 		}
-		var space <-chan struct{}
-		if chunk > 0 { // waiting for ring space, not credit
-			space = c.ep.spaceWait()
-			if c.st.part.ArmSpace(int(chunk)) {
+		var extra <-chan struct{}
+		switch {
+		case wait > 0: // a token bucket
+			t := time.NewTimer(wait)
+			defer t.Stop()
+			extra = chanOf(t.C)
+		case inline:
+			extra = c.ep.spaceWait()
+			c.smu.Lock()
+			u := c.unit
+			c.smu.Unlock()
+			if u.armSpace() {
 				continue
 			}
 		}
-		c.park(&sp, c.wnotify, c.wdl, space)
+		c.park(&sp, c.wnotify, c.wdl, extra)
 	}
-	return n, nil
+}
+
+// chanOf adapts a timer channel to the park signature.
+func chanOf(t <-chan time.Time) <-chan struct{} {
+	ch := make(chan struct{})
+	go func() { <-t; close(ch) }()
+	return ch
+}
+
+// retract withdraws the posted write and returns how much of it went out.
+func (c *Conn) retract() int {
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	n := c.outOff
+	if c.out == nil {
+		n = 0
+		if c.wdone.Load() {
+			return 0
+		}
+	}
+	c.out, c.outOff = nil, 0
+	return n
+}
+
+// serveOnce sends for c, on behalf of unit u, the frames it has queued and
+// up to Config.Batch bytes of its posted write. open and full are the
+// unit's partition slots with a batch open and found full in this pass. It
+// reports whether it sent anything, how long a token bucket asks to wait,
+// and whether c has more to send now.
+func (c *Conn) serveOnce(u *unit, open, full *uint64) (sent bool, wait time.Duration, more bool) {
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	c.inSched = false
+	if c.unit != u {
+		return false, 0, c.hasWorkLocked() // moved while queued
+	}
+	slot := c.slot
+	if *full&(1<<slot) != 0 {
+		return false, 0, true
+	}
+	p := u.parts[slot]
+	send := func(tag uint32, body []byte) error {
+		if *open&(1<<slot) == 0 {
+			p.BeginTX()
+			*open |= 1 << slot
+		}
+		return p.Send(tag, body, nil)
+	}
+	failed := func(err error) (bool, time.Duration, bool) {
+		if errors.Is(err, ring.ErrFull) {
+			*full |= 1 << slot
+			return sent, 0, true
+		}
+		signal(c.wnotify) // the session is gone: the writer sees it
+		return sent, 0, false
+	}
+	for len(c.frames) > 0 {
+		f := &c.frames[0]
+		if err := send(f.tag, f.body[:f.n]); err != nil {
+			return failed(err)
+		}
+		c.frames = c.frames[:copy(c.frames, c.frames[1:])]
+		sent = true
+	}
+	if c.moving {
+		// MOVE is our last frame on the old partition; the new one may
+		// carry the next before this batch is even published: the peer
+		// holds it until it has read the MOVE.
+		to := c.moveUnit.parts[c.moveSlot]
+		if err := send(makeTag(kindMove, c.peerID), le32(uint32(to.Index))); err != nil {
+			return failed(err)
+		}
+		if !c.unplaced {
+			c.unit.unplace(c.slot)
+		}
+		c.unit, c.slot, c.moving = c.moveUnit, c.moveSlot, false
+		if !c.unplaced {
+			c.unit.mu.Lock()
+			c.unit.conns[c.slot]++
+			c.unit.mu.Unlock()
+		}
+		return true, 0, c.hasWorkLocked()
+	}
+	if c.out == nil {
+		return sent, 0, false
+	}
+	cfg := &c.ep.cfg
+	for budget := cfg.Batch; budget > 0 && c.outOff < len(c.out); {
+		credit := c.window - (c.sent.Load() - c.peerRead.Load())
+		if credit <= 0 {
+			c.waitCredit = true // credit() queues us again
+			return sent, 0, false
+		}
+		chunk := int(min(int64(len(c.out)-c.outOff), int64(cfg.MTU), credit, int64(p.MaxPayload()), int64(budget)))
+		if w := u.take(slot, chunk); w > 0 {
+			return sent, w, true
+		}
+		// Count the bytes before they are visible: the peer may credit
+		// them before the batch ends.
+		c.sent.Add(int64(chunk))
+		if err := send(makeTag(kindData, c.peerID), c.out[c.outOff:c.outOff+chunk]); err != nil {
+			c.sent.Add(int64(-chunk))
+			return failed(err)
+		}
+		c.outOff += chunk
+		budget -= chunk
+		c.txBytes += uint64(chunk)
+		u.txBytes.Add(uint64(chunk))
+		sent = true
+	}
+	if c.outOff < len(c.out) {
+		return sent, 0, true
+	}
+	c.out, c.outOff = nil, 0
+	c.wdone.Store(true)
+	signal(c.wnotify)
+	return sent, 0, false
+}
+
+func (c *Conn) hasWorkLocked() bool { return len(c.frames) > 0 || c.moving || c.out != nil }
+
+// take asks partition slot's token bucket for n bytes.
+func (u *unit) take(slot, n int) time.Duration {
+	if u.st.ep.cfg.PartitionRate == 0 {
+		return 0
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.buckets[slot].Take(n, time.Now())
+}
+
+// queueFrame queues a connection frame (ACCEPT, FIN, CLOSE, OPEN) behind
+// what the connection has sent. CLOSE withdraws a write in progress:
+// nothing may follow it.
+func (c *Conn) queueFrame(kind uint32, body []byte) {
+	f := ctlFrame{tag: makeTag(kind, c.peerID), n: len(body)}
+	if kind == kindOpen {
+		f.tag = makeTag(kind, c.id)
+	}
+	copy(f.body[:], body)
+	c.smu.Lock()
+	if kind == kindClose {
+		c.out, c.outOff = nil, 0
+	}
+	c.frames = append(c.frames, f)
+	c.unit.postLocked(c)
+	c.smu.Unlock()
+	if c.ep.cfg.CoreModel == CoreInline {
+		c.st.serveUnits() // full rings: the poller serves on ring space
+	}
+}
+
+// place puts a new connection on a unit (before any frame of it is sent).
+func (c *Conn) placeLocked() error {
+	u, slot, err := c.st.place(c.class())
+	if err != nil {
+		return err
+	}
+	c.smu.Lock()
+	c.unit, c.slot = u, slot
+	c.smu.Unlock()
+	return nil
+}
+
+// free releases what the connection holds on this side: its place, its
+// window quota and its id.
+func (c *Conn) releaseLocal() {
+	c.smu.Lock()
+	if c.unit != nil && !c.unplaced {
+		c.unit.unplace(c.slot)
+		c.unplaced = true
+	}
+	c.smu.Unlock()
+	c.mu.Lock()
+	held := c.quotaHeld
+	c.quotaHeld = false
+	c.mu.Unlock()
+	if held {
+		c.ep.quota.Release(int64(c.ep.cfg.Window))
+	}
+	c.st.releaseID(c.id)
+}
+
+func (c *Conn) class() qos.Class { return qos.Class(c.prio.Load()) }
+
+// Priority is the connection's priority class.
+func (c *Conn) Priority() qos.Class { return c.class() }
+
+// SetPriority sets the connection's class (0 highest, 7 lowest). With
+// Config.QoS the connection moves to its class's partition, in order.
+func (c *Conn) SetPriority(class qos.Class) error {
+	if !class.Valid() {
+		return fmt.Errorf("set priority: class %d outside 0..%d", class, qos.Lowest)
+	}
+	c.prio.Store(uint32(class))
+	c.smu.Lock()
+	u := c.unit
+	c.smu.Unlock()
+	if u != nil && u.partFor(class) != c.slotNow() {
+		c.moveTo(u, u.partFor(class))
+	}
+	return nil
+}
+
+func (c *Conn) slotNow() int {
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	if c.moving {
+		return c.moveSlot
+	}
+	return c.slot
+}
+
+// Partition is the data partition the connection currently sends on.
+func (c *Conn) Partition() int {
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	return c.unit.parts[c.slot].Index
+}
+
+// Migrate moves the connection's sending side to unit i (a partition, or
+// with Config.QoS a unit of 8), in order and losing nothing. The move
+// happens before the connection's next frame; Migrate does not wait.
+func (c *Conn) Migrate(i int) error {
+	if i < 0 || i >= len(c.st.units) {
+		return fmt.Errorf("migrate connection %d: unit %d outside 0..%d", c.id, i, len(c.st.units)-1)
+	}
+	u := c.st.units[i]
+	c.moveTo(u, u.partFor(c.class()))
+	return nil
+}
+
+func (c *Conn) moveTo(u *unit, slot int) {
+	c.smu.Lock()
+	if c.unit == u && c.slot == slot {
+		c.moving = false
+	} else {
+		c.moving, c.moveUnit, c.moveSlot = true, u, slot
+		c.unit.postLocked(c)
+	}
+	c.smu.Unlock()
+	if c.ep.cfg.CoreModel == CoreInline {
+		c.st.serveUnits()
+	}
 }
 
 func (c *Conn) writeErr() error {
@@ -290,7 +581,7 @@ func (c *Conn) Close() error {
 	free := c.freeLocked()
 	c.mu.Unlock()
 	if free {
-		c.st.releaseID(c.id)
+		c.releaseLocal()
 	}
 	c.qmu.Lock()
 	c.q = byteQueue{}
@@ -317,13 +608,6 @@ func (c *Conn) CloseWrite() error {
 	return nil
 }
 
-// send sends a control frame for this connection to the peer.
-func (c *Conn) send(kind uint32, body []byte) {
-	c.mu.Lock()
-	c.sendLocked(kind, body)
-	c.mu.Unlock()
-}
-
 // sendLocked sends a control frame unless CLOSE has gone already (nothing
 // may follow it) or the connection is not established. Holding c.mu while
 // queueing orders every frame of the connection.
@@ -334,7 +618,7 @@ func (c *Conn) sendLocked(kind uint32, body []byte) {
 	if kind == kindClose {
 		c.closeSent = true
 	}
-	c.st.sendCtl(kind, c.peerID, body)
+	c.queueFrame(kind, body)
 }
 
 // freeLocked reports whether the id can be reused now: both CLOSE frames
@@ -349,13 +633,109 @@ func (c *Conn) freeLocked() bool {
 
 // Frame handlers, called by whoever polls (RX lock held).
 
+// deliver acts on a frame for c from data partition part, in the order the
+// peer sent it: a frame from a partition the peer has moved c to, but
+// whose MOVE has not been read yet, is held until it has.
+func (c *Conn) deliver(part int, kind uint32, payload []byte) error {
+	c.rxmu.Lock()
+	defer c.rxmu.Unlock()
+	rp := int(c.rxPart.Load())
+	if rp < 0 && (kind == kindAccept || kind == kindRefuse) {
+		c.rxPart.Store(int32(part)) // the acceptor's partition
+		rp = part
+	}
+	if rp != part {
+		if rp < 0 {
+			return fmt.Errorf("frame kind %d for connection %d before it was accepted", kind, c.id)
+		}
+		if kind == kindData {
+			if !c.acceptData(len(payload)) {
+				return fmt.Errorf("connection %d: %d bytes beyond the window", c.id, len(payload))
+			}
+			c.recvd.Add(int64(len(payload)))
+		}
+		c.held = append(c.held, heldFrame{part: part, kind: kind, payload: append([]byte(nil), payload...)})
+		return nil
+	}
+	if kind == kindData {
+		if !c.acceptData(len(payload)) {
+			return fmt.Errorf("connection %d: %d bytes beyond the window", c.id, len(payload))
+		}
+		c.recvd.Add(int64(len(payload)))
+	}
+	return c.actLocked(kind, payload)
+}
+
+// actLocked acts on a frame in order (rxmu held); DATA is accounted.
+func (c *Conn) actLocked(kind uint32, payload []byte) error {
+	switch kind {
+	case kindData:
+		c.enqueue(payload)
+	case kindAccept:
+		m, err := decodeAccept(payload)
+		if err != nil {
+			return err
+		}
+		return c.established(m)
+	case kindRefuse:
+		code, err := decodeU32(payload, "refuse")
+		if err != nil {
+			return err
+		}
+		return c.refused(code)
+	case kindFin:
+		c.peerFin()
+	case kindClose:
+		c.peerClose()
+	case kindMove:
+		to, err := decodeU32(payload, "move")
+		if err != nil {
+			return err
+		}
+		if int(to) >= len(c.st.parts) {
+			return fmt.Errorf("connection %d moved to partition %d of %d", c.id, to, len(c.st.parts))
+		}
+		c.rxPart.Store(int32(to))
+		// Replay what came early on the new partition, in order; a
+		// replayed MOVE changes the partition again.
+		for {
+			k := slices.IndexFunc(c.held, func(h heldFrame) bool { return h.part == int(c.rxPart.Load()) })
+			if k < 0 {
+				return nil
+			}
+			h := c.held[k]
+			c.held = slices.Delete(c.held, k, k+1)
+			if err := c.actLocked(h.kind, h.payload); err != nil {
+				return err
+			}
+		}
+	default:
+		return fmt.Errorf("unknown frame kind %d", kind)
+	}
+	return nil
+}
+
+// takeDirect reports whether a DATA record of n bytes from part may be
+// copied straight into a waiting Read: it is next in order and fits the
+// window. On true it has been accounted and rxmu is held: the caller
+// enqueues what does not fit the Read, then unlocks.
+func (c *Conn) takeDirect(part, n int) bool {
+	c.rxmu.Lock()
+	if int(c.rxPart.Load()) == part && len(c.held) == 0 && c.queued.Load() == 0 && c.acceptData(n) {
+		c.recvd.Add(int64(n))
+		return true
+	}
+	c.rxmu.Unlock()
+	return false
+}
+
 // acceptData reports whether n more bytes fit in our receive window.
 func (c *Conn) acceptData(n int) bool {
 	return c.recvd.Load()+int64(n)-c.read.Load() <= int64(c.ep.cfg.Window)
 }
 
+// enqueue queues accounted bytes for the reader.
 func (c *Conn) enqueue(p []byte) {
-	c.recvd.Add(int64(len(p)))
 	if c.flags.Load()&fClosed != 0 {
 		c.read.Add(int64(len(p))) // nobody will read it
 		return
@@ -372,6 +752,12 @@ func (c *Conn) credit(v uint64) error {
 		return fmt.Errorf("connection %d: credit %d outside [%d, %d]", c.id, v, c.peerRead.Load(), c.sent.Load())
 	}
 	c.peerRead.Store(int64(v))
+	c.smu.Lock()
+	if c.waitCredit {
+		c.waitCredit = false
+		c.unit.postLocked(c)
+	}
+	c.smu.Unlock()
 	signal(c.wnotify)
 	return nil
 }
@@ -382,7 +768,7 @@ func (c *Conn) established(m acceptMsg) error {
 		c.mu.Unlock()
 		return fmt.Errorf("accept for connection %d, which is not dialing", c.id)
 	}
-	c.peerID, c.window, c.state = m.id, int64(m.window), connEstablished
+	c.peerID, c.window, c.peerGen, c.state = m.id, int64(m.window), m.gen, connEstablished
 	if c.localClosed { // the dialer gave up: close at once
 		c.sendLocked(kindClose, nil)
 	}
@@ -403,13 +789,17 @@ func (c *Conn) refused(code uint32) error {
 		c.err = fmt.Errorf("listener backlog full: %w", syscall.ECONNREFUSED)
 	case refuseNoIDs:
 		c.err = fmt.Errorf("peer has no free connection ids: %w", syscall.ECONNREFUSED)
+	case refuseQuota:
+		c.err = fmt.Errorf("peer's receive-window memory quota is used up: %w", syscall.ECONNREFUSED)
+	case refusePartitions:
+		c.err = fmt.Errorf("peer's partitions are at their connection quota: %w", syscall.ECONNREFUSED)
 	default:
 		c.err = syscall.ECONNREFUSED
 	}
 	c.flags.Or(fFailed)
 	c.idFreed = true // the peer kept no state for us
 	c.mu.Unlock()
-	c.st.releaseID(c.id)
+	c.releaseLocal()
 	signal(c.wnotify)
 	return nil
 }
@@ -427,7 +817,7 @@ func (c *Conn) peerClose() {
 	c.mu.Unlock()
 	c.flags.Or(fEOF | fPeerGone)
 	if free {
-		c.st.releaseID(c.id)
+		c.releaseLocal()
 	}
 	signal(c.rnotify)
 	signal(c.wnotify)

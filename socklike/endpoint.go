@@ -36,13 +36,12 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/ring"
 	"github.com/ntstack/ntstack/ntb"
 	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/partition"
+	"github.com/ntstack/ntstack/qos"
 )
 
 // Defaults for Config.
@@ -76,6 +75,32 @@ type Config struct {
 	Backlog int
 	// MaxConns bounds connections per endpoint (ids are 20 bits).
 	MaxConns int
+	// Partitions is the number of data partitions (ring pairs) of the link,
+	// 1..30; both ends must agree (default 1). With QoS, the partitions form
+	// units of up to 8, one partition per class.
+	Partitions int
+	// QoS gives each priority class its own partition within a unit of 8,
+	// so a class-0 message never queues behind class-7 records.
+	QoS bool
+	// CoreModel says who drives the partitions (default CoreInline).
+	CoreModel CoreModel
+	// WorkerCPUs, if set, pins worker threads to these CPUs, in turn.
+	WorkerCPUs []int
+	// Placement spreads new connections over the units.
+	Placement Placement
+	// Rebalance migrates connections between units under load skew.
+	Rebalance bool
+	// Batch bounds the bytes a connection sends per scheduling round
+	// (default: the MTU), so connections sharing a partition interleave.
+	Batch int
+	// PartitionConns is the connection quota of each partition (0: none).
+	PartitionConns int
+	// PartitionRate limits each partition to this many bytes per second
+	// (token bucket; 0: unlimited).
+	PartitionRate int64
+	// MemoryQuota bounds the receive-window memory of all this endpoint's
+	// connections together (a connection reserves Window bytes; 0: none).
+	MemoryQuota int64
 	// Fabric configures the emulated fabric for Open.
 	Fabric shm.Options
 	// Logf, if set, receives link and session events.
@@ -98,11 +123,23 @@ func (c *Config) setDefaults() error {
 	if c.MaxConns == 0 {
 		c.MaxConns = DefaultMaxConns
 	}
+	if c.Partitions == 0 {
+		c.Partitions = 1
+	}
+	if c.Batch == 0 {
+		c.Batch = c.MTU
+	}
 	switch {
 	case c.Window < minWindow || c.Window > maxWindow:
 		return fmt.Errorf("window %d outside [%d, %d]", c.Window, minWindow, maxWindow)
 	case c.MTU < 1:
 		return fmt.Errorf("mtu %d", c.MTU)
+	case c.Batch < 1:
+		return fmt.Errorf("batch %d", c.Batch)
+	case c.Partitions < 1 || c.Partitions > partition.MaxPartitions:
+		return fmt.Errorf("partitions %d outside [1, %d]", c.Partitions, partition.MaxPartitions)
+	case c.CoreModel < CoreInline || c.CoreModel > CoreSplit:
+		return fmt.Errorf("core model %d", c.CoreModel)
 	case c.MaxConns < 1 || c.MaxConns > maxID:
 		return fmt.Errorf("max conns %d outside [1, %d]", c.MaxConns, maxID)
 	}
@@ -132,6 +169,8 @@ type Endpoint struct {
 	spaceMu sync.Mutex
 	// spaceMu protects the following fields.
 	spaceCh chan struct{} // closed when the peer hands back ring space
+
+	quota qos.Quota // receive-window memory
 }
 
 // Open attaches this process to its end of the emulated link called name
@@ -162,7 +201,8 @@ func Attach(dev ntb.Device, cfg Config) (*Endpoint, error) {
 		spaceCh:   make(chan struct{}),
 		kick:      make(chan struct{}, 1),
 	}
-	link, err := partition.Open(dev, partition.Config{OnSession: ep.install, Logf: cfg.Logf})
+	ep.quota.Name, ep.quota.Limit = "receive-window memory quota", cfg.MemoryQuota
+	link, err := partition.Open(dev, partition.Config{Partitions: cfg.Partitions, OnSession: ep.install, Logf: cfg.Logf})
 	if err != nil {
 		return nil, fmt.Errorf("attach %s: %w", dev.Name(), err)
 	}
@@ -207,12 +247,26 @@ func (ep *Endpoint) Close() error {
 // install is called by the link when a session is established.
 func (ep *Endpoint) install(s *partition.Session) {
 	st := &state{
-		ep:    ep,
-		sess:  s,
-		part:  s.Partitions()[0],
-		conns: make([]atomic.Pointer[Conn], ep.cfg.MaxConns+1),
+		ep:      ep,
+		sess:    s,
+		parts:   s.Partitions(),
+		control: s.Control(),
+		conns:   make([]atomic.Pointer[Conn], ep.cfg.MaxConns+1),
 	}
 	st.nextID = 1
+	size := 1
+	if ep.cfg.QoS {
+		size = qos.NumClasses
+	}
+	for i := 0; i < len(st.parts); i += size {
+		parts := st.parts[i:min(i+size, len(st.parts))]
+		u := &unit{st: st, index: len(st.units), parts: parts, kick: make(chan struct{}, 1),
+			buckets: make([]qos.Bucket, len(parts)), conns: make([]int, len(parts))}
+		for j := range u.buckets {
+			u.buckets[j].Rate = ep.cfg.PartitionRate
+		}
+		st.units = append(st.units, u)
+	}
 	ep.mu.Lock()
 	if ep.closed {
 		ep.mu.Unlock()
@@ -222,6 +276,25 @@ func (ep *Endpoint) install(s *partition.Session) {
 	close(ep.sessCh)
 	ep.sessCh = make(chan struct{})
 	ep.pollers.Add(1)
+	cpu := 0
+	nextCPU := func() int {
+		if len(ep.cfg.WorkerCPUs) == 0 {
+			return -1
+		}
+		cpu++
+		return ep.cfg.WorkerCPUs[(cpu-1)%len(ep.cfg.WorkerCPUs)]
+	}
+	for _, u := range st.units {
+		switch ep.cfg.CoreModel {
+		case CoreShared:
+			ep.pollers.Add(1)
+			go u.runWorker(true, true, nextCPU())
+		case CoreSplit:
+			ep.pollers.Add(2)
+			go u.runWorker(true, false, nextCPU())
+			go u.runWorker(false, true, nextCPU())
+		}
+	}
 	ep.mu.Unlock()
 	go st.runPoller()
 }
@@ -268,333 +341,3 @@ func (ep *Endpoint) spaceArrived() {
 	ep.spaceMu.Unlock()
 }
 
-// state is the endpoint's side of one session: its connection table and
-// the queue of control frames waiting for ring space.
-type state struct {
-	ep    *Endpoint
-	sess  *partition.Session
-	part  *partition.Partition
-	conns []atomic.Pointer[Conn] // by local id; nil = free
-
-	mu sync.Mutex
-	// mu protects the following fields.
-	free   []uint32 // released ids
-	nextID uint32   // next never-used id
-	ctlq   []ctlFrame
-
-	ctlPending atomic.Bool // len(ctlq) > 0
-}
-
-type ctlFrame struct {
-	tag  uint32
-	n    int
-	body [8]byte
-}
-
-// newConn allocates an id and registers a connection in the table.
-func (st *state) newConn(c *Conn) error {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	var id uint32
-	switch {
-	case len(st.free) > 0:
-		id = st.free[len(st.free)-1]
-		st.free = st.free[:len(st.free)-1]
-	case int(st.nextID) < len(st.conns):
-		id = st.nextID
-		st.nextID++
-	default:
-		return fmt.Errorf("%d connections open: %w", len(st.conns)-1, syscall.EMFILE)
-	}
-	c.id = id
-	c.st = st
-	st.conns[id].Store(c)
-	return nil
-}
-
-func (st *state) releaseID(id uint32) {
-	st.conns[id].Store(nil)
-	st.mu.Lock()
-	st.free = append(st.free, id)
-	st.mu.Unlock()
-}
-
-func (st *state) lookup(id uint32) *Conn {
-	if id == 0 || int(id) >= len(st.conns) {
-		return nil
-	}
-	return st.conns[id].Load()
-}
-
-// sendCtl sends a control frame without blocking: if the ring is full it
-// is queued, in order, and everything sent later waits behind it.
-func (st *state) sendCtl(kind, id uint32, body []byte) {
-	f := ctlFrame{tag: makeTag(kind, id), n: len(body)}
-	copy(f.body[:], body)
-	st.mu.Lock()
-	st.ctlq = append(st.ctlq, f)
-	st.ctlPending.Store(true)
-	st.mu.Unlock()
-	if !st.flushCtl() {
-		st.ep.kickPoller()
-	}
-}
-
-// flushCtl sends queued control frames; it reports whether the queue is
-// empty.
-func (st *state) flushCtl() bool {
-	if !st.ctlPending.Load() {
-		return true
-	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	sent := 0
-	for _, f := range st.ctlq {
-		if err := st.part.TrySend(f.tag, f.body[:f.n], nil); err != nil {
-			break
-		}
-		sent++
-	}
-	st.ctlq = st.ctlq[:copy(st.ctlq, st.ctlq[sent:])]
-	st.ctlPending.Store(len(st.ctlq) > 0)
-	return len(st.ctlq) == 0
-}
-
-// sendData publishes one DATA frame without blocking (ring.ErrFull when
-// there is no room, or control frames are still queued ahead of it).
-func (st *state) sendData(peerID uint32, b []byte) error {
-	if !st.flushCtl() {
-		return ring.ErrFull
-	}
-	return st.part.TrySend(makeTag(kindData, peerID), nil, b)
-}
-
-// pollBatch bounds the records one poll takes, so a caller whose record
-// arrived returns promptly even under a flood for other connections.
-const pollBatch = 64
-
-// poll consumes records if nobody else is. DATA for self goes straight
-// into b (self and b may be nil). It returns the bytes copied into b and
-// the records consumed.
-func (st *state) poll(self *Conn, b []byte) (n, records int) {
-	p := st.part
-	if !p.TryLockRX() {
-		return 0, 0
-	}
-	n, records = st.pollLocked(self, b)
-	p.UnlockRX()
-	if n > 0 {
-		self.consumed(n)
-	}
-	return n, records
-}
-
-func (st *state) pollLocked(self *Conn, b []byte) (n, records int) {
-	p := st.part
-	for records < pollBatch {
-		tag, payload, ok, err := p.Peek()
-		if err != nil || !ok {
-			return 0, records
-		}
-		records++
-		kind, id := splitTag(tag)
-		if kind == kindData && self != nil && id == self.id && b != nil && self.queued.Load() == 0 && self.acceptData(len(payload)) {
-			n = copy(b, payload)
-			self.recvd.Add(int64(n))
-			if n < len(payload) {
-				self.enqueue(payload[n:])
-			}
-			p.Release()
-			return n, records
-		}
-		err = st.dispatch(kind, id, payload)
-		p.Release()
-		if err != nil {
-			err = fmt.Errorf("protocol violation from peer: %w", err)
-			st.ep.logf("%v", err)
-			st.sess.Fail(err)
-			return 0, records
-		}
-	}
-	return 0, records
-}
-
-// dispatch acts on one frame from the peer (RX lock held). An error is a
-// protocol violation; it fails the session.
-func (st *state) dispatch(kind, id uint32, payload []byte) error {
-	switch kind {
-	case kindOpen:
-		m, err := decodeOpen(payload)
-		if err != nil {
-			return err
-		}
-		st.accept(id, m)
-		return nil
-	}
-	c := st.lookup(id)
-	if c == nil {
-		return fmt.Errorf("frame kind %d for connection %d, which does not exist", kind, id)
-	}
-	switch kind {
-	case kindData:
-		if !c.acceptData(len(payload)) {
-			return fmt.Errorf("connection %d: %d bytes beyond the window", id, len(payload))
-		}
-		c.enqueue(payload)
-	case kindCredit:
-		v, err := decodeU64(payload, "credit")
-		if err != nil {
-			return err
-		}
-		return c.credit(v)
-	case kindAccept:
-		m, err := decodeAccept(payload)
-		if err != nil {
-			return err
-		}
-		return c.established(m)
-	case kindRefuse:
-		code, err := decodeU32(payload, "refuse")
-		if err != nil {
-			return err
-		}
-		return c.refused(code)
-	case kindFin:
-		c.peerFin()
-	case kindClose:
-		c.peerClose()
-	default:
-		return fmt.Errorf("unknown frame kind %d", kind)
-	}
-	return nil
-}
-
-// accept handles OPEN: a connection is established as soon as a listener
-// has room for it in its backlog, as with TCP.
-func (st *state) accept(peerID uint32, m openMsg) {
-	st.ep.mu.Lock()
-	ln := st.ep.listeners[m.port]
-	st.ep.mu.Unlock()
-	if ln == nil {
-		st.sendCtl(kindRefuse, peerID, le32(refuseNoListener))
-		return
-	}
-	c := newConn(st.ep, ln.addr, Addr{Host: st.ep.dev.Name() + "-peer", Port: int(peerID)})
-	c.peerID, c.window = peerID, int64(m.window)
-	c.state = connEstablished
-	if err := st.newConn(c); err != nil {
-		st.sendCtl(kindRefuse, peerID, le32(refuseNoIDs))
-		return
-	}
-	if !ln.offer(c) {
-		st.releaseID(c.id)
-		st.sendCtl(kindRefuse, peerID, le32(refuseBacklog))
-		return
-	}
-	st.sendCtl(kindAccept, peerID, acceptMsg{id: c.id, window: uint32(st.ep.cfg.Window)}.encode(nil))
-}
-
-func le32(v uint32) []byte { return []byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)} }
-
-// drainLocked consumes everything queued in the RX ring (RX lock held).
-func (st *state) drainLocked() {
-	for {
-		if _, records := st.pollLocked(nil, nil); records == 0 {
-			return
-		}
-	}
-}
-
-// idleGrace is how long the endpoint must go without a spinning caller or
-// a new Read or Write before the poller arms the doorbell for frames nobody waits for (an OPEN
-// for a listener with no Accept pending, data for a connection not being
-// read). A parked caller arms it at once. Arming while callers come and go
-// between round trips would make every message ring a doorbell.
-const idleGrace = 2 * time.Millisecond
-
-// runPoller sleeps on the doorbell while nobody else watches the ring, and
-// keeps control frames moving. It ends with the session, failing its
-// connections.
-func (st *state) runPoller() {
-	ep, p := st.ep, st.part
-	bits := p.DataBit() | p.SpaceBit()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer context.AfterFunc(st.sess.Context(), cancel)()
-	defer cancel()
-	defer ep.pollers.Done()
-	defer st.failAll()
-	timer := time.NewTimer(idleGrace)
-	defer timer.Stop()
-	pause := func(d time.Duration) {
-		timer.Reset(d)
-		select {
-		case <-ep.kick:
-		case <-timer.C:
-		case <-ctx.Done():
-		}
-	}
-	var idleSince time.Time
-	var calls uint64
-	for ctx.Err() == nil {
-		ctlDone := st.flushCtl()
-		if ctlDone {
-			// Somebody polls, or calls keep coming: nothing to do.
-			if c := ep.calls.Load(); ep.active.Load() > 0 || (c != calls && ep.parked.Load() == 0) {
-				calls, idleSince = c, time.Time{}
-				pause(idleGrace)
-				continue
-			}
-			if ep.parked.Load() == 0 {
-				if idleSince.IsZero() {
-					idleSince = time.Now()
-				}
-				if wait := idleGrace - time.Since(idleSince); wait > 0 {
-					pause(wait)
-					continue
-				}
-			}
-		}
-		if !p.TryLockRX() {
-			pause(100 * time.Microsecond) // a caller is polling; look again soon
-			continue
-		}
-		p.ArmData() // then look once more before sleeping
-		st.drainLocked()
-		p.UnlockRX()
-		if !ctlDone && p.ArmSpace(64) {
-			continue // room appeared: flush at the top
-		}
-		if _, err := ep.dev.WaitDoorbell(ctx, bits); err != nil && ctx.Err() == nil {
-			st.sess.Fail(fmt.Errorf("wait for doorbell: %w", err))
-			return
-		}
-		pending := ep.dev.Doorbells() & bits
-		ep.dev.ClearDoorbells(pending)
-		if pending&p.SpaceBit() != 0 {
-			ep.spaceArrived()
-		}
-		if p.TryLockRX() {
-			st.drainLocked()
-			p.UnlockRX()
-		}
-	}
-}
-
-// failAll ends every connection of a finished session.
-func (st *state) failAll() {
-	err := fmt.Errorf("%w: %w", ErrLinkDown, st.sess.Err())
-	st.ep.spaceArrived()
-	for i := range st.conns {
-		if c := st.conns[i].Load(); c != nil {
-			c.fail(err)
-		}
-	}
-	st.ep.mu.Lock()
-	if st.ep.cur == st {
-		st.ep.cur = nil
-	}
-	st.ep.mu.Unlock()
-	if st.ep.cfg.Logf != nil {
-		st.ep.cfg.Logf("%s: connections of session %#x closed: %v", st.ep.dev.Name(), st.sess.Epoch, err)
-	}
-}

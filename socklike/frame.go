@@ -15,13 +15,26 @@ import (
 //	tag bits  0..19  connection id at the receiver (OPEN/ACCEPT/REFUSE: the dialer's)
 //
 //	kind    payload (little endian)                 meaning
-//	OPEN    port u16, 0 u16, window u32             dial port; the dialer receives up to window bytes
-//	ACCEPT  acceptor's id u32, window u32           connection established
+//	OPEN    port u16, 0 u16, window u32, gen u32    dial port; the dialer receives up to window bytes
+//	ACCEPT  acceptor's id u32, window u32, gen u32  connection established
 //	REFUSE  code u32                                no listener / backlog full
 //	DATA    bytes                                   stream bytes, at most the sender's credit
 //	FIN     -                                       no more DATA from me (CloseWrite)
 //	CLOSE   -                                       no more frames of any kind from me
-//	CREDIT  consumed u64                            bytes of your DATA my application has read
+//	CREDIT  consumed u64, gen u32                   bytes of your DATA my application has read
+//	MOVE    partition u32                           my frames for this connection continue on that partition
+//
+// CREDIT travels on the control ring, every other frame on the data
+// partition the sending side placed the connection on; OPEN's and ACCEPT's
+// partitions tell the receiver where a connection's frames come from. A
+// sender migrating a connection sends MOVE as its last frame on the old
+// partition; the receiver holds frames that arrive on the new one until it
+// has read the MOVE, so bytes stay in order.
+//
+// gen is the sender's incarnation number of the connection (OPEN, ACCEPT)
+// and, in CREDIT, the receiver's: credits travel on their own ring and may
+// arrive after the CLOSE that freed the id, even after the id was reused;
+// a CREDIT whose gen does not match is stale and ignored.
 //
 // Each side sends exactly one CLOSE per connection (on Close, or in answer
 // to the peer's), and frees the id once it has both sent and received one:
@@ -34,6 +47,7 @@ const (
 	kindFin    = 5
 	kindClose  = 6
 	kindCredit = 7
+	kindMove   = 8
 
 	idBits = 20
 	maxID  = 1<<idBits - 1
@@ -41,6 +55,8 @@ const (
 	refuseNoListener = 1
 	refuseBacklog    = 2
 	refuseNoIDs      = 3
+	refuseQuota      = 4
+	refusePartitions = 5
 )
 
 func makeTag(kind, id uint32) uint32 { return kind<<idBits | id }
@@ -52,31 +68,45 @@ var _ = ring.MaxTag >> idBits // kinds fit in the tag's top 4 bits
 type openMsg struct {
 	port   uint16
 	window uint32
+	gen    uint32
 }
 
 type acceptMsg struct {
 	id     uint32
 	window uint32
+	gen    uint32
+}
+
+type creditMsg struct {
+	consumed uint64
+	gen      uint32
 }
 
 func (m openMsg) encode(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint16(b, m.port)
 	b = binary.LittleEndian.AppendUint16(b, 0)
-	return binary.LittleEndian.AppendUint32(b, m.window)
+	b = binary.LittleEndian.AppendUint32(b, m.window)
+	return binary.LittleEndian.AppendUint32(b, m.gen)
 }
 
 func (m acceptMsg) encode(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint32(b, m.id)
-	return binary.LittleEndian.AppendUint32(b, m.window)
+	b = binary.LittleEndian.AppendUint32(b, m.window)
+	return binary.LittleEndian.AppendUint32(b, m.gen)
+}
+
+func (m creditMsg) encode(b []byte) []byte {
+	b = binary.LittleEndian.AppendUint64(b, m.consumed)
+	return binary.LittleEndian.AppendUint32(b, m.gen)
 }
 
 // Decoders of peer-written payloads: exact lengths, validated values.
 
 func decodeOpen(p []byte) (openMsg, error) {
-	if len(p) != 8 {
-		return openMsg{}, fmt.Errorf("open frame of %d bytes, want 8", len(p))
+	if len(p) != 12 {
+		return openMsg{}, fmt.Errorf("open frame of %d bytes, want 12", len(p))
 	}
-	m := openMsg{port: binary.LittleEndian.Uint16(p), window: binary.LittleEndian.Uint32(p[4:])}
+	m := openMsg{port: binary.LittleEndian.Uint16(p), window: binary.LittleEndian.Uint32(p[4:]), gen: binary.LittleEndian.Uint32(p[8:])}
 	if m.window < minWindow || m.window > maxWindow {
 		return openMsg{}, fmt.Errorf("open frame window %d outside [%d, %d]", m.window, minWindow, maxWindow)
 	}
@@ -84,10 +114,10 @@ func decodeOpen(p []byte) (openMsg, error) {
 }
 
 func decodeAccept(p []byte) (acceptMsg, error) {
-	if len(p) != 8 {
-		return acceptMsg{}, fmt.Errorf("accept frame of %d bytes, want 8", len(p))
+	if len(p) != 12 {
+		return acceptMsg{}, fmt.Errorf("accept frame of %d bytes, want 12", len(p))
 	}
-	m := acceptMsg{id: binary.LittleEndian.Uint32(p), window: binary.LittleEndian.Uint32(p[4:])}
+	m := acceptMsg{id: binary.LittleEndian.Uint32(p), window: binary.LittleEndian.Uint32(p[4:]), gen: binary.LittleEndian.Uint32(p[8:])}
 	if m.id == 0 || m.id > maxID {
 		return acceptMsg{}, fmt.Errorf("accept frame id %d outside [1, %d]", m.id, maxID)
 	}
@@ -104,9 +134,9 @@ func decodeU32(p []byte, what string) (uint32, error) {
 	return binary.LittleEndian.Uint32(p), nil
 }
 
-func decodeU64(p []byte, what string) (uint64, error) {
-	if len(p) != 8 {
-		return 0, fmt.Errorf("%s frame of %d bytes, want 8", what, len(p))
+func decodeCredit(p []byte) (creditMsg, error) {
+	if len(p) != 12 {
+		return creditMsg{}, fmt.Errorf("credit frame of %d bytes, want 12", len(p))
 	}
-	return binary.LittleEndian.Uint64(p), nil
+	return creditMsg{consumed: binary.LittleEndian.Uint64(p), gen: binary.LittleEndian.Uint32(p[8:])}, nil
 }

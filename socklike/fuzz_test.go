@@ -14,17 +14,19 @@ import (
 // them. The endpoint must never panic; a violation must end the session
 // with an error, and the endpoint must stay usable.
 //
-// Input: a sequence of [tag: 3 bytes][n: 1 byte][payload: n bytes].
+// Input: a sequence of [tag: 3 bytes][n: 1 byte][payload: n bytes];
+// CREDIT frames go on the control ring, the rest on the data ring.
 func FuzzFrames(f *testing.F) {
 	frame := func(kind, id uint32, payload ...byte) []byte {
 		t := makeTag(kind, id)
 		return append([]byte{byte(t), byte(t >> 8), byte(t >> 16), byte(len(payload))}, payload...)
 	}
-	open := openMsg{port: 1, window: 1 << 20}.encode(nil)
+	open := openMsg{port: 1, window: 1 << 20, gen: 1}.encode(nil)
 	f.Add(frame(kindOpen, 5, open...))
 	f.Add(append(append(frame(kindOpen, 5, open...), frame(kindData, 1, 'h', 'i')...), frame(kindClose, 1)...))
-	f.Add(append(frame(kindOpen, 5, open...), frame(kindCredit, 1, 0, 0, 0, 0, 0, 0, 0, 9)...))
-	f.Add(frame(kindAccept, 1, 1, 0, 0, 0, 0, 0, 16, 0))
+	f.Add(append(frame(kindOpen, 5, open...), frame(kindCredit, 1, 0, 0, 0, 0, 0, 0, 0, 9, 1, 0, 0, 0)...))
+	f.Add(frame(kindAccept, 1, 1, 0, 0, 0, 0, 0, 16, 0, 1, 0, 0, 0))
+	f.Add(append(frame(kindOpen, 5, open...), frame(kindMove, 1, 3, 0, 0, 0)...))
 	f.Add(frame(kindData, 77, 1, 2, 3))
 	f.Add(frame(15, 0))
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -62,10 +64,13 @@ func FuzzFrames(f *testing.F) {
 			}
 			time.Sleep(100 * time.Microsecond)
 		}
-		p := s.Partitions()[0]
 		for len(data) >= 4 {
 			tag := uint32(data[0]) | uint32(data[1])<<8 | uint32(data[2])<<16
 			n := min(int(data[3]), len(data)-4)
+			p := s.Partitions()[0]
+			if kind, _ := splitTag(tag); kind == kindCredit {
+				p = s.Control()
+			}
 			if p.TrySend(tag&ring.MaxTag, data[4:4+n], nil) != nil {
 				break
 			}

@@ -6,8 +6,11 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/ntstack/ntstack/qos"
 )
 
 // Addr is an ntstack address: a host (in embedded mode, the link end) and
@@ -32,10 +35,24 @@ type Listener struct {
 	addr    Addr
 	acceptq chan *Conn
 
+	prio atomic.Uint32 // class of accepted connections
+
 	mu sync.Mutex
 	// mu protects the following fields.
 	closed bool
 	done   chan struct{}
+}
+
+// Priority is the class accepted connections start with.
+func (ln *Listener) Priority() qos.Class { return qos.Class(ln.prio.Load()) }
+
+// SetPriority sets the class accepted connections start with (default 0).
+func (ln *Listener) SetPriority(class qos.Class) error {
+	if !class.Valid() {
+		return fmt.Errorf("listener priority: class %d outside 0..%d", class, qos.Lowest)
+	}
+	ln.prio.Store(uint32(class))
+	return nil
 }
 
 var _ net.Listener = (*Listener)(nil)
@@ -136,6 +153,8 @@ type Dialer struct {
 	// Timeout bounds a dial, including waiting for the link to come up
 	// (default: none beyond the context's).
 	Timeout time.Duration
+	// Priority is the class of the connections it dials (default 0).
+	Priority qos.Class
 }
 
 // Dial is DialContext with a background context.
@@ -157,7 +176,7 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 		ctx, cancel = context.WithTimeout(ctx, d.Timeout)
 		defer cancel()
 	}
-	c, err := d.Endpoint.DialContext(ctx, port)
+	c, err := d.Endpoint.DialClass(ctx, port, d.Priority)
 	if err != nil {
 		return nil, err
 	}
@@ -174,6 +193,11 @@ func (ep *Endpoint) Dial(port int) (*Conn, error) {
 // DialContext connects to port on the peer. It waits for the link to come
 // up and the peer to accept, until ctx ends.
 func (ep *Endpoint) DialContext(ctx context.Context, port int) (*Conn, error) {
+	return ep.DialClass(ctx, port, qos.Default)
+}
+
+// DialClass is DialContext for a connection of priority class.
+func (ep *Endpoint) DialClass(ctx context.Context, port int, class qos.Class) (*Conn, error) {
 	remote := Addr{Host: ep.peerHost(), Port: port}
 	opErr := func(err error) error {
 		return &net.OpError{Op: "dial", Net: "ntb", Addr: remote, Err: err}
@@ -181,17 +205,30 @@ func (ep *Endpoint) DialContext(ctx context.Context, port int) (*Conn, error) {
 	if port < 1 || port > 65535 {
 		return nil, opErr(fmt.Errorf("port %d outside 1..65535", port))
 	}
+	if !class.Valid() {
+		return nil, opErr(fmt.Errorf("class %d outside 0..%d", class, qos.Lowest))
+	}
 	st, err := ep.session(ctx)
 	if err != nil {
 		return nil, opErr(dialErr(err))
 	}
 	c := newConn(ep, Addr{Host: ep.localHost()}, remote)
 	c.state = connDialing
+	c.prio.Store(uint32(class))
+	if err := ep.quota.Acquire(int64(ep.cfg.Window)); err != nil {
+		return nil, opErr(err)
+	}
 	if err := st.newConn(c); err != nil {
+		ep.quota.Release(int64(ep.cfg.Window))
+		return nil, opErr(err)
+	}
+	c.quotaHeld = true
+	if err := c.placeLocked(); err != nil {
+		c.releaseLocal()
 		return nil, opErr(err)
 	}
 	c.local.Port = int(c.id)
-	st.sendCtl(kindOpen, c.id, openMsg{port: uint16(port), window: uint32(ep.cfg.Window)}.encode(nil))
+	c.queueFrame(kindOpen, openMsg{port: uint16(port), window: uint32(ep.cfg.Window), gen: c.gen}.encode(nil))
 	sp := spinner{ep: ep}
 	defer sp.stop()
 	for {

@@ -116,3 +116,15 @@ func ReadHost() Host {
 	}
 	return h
 }
+
+// PinThread binds the calling OS thread to cpu. Lock the goroutine to its
+// thread first (runtime.LockOSThread) or the pin lands on whatever thread
+// runs it next.
+func PinThread(cpu int) error {
+	var set unix.CPUSet
+	set.Set(cpu)
+	if err := unix.SchedSetaffinity(0, &set); err != nil {
+		return fmt.Errorf("pin thread to cpu %d: %w", cpu, err)
+	}
+	return nil
+}

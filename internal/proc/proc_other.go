@@ -20,6 +20,11 @@ func SetAffinity(cpus []int) error {
 	return fmt.Errorf("set affinity: %w", ErrNotSupported)
 }
 
+// PinThread is not supported on this platform.
+func PinThread(cpu int) error {
+	return fmt.Errorf("pin thread to cpu %d: %w", cpu, ErrNotSupported)
+}
+
 // CPUTime is not supported on this platform.
 func CPUTime() (time.Duration, error) {
 	return 0, fmt.Errorf("getrusage: %w", ErrNotSupported)

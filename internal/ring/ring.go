@@ -229,6 +229,11 @@ type Producer struct {
 	padLen  int
 	pending bool
 
+	// Batch state: the held-back header that publishes the batch.
+	batching, held bool
+	heldPos        uint64
+	heldHdr        uint64
+
 	dataWakeSeen uint64 // last data-wake generation we answered
 	spaceGen     uint64 // our space-wake generation
 	err          error
@@ -336,11 +341,44 @@ func (p *Producer) Commit(tag uint32) (wake bool) {
 		flags |= flagWriteBack
 	}
 	store64(p.data, HeaderSize+int((p.resPos+total)&p.mask), 0)
-	store64(p.data, HeaderSize+int(p.resPos), encodeHeader(p.resLen, flags, tag))
+	// The first header of the record (the padding's, if any) publishes it.
+	// In a batch the batch's first publishing store is held back until
+	// EndBatch: the consumer stops at its zero word and sees nothing after.
+	first, firstHdr := p.resPos, encodeHeader(p.resLen, flags, tag)
 	if p.padLen > 0 {
-		store64(p.data, HeaderSize+int(p.padPos), encodeHeader(p.padLen-recHdr, flagValid|flagPad, 0))
+		store64(p.data, HeaderSize+int(p.resPos), firstHdr)
+		first, firstHdr = p.padPos, encodeHeader(p.padLen-recHdr, flagValid|flagPad, 0)
 	}
 	p.write = end
+	if p.batching {
+		if !p.held {
+			p.held, p.heldPos, p.heldHdr = true, first, firstHdr
+		} else {
+			store64(p.data, HeaderSize+int(first), firstHdr)
+		}
+		return false
+	}
+	store64(p.data, HeaderSize+int(first), firstHdr)
+	return p.wakeWanted()
+}
+
+// BeginBatch starts a batch: records committed until EndBatch become
+// visible to the consumer together, with one store.
+func (p *Producer) BeginBatch() { p.batching = true }
+
+// EndBatch publishes the batch's records and reports, like Commit, whether
+// the consumer asked to be woken.
+func (p *Producer) EndBatch() (wake bool) {
+	p.batching = false
+	if !p.held {
+		return false
+	}
+	p.held = false
+	store64(p.data, HeaderSize+int(p.heldPos), p.heldHdr)
+	return p.wakeWanted()
+}
+
+func (p *Producer) wakeWanted() bool {
 	if g := load64(p.ctl, offDataWake); g != p.dataWakeSeen {
 		p.dataWakeSeen = g
 		return true

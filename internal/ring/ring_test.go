@@ -348,3 +348,32 @@ func FuzzConsumer(f *testing.F) {
 		}
 	})
 }
+
+// A batch becomes visible with its EndBatch, in order, across a wrap.
+func TestBatch(t *testing.T) {
+	p, c, _, _ := newPair(t, MinSize)
+	seq := uint32(0)
+	for round := range 20 {
+		p.BeginBatch()
+		n := 1 + round%5
+		for range n {
+			put(t, p, seq, make([]byte, 300))
+			seq++
+		}
+		_, _, ok, err := c.Peek()
+		require.NoError(t, err)
+		require.False(t, ok, "round %d: a record of an open batch is visible", round)
+		p.EndBatch()
+		for i := range n {
+			tag, b, ok, err := c.Peek()
+			require.NoError(t, err)
+			require.True(t, ok)
+			require.Equal(t, seq-uint32(n-i), tag)
+			require.Len(t, b, 300)
+			c.Release()
+		}
+		_, _, ok, _ = c.Peek()
+		require.False(t, ok)
+	}
+	require.False(t, p.EndBatch(), "an empty batch asks for no doorbell")
+}

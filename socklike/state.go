@@ -1,0 +1,440 @@
+package socklike
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/ntstack/ntstack/partition"
+)
+
+// state is the endpoint's side of one session: its units, its connection
+// table and the queue of frames that belong to no connection.
+type state struct {
+	ep      *Endpoint
+	sess    *partition.Session
+	parts   []*partition.Partition // data partitions, by index
+	control *partition.Partition   // the control ring: CREDIT only
+	units   []*unit
+	conns   []atomic.Pointer[Conn] // by local id; nil = free
+
+	nextUnit atomic.Uint32 // round-robin placement
+	nextGen  atomic.Uint32 // connection incarnations
+
+	mu sync.Mutex
+	// mu protects the following fields.
+	free   []uint32 // released ids
+	nextID uint32   // next never-used id
+	ctlq   []ctlFrame
+
+	ctlPending atomic.Bool // len(ctlq) > 0
+}
+
+// ctlFrame is a frame waiting for room in its ring.
+type ctlFrame struct {
+	part *partition.Partition
+	tag  uint32
+	n    int
+	body [12]byte
+}
+
+// newConn allocates an id and registers a connection in the table.
+func (st *state) newConn(c *Conn) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	var id uint32
+	switch {
+	case len(st.free) > 0:
+		id = st.free[len(st.free)-1]
+		st.free = st.free[:len(st.free)-1]
+	case int(st.nextID) < len(st.conns):
+		id = st.nextID
+		st.nextID++
+	default:
+		return fmt.Errorf("%d connections open: %w", len(st.conns)-1, syscall.EMFILE)
+	}
+	c.id = id
+	c.st = st
+	c.gen = st.nextGen.Add(1)
+	st.conns[id].Store(c)
+	return nil
+}
+
+func (st *state) releaseID(id uint32) {
+	st.conns[id].Store(nil)
+	st.mu.Lock()
+	st.free = append(st.free, id)
+	st.mu.Unlock()
+}
+
+func (st *state) lookup(id uint32) *Conn {
+	if id == 0 || int(id) >= len(st.conns) {
+		return nil
+	}
+	return st.conns[id].Load()
+}
+
+// sendLoose sends a frame that belongs to no connection's stream (REFUSE,
+// CREDIT) without blocking: if its ring is full it is queued, in order,
+// and the poller sends it later.
+func (st *state) sendLoose(p *partition.Partition, kind, id uint32, body []byte) {
+	if !st.ctlPending.Load() && p.TrySend(makeTag(kind, id), body, nil) == nil {
+		return
+	}
+	f := ctlFrame{part: p, tag: makeTag(kind, id), n: len(body)}
+	copy(f.body[:], body)
+	st.mu.Lock()
+	st.ctlq = append(st.ctlq, f)
+	st.ctlPending.Store(true)
+	st.mu.Unlock()
+	if !st.flushCtl() {
+		st.ep.kickPoller()
+	}
+}
+
+// flushCtl sends queued loose frames; it reports whether the queue is
+// empty.
+func (st *state) flushCtl() bool {
+	if !st.ctlPending.Load() {
+		return true
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	sent := 0
+	for _, f := range st.ctlq {
+		if err := f.part.TrySend(f.tag, f.body[:f.n], nil); err != nil {
+			break
+		}
+		sent++
+	}
+	st.ctlq = st.ctlq[:copy(st.ctlq, st.ctlq[sent:])]
+	st.ctlPending.Store(len(st.ctlq) > 0)
+	return len(st.ctlq) == 0
+}
+
+// serveUnits serves every unit that has queued connections and nobody
+// serving it (CoreInline: whoever passes by sends for everyone).
+func (st *state) serveUnits() {
+	for _, u := range st.units {
+		u.tryServe()
+	}
+}
+
+// pollBatch bounds the records one poll takes per ring, so a caller whose
+// record arrived returns promptly even under a flood for other
+// connections.
+const pollBatch = 64
+
+// poll consumes records from the control ring and the data rings nobody
+// else is consuming, starting with self's. DATA for self goes straight
+// into b (self and b may be nil). It returns the bytes copied into b and
+// the records consumed.
+func (st *state) poll(self *Conn, b []byte) (n, records int) {
+	records = st.pollRing(st.control, nil, nil)
+	first := 0
+	if self != nil {
+		first = max(int(self.rxPart.Load()), 0)
+	}
+	for k := range st.parts {
+		p := st.parts[(first+k)%len(st.parts)]
+		if !p.TryLockRX() {
+			continue
+		}
+		got, r := st.pollLocked(p, self, b)
+		p.UnlockRX()
+		records += r
+		if got > 0 {
+			self.consumed(got)
+			n = got
+			break
+		}
+	}
+	st.serveUnits() // frames the RX path queued (ACCEPT, CLOSE answers)
+	return n, records
+}
+
+// pollUnit consumes what waits in a unit's rings and the control ring (a
+// worker's RX).
+func (st *state) pollUnit(u *unit) int {
+	records := st.pollRing(st.control, nil, nil)
+	for _, p := range u.parts {
+		records += st.pollRing(p, nil, nil)
+	}
+	return records
+}
+
+func (st *state) pollRing(p *partition.Partition, self *Conn, b []byte) int {
+	if !p.TryLockRX() {
+		return 0
+	}
+	_, records := st.pollLocked(p, self, b)
+	p.UnlockRX()
+	return records
+}
+
+// armUnit asks the peer to ring before its next record on the unit's rings
+// and the control ring.
+func (st *state) armUnit(u *unit) {
+	for _, p := range append(u.parts[:len(u.parts):len(u.parts)], st.control) {
+		p.LockRX()
+		p.ArmData()
+		p.UnlockRX()
+	}
+}
+
+func (st *state) pollLocked(p *partition.Partition, self *Conn, b []byte) (n, records int) {
+	part := p.Index
+	for records < pollBatch {
+		tag, payload, ok, err := p.Peek()
+		if err != nil || !ok {
+			return 0, records
+		}
+		records++
+		kind, id := splitTag(tag)
+		if kind == kindData && self != nil && id == self.id && b != nil && self.takeDirect(part, len(payload)) {
+			n = copy(b, payload)
+			if n < len(payload) {
+				self.enqueue(payload[n:])
+			}
+			self.rxmu.Unlock()
+			p.Release()
+			return n, records
+		}
+		if p == st.control {
+			err = st.dispatchControl(kind, id, payload)
+		} else {
+			err = st.dispatch(part, kind, id, payload)
+		}
+		p.Release()
+		if err != nil {
+			err = fmt.Errorf("protocol violation from peer: %w", err)
+			st.ep.logf("%v", err)
+			st.sess.Fail(err)
+			return 0, records
+		}
+	}
+	return 0, records
+}
+
+// dispatchControl acts on one frame of the control ring.
+func (st *state) dispatchControl(kind, id uint32, payload []byte) error {
+	if kind != kindCredit {
+		return fmt.Errorf("frame kind %d on the control ring", kind)
+	}
+	m, err := decodeCredit(payload)
+	if err != nil {
+		return err
+	}
+	c := st.lookup(id)
+	if c == nil || c.gen != m.gen {
+		return nil // stale: for a connection closed since (see frame.go)
+	}
+	return c.credit(m.consumed)
+}
+
+// dispatch acts on one frame from data partition part (RX lock held). An
+// error is a protocol violation; it fails the session.
+func (st *state) dispatch(part int, kind, id uint32, payload []byte) error {
+	if kind == kindOpen {
+		m, err := decodeOpen(payload)
+		if err != nil {
+			return err
+		}
+		st.accept(part, id, m)
+		return nil
+	}
+	c := st.lookup(id)
+	if c == nil {
+		return fmt.Errorf("frame kind %d for connection %d, which does not exist", kind, id)
+	}
+	return c.deliver(part, kind, payload)
+}
+
+// accept handles OPEN: a connection is established as soon as a listener
+// has room for it in its backlog, as with TCP.
+func (st *state) accept(part int, peerID uint32, m openMsg) {
+	refuse := func(code uint32) { st.sendLoose(st.parts[part], kindRefuse, peerID, le32(code)) }
+	st.ep.mu.Lock()
+	ln := st.ep.listeners[m.port]
+	st.ep.mu.Unlock()
+	if ln == nil {
+		refuse(refuseNoListener)
+		return
+	}
+	c := newConn(st.ep, ln.addr, Addr{Host: st.ep.peerHost(), Port: int(peerID)})
+	c.peerID, c.window, c.peerGen = peerID, int64(m.window), m.gen
+	c.state = connEstablished
+	c.rxPart.Store(int32(part))
+	c.prio.Store(uint32(ln.Priority()))
+	if err := st.ep.quota.Acquire(int64(st.ep.cfg.Window)); err != nil {
+		refuse(refuseQuota)
+		return
+	}
+	if err := st.newConn(c); err != nil {
+		st.ep.quota.Release(int64(st.ep.cfg.Window))
+		refuse(refuseNoIDs)
+		return
+	}
+	c.quotaHeld = true
+	if err := c.placeLocked(); err != nil {
+		c.releaseLocal()
+		refuse(refusePartitions)
+		return
+	}
+	if !ln.offer(c) {
+		c.releaseLocal()
+		refuse(refuseBacklog)
+		return
+	}
+	c.queueFrame(kindAccept, acceptMsg{id: c.id, window: uint32(st.ep.cfg.Window), gen: c.gen}.encode(nil))
+}
+
+func le32(v uint32) []byte { return []byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)} }
+
+// drainLocked consumes everything queued in ring p (RX lock held).
+func (st *state) drainLocked(p *partition.Partition) {
+	for {
+		if _, records := st.pollLocked(p, nil, nil); records == 0 {
+			return
+		}
+	}
+}
+
+// idleGrace is how long the endpoint must go without a spinning caller or
+// a new Read or Write before the poller arms the doorbell for frames nobody
+// waits for (an OPEN for a listener with no Accept pending, data for a
+// connection not being read). A parked caller arms it at once. Arming while
+// callers come and go between round trips would make every message ring a
+// doorbell.
+const idleGrace = 2 * time.Millisecond
+
+// runPoller keeps loose frames moving and rebalances units; in CoreInline
+// it also sleeps on the doorbells while nobody else watches the rings. It
+// ends with the session, failing its connections.
+func (st *state) runPoller() {
+	ep := st.ep
+	ctx, cancel := context.WithCancel(context.Background())
+	defer context.AfterFunc(st.sess.Context(), cancel)()
+	defer cancel()
+	defer ep.pollers.Done()
+	defer st.failAll()
+	timer := time.NewTimer(idleGrace)
+	defer timer.Stop()
+	pause := func(d time.Duration) {
+		timer.Reset(d)
+		select {
+		case <-ep.kick:
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+	}
+	rings := append(st.parts[:len(st.parts):len(st.parts)], st.control)
+	var bits uint64
+	for _, p := range rings {
+		bits |= p.DataBit() | p.SpaceBit()
+	}
+	txBytes := make([]uint64, len(st.units))
+	nextBalance := time.Now().Add(rebalanceEvery)
+	var idleSince time.Time
+	var calls uint64
+	for ctx.Err() == nil {
+		if ep.cfg.Rebalance && time.Now().After(nextBalance) {
+			st.rebalance(txBytes)
+			nextBalance = time.Now().Add(rebalanceEvery)
+		}
+		ctlDone := st.flushCtl()
+		if ep.cfg.CoreModel != CoreInline {
+			// The workers watch the rings; only loose frames are ours.
+			if ctlDone {
+				pause(rebalanceEvery)
+			} else {
+				pause(time.Millisecond)
+			}
+			continue
+		}
+		st.serveUnits()
+		if ctlDone {
+			// Somebody polls, or calls keep coming: nothing to do.
+			if c := ep.calls.Load(); ep.active.Load() > 0 || (c != calls && ep.parked.Load() == 0) {
+				calls, idleSince = c, time.Time{}
+				pause(idleGrace)
+				continue
+			}
+			if ep.parked.Load() == 0 {
+				if idleSince.IsZero() {
+					idleSince = time.Now()
+				}
+				if wait := idleGrace - time.Since(idleSince); wait > 0 {
+					pause(wait)
+					continue
+				}
+			}
+		}
+		locked := 0
+		for _, p := range rings {
+			if p.TryLockRX() {
+				p.ArmData() // then look once more before sleeping
+				st.drainLocked(p)
+				p.UnlockRX()
+				locked++
+			}
+		}
+		if locked < len(rings) {
+			pause(100 * time.Microsecond) // a caller is polling; look again soon
+			continue
+		}
+		st.serveUnits()
+		room := false
+		for _, u := range st.units {
+			if u.queued.Load() > 0 && u.armSpace() {
+				room = true
+			}
+		}
+		if room {
+			continue // serve at the top
+		}
+		if !ctlDone && st.control.ArmSpace(64) {
+			continue // room appeared: flush at the top
+		}
+		if _, err := ep.dev.WaitDoorbell(ctx, bits); err != nil && ctx.Err() == nil {
+			st.sess.Fail(fmt.Errorf("wait for doorbell: %w", err))
+			return
+		}
+		pending := ep.dev.Doorbells() & bits
+		ep.dev.ClearDoorbells(pending)
+		for _, p := range rings {
+			if pending&p.SpaceBit() != 0 {
+				ep.spaceArrived()
+				break
+			}
+		}
+		for _, p := range rings {
+			if p.TryLockRX() {
+				st.drainLocked(p)
+				p.UnlockRX()
+			}
+		}
+	}
+}
+
+// failAll ends every connection of a finished session.
+func (st *state) failAll() {
+	err := fmt.Errorf("%w: %w", ErrLinkDown, st.sess.Err())
+	st.ep.spaceArrived()
+	for i := range st.conns {
+		if c := st.conns[i].Load(); c != nil {
+			c.fail(err)
+		}
+	}
+	st.ep.mu.Lock()
+	if st.ep.cur == st {
+		st.ep.cur = nil
+	}
+	st.ep.mu.Unlock()
+	if st.ep.cfg.Logf != nil {
+		st.ep.cfg.Logf("%s: connections of session %#x closed: %v", st.ep.dev.Name(), st.sess.Epoch, err)
+	}
+}

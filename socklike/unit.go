@@ -1,0 +1,378 @@
+package socklike
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ntstack/ntstack/internal/proc"
+	"github.com/ntstack/ntstack/partition"
+	"github.com/ntstack/ntstack/qos"
+)
+
+// CoreModel says who drives the partitions.
+type CoreModel int
+
+const (
+	// CoreInline: no worker threads. The application's own Read and Write
+	// calls send and receive, combining: whoever finds a unit's sender free
+	// serves every connection queued on it, round-robin. Best when cores
+	// are scarce (two processes on two cores cannot also feed spinning
+	// workers).
+	CoreInline CoreModel = iota
+	// CoreShared: one worker per unit, locked to an OS thread, does its TX
+	// and RX (the paper's SPSC model).
+	CoreShared
+	// CoreSplit: a TX worker and an RX worker per unit (SP2C).
+	CoreSplit
+)
+
+func (m CoreModel) String() string {
+	switch m {
+	case CoreInline:
+		return "inline"
+	case CoreShared:
+		return "shared"
+	case CoreSplit:
+		return "split"
+	}
+	return fmt.Sprintf("CoreModel(%d)", int(m))
+}
+
+// ParseCoreModel parses "inline", "shared" or "split".
+func ParseCoreModel(s string) (CoreModel, error) {
+	for _, m := range []CoreModel{CoreInline, CoreShared, CoreSplit} {
+		if m.String() == s {
+			return m, nil
+		}
+	}
+	return 0, fmt.Errorf("core model %q: want inline, shared or split", s)
+}
+
+// Placement picks the unit of a new connection.
+type Placement int
+
+const (
+	RoundRobin  Placement = iota // the next unit in turn
+	LeastLoaded                  // the unit with the fewest connections
+)
+
+// ErrPartitionFull is wrapped by dial (and refusal) errors when every
+// partition that could take a connection holds Config.PartitionConns.
+var ErrPartitionFull = errors.New("partition connection quota reached")
+
+// A unit is the scheduling unit of the TX side: one partition, or with
+// Config.QoS one partition per priority class. Connections queue on the
+// unit's scheduler when they have something to send; whoever holds the
+// unit's serve lock — an application goroutine in CoreInline, the unit's
+// worker otherwise — sends for all of them, higher classes first,
+// round-robin within a class, at most Config.Batch bytes per connection
+// per round.
+type unit struct {
+	st    *state
+	index int
+	parts []*partition.Partition // by class slot, see partFor
+
+	serveMu sync.Mutex // held by whoever serves the unit
+
+	mu sync.Mutex
+	// mu protects the following fields.
+	sched   qos.Scheduler[*Conn]
+	buckets []qos.Bucket // per partition of parts
+	conns   []int        // connections placed, per partition of parts
+
+	queued  atomic.Int32  // connections in sched
+	posts   atomic.Uint32 // pushes into sched, ever
+	txBytes atomic.Uint64 // DATA bytes sent, for rebalancing
+	kick    chan struct{} // wakes a sleeping TX worker
+}
+
+// partFor is the slot in u.parts of class c's partition.
+func (u *unit) partFor(c qos.Class) int { return int(c) * len(u.parts) / qos.NumClasses }
+
+// post queues c for service (c.smu held), unless it is queued already.
+func (u *unit) postLocked(c *Conn) {
+	if c.inSched {
+		return
+	}
+	c.inSched = true
+	u.mu.Lock()
+	u.sched.Push(c.class(), c)
+	u.mu.Unlock()
+	u.queued.Add(1)
+	u.posts.Add(1)
+	select {
+	case u.kick <- struct{}{}:
+	default:
+	}
+}
+
+// tryServe serves the unit if nobody else does. Combining has a lost-wake
+// race — a connection queued just after the server's last look, whose
+// poster found the lock taken — so a server looks again after unlocking
+// if anything was queued during its pass.
+func (u *unit) tryServe() (progress bool, wait time.Duration) {
+	for u.queued.Load() > 0 {
+		seen := u.posts.Load()
+		if !u.serveMu.TryLock() {
+			return progress, wait
+		}
+		p, w := u.serve()
+		u.serveMu.Unlock()
+		progress, wait = progress || p, w
+		if u.posts.Load() == seen {
+			return progress, wait
+		}
+	}
+	return progress, wait
+}
+
+// serveRounds bounds one pass, so a caller serving others returns to its
+// own business (and a worker to its RX) regularly.
+const serveRounds = 64
+
+// serve runs one pass over the queued connections. It reports whether it
+// sent anything, and if it did not, how long a token bucket asks to wait
+// (0: blocked on ring space or nothing to do).
+func (u *unit) serve() (progress bool, wait time.Duration) {
+	var open uint64 // partitions (slots) with a batch open
+	defer func() {
+		for i, p := range u.parts {
+			if open&(1<<i) != 0 {
+				p.EndTX()
+			}
+		}
+	}()
+	var full uint64 // slots found full this pass
+	misses := 0
+	for range serveRounds {
+		u.mu.Lock()
+		c, _, ok := u.sched.Next()
+		u.mu.Unlock()
+		if !ok {
+			return progress, wait
+		}
+		u.queued.Add(-1)
+		sent, w, requeue := c.serveOnce(u, &open, &full)
+		if sent {
+			progress, misses = true, 0
+		} else {
+			misses++
+			if w > 0 && (wait == 0 || w < wait) {
+				wait = w
+			}
+		}
+		if requeue {
+			c.smu.Lock()
+			if c.unit == u {
+				c.inSched = false
+				u.postLocked(c)
+			} else {
+				c.unit.postLocked(c) // it moved
+			}
+			c.smu.Unlock()
+		}
+		if misses > int(u.queued.Load())+1 {
+			return progress, wait // everybody queued is blocked
+		}
+	}
+	return progress, wait
+}
+
+// armSpace arms the space doorbell of every full partition of the unit and
+// reports whether room appeared meanwhile.
+func (u *unit) armSpace() bool {
+	room := false
+	for _, p := range u.parts {
+		if p.ArmSpace(min(p.MaxPayload(), u.st.ep.cfg.MTU)) {
+			room = true
+		}
+	}
+	return room
+}
+
+// runWorker drives a unit: TX, RX or both, spinning for the spin budget
+// when idle, then sleeping on the doorbells and the unit's kick. It ends
+// with the session.
+func (u *unit) runWorker(tx, rx bool, cpu int) {
+	st := u.st
+	defer st.ep.pollers.Done()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if cpu >= 0 {
+		if err := proc.PinThread(cpu); err != nil {
+			st.ep.logf("unit %d worker: %v", u.index, err)
+		}
+	}
+	ctx := st.sess.Context()
+	var bits uint64
+	for _, p := range u.parts {
+		if rx {
+			bits |= p.DataBit()
+		}
+		if tx {
+			bits |= p.SpaceBit()
+		}
+	}
+	if rx {
+		bits |= st.sess.Control().DataBit()
+	}
+	budget := st.ep.cfg.SpinBudget
+	idleSince := time.Now()
+	for ctx.Err() == nil {
+		busy := false
+		if tx && u.queued.Load() > 0 {
+			progress, wait := u.serve()
+			busy = progress
+			if !progress && wait > 0 {
+				time.Sleep(wait)
+				continue
+			}
+		}
+		if rx && st.pollUnit(u) > 0 {
+			busy = true
+		}
+		if busy {
+			idleSince = time.Time{}
+			continue
+		}
+		if idleSince.IsZero() {
+			idleSince = time.Now()
+		}
+		if time.Since(idleSince) < budget {
+			runtime.Gosched()
+			continue
+		}
+		// Sleep: arm, look once more, then wait for a doorbell or a kick.
+		if rx {
+			st.armUnit(u)
+			if st.pollUnit(u) > 0 {
+				continue
+			}
+		}
+		if tx && u.queued.Load() > 0 && u.armSpace() {
+			continue
+		}
+		st.sleep(ctx, bits, u.kick, tx)
+		idleSince = time.Now()
+	}
+}
+
+// sleep waits for a doorbell in bits, or (kickable) a kick, or ctx.
+func (st *state) sleep(ctx context.Context, bits uint64, kick chan struct{}, kickable bool) {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if kickable {
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			select {
+			case <-kick:
+				cancel()
+			case <-stop:
+			}
+		}()
+	}
+	_, _ = st.ep.dev.WaitDoorbell(wctx, bits)
+	pending := st.ep.dev.Doorbells() & bits
+	st.ep.dev.ClearDoorbells(pending)
+	for _, p := range st.sess.Partitions() {
+		if pending&p.SpaceBit() != 0 {
+			st.ep.spaceArrived()
+			break
+		}
+	}
+}
+
+// place picks the unit and partition slot for a new connection of class c
+// and counts it there.
+func (st *state) place(c qos.Class) (*unit, int, error) {
+	cfg := &st.ep.cfg
+	n := len(st.units)
+	start := int(st.nextUnit.Add(1)-1) % n
+	if cfg.Placement == LeastLoaded {
+		best := -1
+		for i, u := range st.units {
+			u.mu.Lock()
+			load := u.conns[u.partFor(c)]
+			u.mu.Unlock()
+			if best < 0 || load < best {
+				best, start = load, i
+			}
+		}
+	}
+	for k := range n {
+		u := st.units[(start+k)%n]
+		slot := u.partFor(c)
+		u.mu.Lock()
+		if cfg.PartitionConns == 0 || u.conns[slot] < cfg.PartitionConns {
+			u.conns[slot]++
+			u.mu.Unlock()
+			return u, slot, nil
+		}
+		u.mu.Unlock()
+	}
+	return nil, 0, fmt.Errorf("%d partitions for class %d hold %d connections each: %w", n, c, cfg.PartitionConns, ErrPartitionFull)
+}
+
+// unplace undoes place.
+func (u *unit) unplace(slot int) {
+	u.mu.Lock()
+	u.conns[slot]--
+	u.mu.Unlock()
+}
+
+// rebalanceEvery is how often the poller compares the units' traffic.
+const rebalanceEvery = 100 * time.Millisecond
+
+// rebalance moves one connection from the busiest unit to the idlest when
+// their traffic over the last period differs by more than half, choosing
+// the connection whose move best evens them out.
+func (st *state) rebalance(last []uint64) {
+	if len(st.units) < 2 {
+		return
+	}
+	delta := make([]uint64, len(st.units))
+	hi, lo := 0, 0
+	for i, u := range st.units {
+		v := u.txBytes.Load()
+		delta[i], last[i] = v-last[i], v
+		if delta[i] > delta[hi] {
+			hi = i
+		}
+		if delta[i] < delta[lo] {
+			lo = i
+		}
+	}
+	if delta[hi] < 1<<20 || delta[hi]-delta[lo] < delta[hi]/2 {
+		return
+	}
+	target := (delta[hi] - delta[lo]) / 2
+	var best *Conn
+	var bestDiff uint64
+	for i := range st.conns {
+		c := st.conns[i].Load()
+		if c == nil {
+			continue
+		}
+		c.smu.Lock()
+		u, moved := c.unit, c.txBytes-c.txMark
+		c.txMark = c.txBytes
+		c.smu.Unlock()
+		if u != st.units[hi] || moved == 0 || moved >= delta[hi] {
+			continue // moving the unit's only talker just moves the skew
+		}
+		diff := max(moved, target) - min(moved, target)
+		if best == nil || diff < bestDiff {
+			best, bestDiff = c, diff
+		}
+	}
+	if best != nil {
+		st.ep.logf("rebalance: connection %d from unit %d to %d", best.id, hi, lo)
+		best.moveTo(st.units[lo], st.units[lo].partFor(best.class()))
+	}
+}
