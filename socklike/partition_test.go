@@ -1,0 +1,330 @@
+package socklike
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/net/nettest"
+
+	"github.com/ntstack/ntstack/qos"
+)
+
+// pattern is the byte at offset i of stream seed: any loss, duplication or
+// reordering shows.
+func pattern(seed uint64, i int64) byte { return byte(uint64(i)*2654435761>>13 ^ seed) }
+
+// streamOut writes n pattern bytes in random-sized writes.
+func streamOut(c *Conn, seed uint64, n int64, rng *rand.Rand) error {
+	buf := make([]byte, 256<<10)
+	for off := int64(0); off < n; {
+		k := min(int64(1+rng.IntN(len(buf))), n-off)
+		for i := range k {
+			buf[i] = pattern(seed, off+i)
+		}
+		if _, err := c.Write(buf[:k]); err != nil {
+			return fmt.Errorf("write at %d: %w", off, err)
+		}
+		off += k
+	}
+	return c.CloseWrite()
+}
+
+// streamIn reads to EOF, checking every byte; stall, if set, runs between
+// reads.
+func streamIn(c *Conn, seed uint64, want int64, stall func()) error {
+	buf := make([]byte, 64<<10)
+	var off int64
+	for {
+		n, err := c.Read(buf[:1+rand.IntN(len(buf))])
+		for i := range n {
+			if buf[i] != pattern(seed, off+int64(i)) {
+				return fmt.Errorf("byte %d: got %#x, want %#x", off+int64(i), buf[i], pattern(seed, off+int64(i)))
+			}
+		}
+		off += int64(n)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("read at %d: %w", off, err)
+		}
+		if stall != nil {
+			stall()
+		}
+	}
+	if off != want {
+		return fmt.Errorf("stream ended at %d bytes, want %d", off, want)
+	}
+	return nil
+}
+
+var coreModels = []CoreModel{CoreInline, CoreShared, CoreSplit}
+
+// The stdlib conformance suite on every core model, with several
+// partitions and QoS units.
+func TestCoreModelsNettest(t *testing.T) {
+	for _, m := range coreModels[1:] {
+		t.Run(m.String(), func(t *testing.T) {
+			a, b := endpoints(t, "ntbtest", Config{CoreModel: m, Partitions: 3, SpinBudget: 20 * time.Microsecond})
+			port := 1000
+			nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) {
+				port++
+				c1, c2 := connPair(t, a, b, port)
+				return c1, c2, func() { c1.Close(); c2.Close() }, nil
+			})
+		})
+	}
+}
+
+// A connection migrated hundreds of times mid-stream, in both directions,
+// delivers every byte in order.
+func TestMigration(t *testing.T) {
+	for _, m := range coreModels {
+		t.Run(m.String(), func(t *testing.T) {
+			a, b := endpoints(t, "ntbtest", Config{CoreModel: m, Partitions: 4, Window: 64 << 10, MTU: 4 << 10})
+			c1, c2 := connPair(t, a, b, 7)
+			const size = 16 << 20
+			var wg sync.WaitGroup
+			errs := make(chan error, 4)
+			done := make(chan struct{})
+			for i, pair := range [][2]*Conn{{c1, c2}, {c2, c1}} {
+				wg.Add(2)
+				go func() { defer wg.Done(); errs <- streamOut(pair[0], uint64(i), size, rand.New(rand.NewPCG(1, uint64(i)))) }()
+				go func() { defer wg.Done(); errs <- streamIn(pair[1], uint64(i), size, nil) }()
+			}
+			moves := 0
+			go func() { wg.Wait(); close(done) }()
+			rng := rand.New(rand.NewPCG(2, 2))
+		loop:
+			for {
+				select {
+				case <-done:
+					break loop
+				case <-time.After(200 * time.Microsecond):
+				}
+				c := []*Conn{c1, c2}[rng.IntN(2)]
+				require.NoError(t, c.Migrate(rng.IntN(4)))
+				moves++
+			}
+			close(errs)
+			for err := range errs {
+				require.NoError(t, err)
+			}
+			require.Error(t, c1.Migrate(4), "unit 4 of 4")
+			t.Logf("%d migrations requested over %d MiB each way; now on partitions %d and %d", moves, size>>20, c1.Partition(), c2.Partition())
+			require.Greater(t, moves, 50)
+		})
+	}
+}
+
+// 64 connections whose readers stall at random: every byte arrives, and
+// the receive queues never hold more than the window — memory stays
+// bounded by connections × window.
+func TestNoLossUnderPressure(t *testing.T) {
+	const (
+		conns  = 64
+		window = 64 << 10
+		size   = 1 << 20
+		// Bound on the Go heap the transfer may add: 64 × 64 KiB of
+		// receive queues (4 MiB), write buffers of 256 KiB per writer
+		// (16 MiB) and slack for the collector's pacing.
+		heapBound = 48 << 20
+	)
+	for _, m := range []CoreModel{CoreInline, CoreShared} {
+		t.Run(m.String(), func(t *testing.T) {
+			a, b := endpoints(t, "ntbtest", Config{CoreModel: m, Partitions: 2, Window: window, MTU: 16 << 10})
+			ln, err := b.Listen(9)
+			require.NoError(t, err)
+			defer ln.Close()
+			runtime.GC()
+			var before runtime.MemStats
+			runtime.ReadMemStats(&before)
+			var maxQueued, maxHeap atomic.Int64
+			errs := make(chan error, 2*conns)
+			var wg sync.WaitGroup
+			for i := range conns {
+				wg.Add(2)
+				go func() {
+					defer wg.Done()
+					c, err := a.Dial(9)
+					if err != nil {
+						errs <- err
+						return
+					}
+					defer c.Close()
+					errs <- streamOut(c, uint64(i), size, rand.New(rand.NewPCG(3, uint64(i))))
+				}()
+				go func() {
+					defer wg.Done()
+					c, err := ln.AcceptConn()
+					if err != nil {
+						errs <- err
+						return
+					}
+					defer c.Close()
+					// The first byte says which stream this is.
+					var first [1]byte
+					if _, err := io.ReadFull(c, first[:]); err != nil {
+						errs <- err
+						return
+					}
+					seed := uint64(0)
+					for ; seed < conns && pattern(seed, 0) != first[0]; seed++ {
+					}
+					rng := rand.New(rand.NewPCG(4, uint64(i)))
+					stall := func() {
+						q := c.queued.Load()
+						for old := maxQueued.Load(); q > old && !maxQueued.CompareAndSwap(old, q); old = maxQueued.Load() {
+						}
+						if rng.IntN(20) == 0 {
+							time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
+						}
+					}
+					errs <- streamInFrom(c, seed, 1, size, stall)
+				}()
+			}
+			stop := make(chan struct{})
+			go func() {
+				for {
+					var ms runtime.MemStats
+					runtime.ReadMemStats(&ms)
+					if h := int64(ms.HeapInuse) - int64(before.HeapInuse); h > maxHeap.Load() {
+						maxHeap.Store(h)
+					}
+					select {
+					case <-stop:
+						return
+					case <-time.After(20 * time.Millisecond):
+					}
+				}
+			}()
+			wg.Wait()
+			close(stop)
+			close(errs)
+			for err := range errs {
+				require.NoError(t, err)
+			}
+			t.Logf("max receive queue %d bytes (window %d); heap grew by at most %d KiB (bound %d KiB)",
+				maxQueued.Load(), window, maxHeap.Load()>>10, heapBound>>10)
+			require.LessOrEqual(t, maxQueued.Load(), int64(window))
+			require.Less(t, maxHeap.Load(), int64(heapBound))
+		})
+	}
+}
+
+// streamInFrom is streamIn for a stream whose first skip bytes were read.
+func streamInFrom(c *Conn, seed uint64, skip, want int64, stall func()) error {
+	buf := make([]byte, 16<<10)
+	off := skip
+	for {
+		n, err := c.Read(buf[:1+rand.IntN(len(buf))])
+		for i := range n {
+			if buf[i] != pattern(seed, off+int64(i)) {
+				return fmt.Errorf("stream %d byte %d: got %#x, want %#x", seed, off+int64(i), buf[i], pattern(seed, off+int64(i)))
+			}
+		}
+		off += int64(n)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		stall()
+	}
+	if off != want {
+		return fmt.Errorf("stream %d ended at %d bytes, want %d", seed, off, want)
+	}
+	return nil
+}
+
+// With QoS each class has its partition; SetPriority moves a connection
+// there without disturbing its stream.
+func TestQoSPartitions(t *testing.T) {
+	a, b := endpoints(t, "ntbtest", Config{QoS: true, Partitions: 8, Window: 64 << 10})
+	ln, err := b.Listen(3)
+	require.NoError(t, err)
+	require.NoError(t, ln.SetPriority(5))
+	require.Error(t, ln.SetPriority(8))
+	d := &Dialer{Endpoint: a, Priority: 3}
+	nc, err := d.DialContext(context.Background(), "tcp", "x:3")
+	require.NoError(t, err)
+	c1 := nc.(*Conn)
+	c2, err := ln.AcceptConn()
+	require.NoError(t, err)
+	require.Equal(t, 3, c1.Partition())
+	require.Equal(t, qos.Class(5), c2.Priority())
+	require.Equal(t, 5, c2.Partition())
+
+	errs := make(chan error, 1)
+	go func() { errs <- streamIn(c2, 9, 4<<20, nil) }()
+	go func() {
+		time.Sleep(time.Millisecond)
+		require.NoError(t, c1.SetPriority(qos.Lowest))
+	}()
+	require.NoError(t, streamOut(c1, 9, 4<<20, rand.New(rand.NewPCG(5, 5))))
+	require.NoError(t, <-errs)
+	require.Equal(t, 7, c1.Partition())
+	require.Error(t, c1.SetPriority(9))
+}
+
+// Quotas fail with clear, typed errors on the side that hits them.
+func TestQuotas(t *testing.T) {
+	t.Run("memory", func(t *testing.T) {
+		a, b := endpoints(t, "ntbtest", Config{Window: 64 << 10, MemoryQuota: 128 << 10})
+		connPair(t, a, b, 1)
+		connPair(t, a, b, 2)
+		_, err := a.Dial(3)
+		require.True(t, errors.Is(err, qos.ErrQuota), "%v", err)
+		require.ErrorContains(t, err, "receive-window memory quota")
+	})
+	t.Run("partition", func(t *testing.T) {
+		a, b := endpoints(t, "ntbtest", Config{Partitions: 2, PartitionConns: 1})
+		connPair(t, a, b, 1)
+		connPair(t, a, b, 2)
+		_, err := a.Dial(3)
+		require.ErrorIs(t, err, ErrPartitionFull)
+	})
+	t.Run("peer partition", func(t *testing.T) {
+		da, db := backends["ntbtest"](t)
+		a, err := Attach(da, Config{Logf: t.Logf})
+		require.NoError(t, err)
+		b, err := Attach(db, Config{PartitionConns: 1, Logf: t.Logf})
+		require.NoError(t, err)
+		defer a.Close()
+		defer b.Close()
+		connPair(t, a, b, 1)
+		_, err = b.Listen(2)
+		require.NoError(t, err)
+		_, err = a.Dial(2)
+		require.ErrorIs(t, err, syscall.ECONNREFUSED)
+		require.ErrorContains(t, err, "connection quota")
+	})
+}
+
+// A token bucket holds a partition to its rate.
+func TestPartitionRate(t *testing.T) {
+	const rate = 8 << 20
+	a, b := endpoints(t, "ntbtest", Config{PartitionRate: rate, MTU: 16 << 10})
+	c1, c2 := connPair(t, a, b, 1)
+	go io.Copy(io.Discard, c2)
+	start := time.Now()
+	buf := make([]byte, 4<<20)
+	_, err := c1.Write(buf)
+	require.NoError(t, err)
+	el := time.Since(start)
+	// 4 MiB at 8 MiB/s with a 0.8 MiB burst: ≥ 0.4 s.
+	require.Greater(t, el, 350*time.Millisecond)
+	t.Logf("4 MiB at a %d MiB/s limit took %v", rate>>20, el)
+}
