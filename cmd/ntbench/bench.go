@@ -111,13 +111,15 @@ func (r *runner) runMode(t transport, m mode, emit func(result)) error {
 		if err != nil {
 			return errors.Join(fmt.Errorf("size %d: %w", size, err), srv.stop())
 		}
-		emit(res)
+		for _, res := range res {
+			emit(res)
+		}
 	}
 	return srv.stop()
 }
 
 // measure runs one size over fresh connections to srv.
-func (r *runner) measure(t transport, m mode, srv *serverProc, size int) (res result, err error) {
+func (r *runner) measure(t transport, m mode, srv *serverProc, size int) (res []result, err error) {
 	conns := make([]net.Conn, 0, r.o.conns)
 	defer func() {
 		for _, c := range conns {
@@ -127,7 +129,7 @@ func (r *runner) measure(t transport, m mode, srv *serverProc, size int) (res re
 	for range r.o.conns {
 		c, err := t.dial(r.o, srv.addr)
 		if err != nil {
-			return result{}, fmt.Errorf("dial %s: %w", srv.addr, err)
+			return nil, fmt.Errorf("dial %s: %w", srv.addr, err)
 		}
 		conns = append(conns, c)
 	}
@@ -150,17 +152,26 @@ func (r *runner) measure(t transport, m mode, srv *serverProc, size int) (res re
 		}
 	}()
 
-	clients := make([]client, len(conns))
-	for i, c := range conns {
-		clients[i] = m.client(c, size, r.o)
+	var clients []client
+	if m.client == nil { // mixed
+		if len(conns) < 2 {
+			return nil, errors.New("mixed mode needs -conns 2 or more: one pingpong flow beside the bulk flows")
+		}
+		if clients, err = mixedClients(conns, size, r.o); err != nil {
+			return nil, err
+		}
+	} else {
+		for _, c := range conns {
+			clients = append(clients, m.client(c, size, r.o))
+		}
 	}
 	if err := parallel(len(clients), func(i int) error { return clients[i].warmup() }); err != nil {
-		return result{}, fmt.Errorf("warm-up: %w", err)
+		return nil, fmt.Errorf("warm-up: %w", err)
 	}
 
 	cpu0, err := r.cpuTime(srv)
 	if err != nil {
-		return result{}, err
+		return nil, err
 	}
 	start := time.Now()
 	deadline := start.Add(r.o.duration)
@@ -172,13 +183,18 @@ func (r *runner) measure(t transport, m mode, srv *serverProc, size int) (res re
 	})
 	wall := time.Since(start)
 	if err != nil {
-		return result{}, err
+		return nil, err
 	}
 	cpu1, err := r.cpuTime(srv)
 	if err != nil {
-		return result{}, err
+		return nil, err
 	}
-	return r.result(t, m, size, samples, wall, cpu1-cpu0), nil
+	if m.client == nil {
+		rr := r.result(t, "mixed-rr", mixedRRSize, samples[:1], wall, cpu1-cpu0)
+		bulk := r.result(t, "mixed-bulk", size, samples[1:], wall, cpu1-cpu0)
+		return []result{rr, bulk}, nil
+	}
+	return []result{r.result(t, m.name, size, samples, wall, cpu1-cpu0)}, nil
 }
 
 // cpuTime returns the CPU time client and server have used so far.
@@ -195,7 +211,7 @@ func (r *runner) cpuTime(srv *serverProc) (time.Duration, error) {
 }
 
 // result aggregates the samples of all connections of one measurement.
-func (r *runner) result(t transport, m mode, size int, samples []sample, wall, cpu time.Duration) result {
+func (r *runner) result(t transport, mode string, size int, samples []sample, wall, cpu time.Duration) result {
 	var rtts []time.Duration
 	msgs := 0
 	for _, s := range samples {
@@ -205,7 +221,7 @@ func (r *runner) result(t transport, m mode, size int, samples []sample, wall, c
 	lat := summarize(rtts)
 	res := result{
 		Transport:  t.name,
-		Mode:       m.name,
+		Mode:       mode,
 		Size:       size,
 		Conns:      len(samples),
 		P50:        lat.p50.Nanoseconds(),
@@ -223,7 +239,7 @@ func (r *runner) result(t transport, m mode, size int, samples []sample, wall, c
 		GOMAXPROCS: r.procs,
 		Host:       r.host,
 	}
-	if m.name == "rate" {
+	if mode == "rate" {
 		res.Window = r.o.window
 	}
 	return res

@@ -32,6 +32,10 @@
 //	          goroutine per connection); the server echoes; every echo is
 //	          timed from just before its message was written, queueing
 //	          included
+//	mixed     one 64 B pingpong flow (class 0) beside -conns-1 stream flows
+//	          of size-byte writes (class -priority), on one link; reported
+//	          as two rows, mixed-rr (the pingpong flow alone) and mixed-bulk
+//	          (the stream flows together)
 //
 // # Reading the figures
 //
@@ -118,6 +122,11 @@ type options struct {
 	json       bool
 	quiet      bool
 	spin       time.Duration // ntb: socklike's spin budget
+	partitions int           // ntb: data partitions
+	qos        bool          // ntb: one partition per class
+	core       string        // ntb: core model
+	mtu        int           // ntb: segment size
+	priority   int           // ntb: class of the bulk flows (mixed) or of every connection
 
 	// Server process only, from hidden flags.
 	transport string // transport to listen on
@@ -185,7 +194,7 @@ Flags:
 	o.transports = transportNames()
 	fs.Var((*listFlag)(&o.transports), "transports", "comma-separated `list` of transports to compare: "+strings.Join(transportNames(), ", "))
 	o.modes = []string{"pingpong", "stream"}
-	fs.Var((*listFlag)(&o.modes), "modes", "comma-separated `list` of modes: pingpong, stream, rate")
+	fs.Var((*listFlag)(&o.modes), "modes", "comma-separated `list` of modes: pingpong, stream, rate, mixed")
 	o.sizes = []int{64, 4096, 65536}
 	fs.Var((*sizesFlag)(&o.sizes), "size", "comma-separated `list` of message sizes in bytes")
 	fs.IntVar(&o.count, "count", 100_000, "measured messages per connection, at most")
@@ -196,6 +205,11 @@ Flags:
 	fs.StringVar(&o.pin, "pin", "split", "`placement`: split (client and server on different CPUs), same (both on one CPU) or none")
 	fs.IntVar(&o.gomaxprocs, "gomaxprocs", 0, "GOMAXPROCS of client and server (0: the start-up value)")
 	fs.DurationVar(&o.spin, "spin", socklike.DefaultSpinBudget, "ntb: how long a blocked call polls before it parks (socklike Config.SpinBudget; negative: never spin)")
+	fs.IntVar(&o.partitions, "partitions", 1, "ntb: data partitions of the link (socklike Config.Partitions)")
+	fs.BoolVar(&o.qos, "qos", false, "ntb: one partition per priority class (socklike Config.QoS)")
+	fs.StringVar(&o.core, "core", "inline", "ntb: core model: inline (callers drive the rings), shared (a worker per partition) or split (TX and RX workers)")
+	fs.IntVar(&o.mtu, "mtu", socklike.DefaultMTU, "ntb: largest record; larger writes are segmented (a write-sized MTU switches segmentation off)")
+	fs.IntVar(&o.priority, "priority", 0, "ntb: priority class 0-7 of the bulk flows in mixed mode, of every connection otherwise")
 	fs.BoolVar(&o.verify, "verify", false, "send a seeded pattern and check every echo and streamed byte (slower)")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object per line instead of a table")
 	fs.BoolVar(&o.quiet, "q", false, "print only result rows: no banner, column header or comparison")
@@ -219,6 +233,12 @@ func (o *options) check(extra []string) error {
 		return fmt.Errorf("-window %d: need at least 1", o.window)
 	case o.gomaxprocs < 0:
 		return fmt.Errorf("-gomaxprocs %d: need 0 or more", o.gomaxprocs)
+	case o.priority < 0 || o.priority > 7:
+		return fmt.Errorf("-priority %d: want 0 to 7", o.priority)
+	case o.partitions < 1:
+		return fmt.Errorf("-partitions %d: need at least 1", o.partitions)
+	case !slices.Contains([]string{"inline", "shared", "split"}, o.core):
+		return fmt.Errorf("-core %q: want inline, shared or split", o.core)
 	case !slices.Contains([]string{"split", "same", "none"}, o.pin):
 		return fmt.Errorf("-pin %q: want split, same or none", o.pin)
 	case len(o.transports) == 0 || len(o.modes) == 0 || len(o.sizes) == 0:
@@ -231,7 +251,7 @@ func (o *options) check(extra []string) error {
 	}
 	for _, m := range o.modes {
 		if _, ok := modeNamed(m); !ok {
-			return fmt.Errorf("unknown mode %q (have pingpong, stream, rate)", m)
+			return fmt.Errorf("unknown mode %q (have pingpong, stream, rate, mixed)", m)
 		}
 	}
 	for _, s := range o.sizes {

@@ -9,6 +9,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"time"
+
+	"github.com/ntstack/ntstack/qos"
 )
 
 // A mode is one traffic pattern: what each client connection does, and what
@@ -24,6 +26,65 @@ var modes = []mode{
 	{"pingpong", echo, newPingpong},
 	{"stream", sink, newStream},
 	{"rate", echo, newRate},
+	{"mixed", mixedServe, nil}, // clients: see mixedClients
+}
+
+// Mixed mode: the first byte of a connection says what it carries.
+const (
+	flowLatency = 'L'
+	flowBulk    = 'B'
+	mixedRRSize = 64
+)
+
+// mixedServe echoes a latency flow and sinks a bulk flow; with socklike it
+// also sets the flow's class, as the client does on its side.
+func mixedServe(c net.Conn, o *options) error {
+	var kind [1]byte
+	if _, err := io.ReadFull(c, kind[:]); err != nil {
+		return fmt.Errorf("mixed: read flow kind: %w", err)
+	}
+	class := 0
+	if kind[0] == flowBulk {
+		class = o.priority
+	}
+	if p, ok := c.(interface{ SetPriority(qos.Class) error }); ok {
+		if err := p.SetPriority(qos.Class(class)); err != nil {
+			return err
+		}
+	}
+	switch kind[0] {
+	case flowLatency:
+		return echo(c, o)
+	case flowBulk:
+		return sink(c, o)
+	}
+	return fmt.Errorf("mixed: unknown flow kind %q", kind[0])
+}
+
+// mixedClients makes connection 0 the 64 B pingpong flow at class 0 and the
+// others size-byte streams.
+func mixedClients(conns []net.Conn, size int, o *options) ([]client, error) {
+	clients := make([]client, len(conns))
+	for i, c := range conns {
+		kind := byte(flowBulk)
+		if i == 0 {
+			kind = flowLatency
+			if p, ok := c.(interface{ SetPriority(qos.Class) error }); ok {
+				if err := p.SetPriority(0); err != nil {
+					return nil, err
+				}
+			}
+		}
+		if _, err := c.Write([]byte{kind}); err != nil {
+			return nil, fmt.Errorf("write flow kind: %w", err)
+		}
+		if i == 0 {
+			clients[i] = newPingpong(c, mixedRRSize, o)
+		} else {
+			clients[i] = newStream(c, size, o)
+		}
+	}
+	return clients, nil
 }
 
 // modeNamed returns the mode called name.

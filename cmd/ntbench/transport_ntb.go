@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/ntstack/ntstack/ntb/shm"
+	"github.com/ntstack/ntstack/qos"
 	"github.com/ntstack/ntstack/socklike"
 )
 
@@ -18,7 +19,7 @@ func init() {
 		name: "ntb",
 		listen: func(o *options) (net.Listener, string, error) {
 			name := fmt.Sprintf("ntbench-%d", os.Getpid())
-			ep, err := socklike.Open(name, socklike.Config{SpinBudget: o.spin})
+			ep, err := socklike.Open(name, endpointConfig(o))
 			if err != nil {
 				return nil, "", err
 			}
@@ -34,9 +35,19 @@ func init() {
 			if err != nil {
 				return nil, err
 			}
-			return ep.Dial(1)
+			c, err := ep.Dial(1)
+			if err != nil {
+				return nil, err
+			}
+			return c, c.SetPriority(qos.Class(o.priority))
 		},
 	})
+}
+
+// endpointConfig is the socklike configuration the flags ask for.
+func endpointConfig(o *options) socklike.Config {
+	core, _ := socklike.ParseCoreModel(o.core) // checked with the flags
+	return socklike.Config{SpinBudget: o.spin, Partitions: o.partitions, QoS: o.qos, CoreModel: core, MTU: o.mtu}
 }
 
 // endpointListener closes the server's endpoint and removes the link file
@@ -67,7 +78,7 @@ func clientEndpoint(link string, o *options) (*socklike.Endpoint, error) {
 	if ep := clientEps[link]; ep != nil {
 		return ep, nil
 	}
-	ep, err := socklike.Open(link, socklike.Config{SpinBudget: o.spin})
+	ep, err := socklike.Open(link, endpointConfig(o))
 	if err != nil {
 		return nil, err
 	}
