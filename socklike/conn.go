@@ -43,9 +43,12 @@ type Conn struct {
 	creditOut int64 // read total last sent as CREDIT; guarded by rlock
 
 	rxmu sync.Mutex // serialises delivery of the peer's frames
-	// rxmu protects the following field; rxPart is also read atomically.
+	// rxmu protects the following fields; rxPart is also read atomically.
 	held   []heldFrame  // frames from a partition the peer moved us to, early
 	rxPart atomic.Int32 // partition the peer sends on; -1 until known
+	rbuf   []byte       // a blocked Read's buffer, posted for delivery
+	rn     int          // bytes delivered into rbuf
+	rready atomic.Bool  // rn > 0
 
 	// Send side. sent-peerRead ≤ window, the peer's receive window.
 	window   int64
@@ -59,7 +62,7 @@ type Conn struct {
 	unit       *unit
 	slot       int // the partition in unit.parts
 	inSched    bool
-	unplaced   bool // released: counted on no unit
+	unplaced   bool       // released: counted on no unit
 	frames     []ctlFrame // connection frames to send before more data
 	out        []byte     // the posted write
 	outOff     int
@@ -159,7 +162,22 @@ func (c *Conn) Read(b []byte) (int, error) {
 	defer c.rlock.Unlock()
 	sp := spinner{ep: c.ep}
 	defer sp.stop()
+	n, err := c.readLoop(b, &sp)
+	if m := c.unpost(); m > 0 { // delivered into b on the way out
+		c.consumed(m)
+		return m, nil
+	}
+	return n, err
+}
+
+func (c *Conn) readLoop(b []byte, sp *spinner) (int, error) {
 	for {
+		if c.rready.Load() {
+			if m := c.unpost(); m > 0 {
+				c.consumed(m)
+				return m, nil
+			}
+		}
 		if f := c.flags.Load(); f&fClosed != 0 {
 			return 0, c.opErr("read", net.ErrClosed)
 		}
@@ -170,6 +188,10 @@ func (c *Conn) Read(b []byte) (int, error) {
 			return 0, nil
 		}
 		if c.queued.Load() > 0 {
+			if m := c.unpost(); m > 0 {
+				c.consumed(m)
+				return m, nil
+			}
 			c.qmu.Lock()
 			n := c.q.pop(b)
 			c.qmu.Unlock()
@@ -178,7 +200,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 			return n, nil
 		}
 		if f := c.flags.Load(); f&(fEOF|fFailed) != 0 {
-			if c.queued.Load() > 0 {
+			if c.queued.Load() > 0 || c.rready.Load() {
 				continue // arrived just before the end
 			}
 			if f&fEOF != 0 {
@@ -191,10 +213,32 @@ func (c *Conn) Read(b []byte) (int, error) {
 				return n, nil
 			}
 		}
+		c.post(b)
 		if !sp.spin() {
-			c.park(&sp, c.rnotify, c.rdl, nil)
+			c.park(sp, c.rnotify, c.rdl, nil)
 		}
 	}
+}
+
+// post offers b to whoever delivers the connection's next DATA, so it is
+// copied straight from the ring into the reader's buffer, once.
+func (c *Conn) post(b []byte) {
+	c.rxmu.Lock()
+	if c.rbuf == nil && c.rn == 0 && c.queued.Load() == 0 {
+		c.rbuf = b
+	}
+	c.rxmu.Unlock()
+}
+
+// unpost withdraws the posted buffer and returns how many bytes were
+// delivered into it.
+func (c *Conn) unpost() int {
+	c.rxmu.Lock()
+	n := c.rn
+	c.rbuf, c.rn = nil, 0
+	c.rready.Store(false)
+	c.rxmu.Unlock()
+	return n
 }
 
 // creditEvery is the fraction of the window read before credit goes back.
@@ -246,6 +290,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 			return c.retract(), err
 		}
 		var wait time.Duration
+		contended := false
 		if inline {
 			c.st.poll(nil, nil) // credits, ring space, and serving the unit
 			if c.wdone.Load() {
@@ -255,13 +300,15 @@ func (c *Conn) Write(b []byte) (int, error) {
 			u := c.unit
 			c.smu.Unlock()
 			var progress bool
-			if progress, wait = u.tryServe(); progress {
+			if progress, wait, contended = u.tryServe(); progress {
 				continue
 			}
 		}
 		if sp.spin() {
 			continue
 		}
+		// Park until the write completes (whoever serves the unit signals
+		// wnotify), credit arrives, or ring space does.
 		var extra <-chan struct{}
 		switch {
 		case wait > 0: // a token bucket
@@ -271,10 +318,15 @@ func (c *Conn) Write(b []byte) (int, error) {
 		case inline:
 			extra = c.ep.spaceWait()
 			c.smu.Lock()
-			u := c.unit
+			u, credit := c.unit, c.waitCredit
 			c.smu.Unlock()
-			if u.armSpace() {
-				continue
+			if !contended && !credit {
+				// Blocked on ring space: arm, and look again if
+				// room appeared meanwhile.
+				if u.armSpace() {
+					runtime.Gosched()
+					continue
+				}
 			}
 		}
 		c.park(&sp, c.wnotify, c.wdl, extra)
@@ -670,6 +722,16 @@ func (c *Conn) deliver(part int, kind uint32, payload []byte) error {
 func (c *Conn) actLocked(kind uint32, payload []byte) error {
 	switch kind {
 	case kindData:
+		if c.rbuf != nil && c.rn == 0 && c.queued.Load() == 0 && c.flags.Load()&fClosed == 0 {
+			n := copy(c.rbuf, payload)
+			c.rbuf, c.rn = nil, n
+			c.rready.Store(true)
+			if n < len(payload) {
+				c.enqueue(payload[n:])
+			}
+			signal(c.rnotify)
+			return nil
+		}
 		c.enqueue(payload)
 	case kindAccept:
 		m, err := decodeAccept(payload)
@@ -721,8 +783,9 @@ func (c *Conn) actLocked(kind uint32, payload []byte) error {
 // enqueues what does not fit the Read, then unlocks.
 func (c *Conn) takeDirect(part, n int) bool {
 	c.rxmu.Lock()
-	if int(c.rxPart.Load()) == part && len(c.held) == 0 && c.queued.Load() == 0 && c.acceptData(n) {
+	if int(c.rxPart.Load()) == part && len(c.held) == 0 && c.queued.Load() == 0 && c.rn == 0 && c.acceptData(n) {
 		c.recvd.Add(int64(n))
+		c.rbuf = nil
 		return true
 	}
 	c.rxmu.Unlock()
@@ -838,25 +901,37 @@ func (c *Conn) fail(err error) {
 // spinner runs the spin half of spin-then-park and keeps the endpoint's
 // count of spinning goroutines, which tells the poller whether anyone is
 // watching the ring.
+//
+// At most GOMAXPROCS goroutines of an endpoint spin; the others park at
+// once. A spinner polls the rings and serves the units for everybody, and
+// wakes parked goroutines through their channels, which costs the runtime
+// little: many spinners would only fight for the CPUs and the locks. A
+// spinner keeps spinning while the endpoint makes progress, and parks once
+// neither it nor the endpoint has moved anything for the spin budget.
 type spinner struct {
 	ep       *Endpoint
 	spinning bool
-	start    time.Time
+	start    int64 // ep.now() when spinning began
 	iter     int
 }
 
 // spin reports whether to keep polling (true) or park (false).
 func (s *spinner) spin() bool {
+	ep := s.ep
+	budget := int64(ep.cfg.SpinBudget)
 	if !s.spinning {
+		if budget <= 0 || int(ep.active.Load()) >= ep.maxSpinners {
+			return false
+		}
 		s.spinning = true
-		s.ep.active.Add(1)
-		s.start = time.Now()
+		ep.active.Add(1)
+		s.start = ep.now()
 		s.iter = 0
-		return s.ep.cfg.SpinBudget > 0
+		return true
 	}
 	s.iter++
 	if s.iter&63 == 0 {
-		if time.Since(s.start) > s.ep.cfg.SpinBudget {
+		if ep.now()-max(s.start, ep.progress.Load()) > budget {
 			return false
 		}
 		runtime.Gosched()

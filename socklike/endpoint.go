@@ -34,6 +34,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -153,11 +154,14 @@ type Endpoint struct {
 	ownsDev bool
 	link    *partition.Link
 
-	pollers sync.WaitGroup // runPoller goroutines
-	active  atomic.Int32   // goroutines spin-polling
-	parked  atomic.Int32   // goroutines parked, waiting for the poller
-	calls   atomic.Uint64  // Read and Write calls: the poller stays off while they come
-	kick    chan struct{}  // wakes the poller when it waits for work
+	pollers     sync.WaitGroup // runPoller goroutines
+	born        time.Time      // origin of now
+	progress    atomic.Int64   // now() when records last moved
+	maxSpinners int            // GOMAXPROCS at Attach
+	active      atomic.Int32   // goroutines spin-polling
+	parked      atomic.Int32   // goroutines parked, waiting for the poller
+	calls       atomic.Uint64  // Read and Write calls: the poller stays off while they come
+	kick        chan struct{}  // wakes the poller when it waits for work
 
 	mu sync.Mutex
 	// mu protects the following fields.
@@ -194,12 +198,14 @@ func Attach(dev ntb.Device, cfg Config) (*Endpoint, error) {
 		return nil, fmt.Errorf("attach %s: %w", dev.Name(), err)
 	}
 	ep := &Endpoint{
-		cfg:       cfg,
-		dev:       dev,
-		listeners: make(map[uint16]*Listener),
-		sessCh:    make(chan struct{}),
-		spaceCh:   make(chan struct{}),
-		kick:      make(chan struct{}, 1),
+		born:        time.Now(),
+		maxSpinners: max(1, runtime.GOMAXPROCS(0)),
+		cfg:         cfg,
+		dev:         dev,
+		listeners:   make(map[uint16]*Listener),
+		sessCh:      make(chan struct{}),
+		spaceCh:     make(chan struct{}),
+		kick:        make(chan struct{}, 1),
 	}
 	ep.quota.Name, ep.quota.Limit = "receive-window memory quota", cfg.MemoryQuota
 	link, err := partition.Open(dev, partition.Config{Partitions: cfg.Partitions, OnSession: ep.install, Logf: cfg.Logf})
@@ -215,6 +221,12 @@ func (ep *Endpoint) logf(format string, args ...any) {
 		ep.cfg.Logf("%s: "+format, append([]any{ep.dev.Name()}, args...)...)
 	}
 }
+
+// now is a monotonic clock in nanoseconds.
+func (ep *Endpoint) now() int64 { return int64(time.Since(ep.born)) }
+
+// noteProgress records that records moved.
+func (ep *Endpoint) noteProgress() { ep.progress.Store(ep.now()) }
 
 // Device is the device under the endpoint.
 func (ep *Endpoint) Device() ntb.Device { return ep.dev }
@@ -340,4 +352,3 @@ func (ep *Endpoint) spaceArrived() {
 	ep.spaceCh = make(chan struct{})
 	ep.spaceMu.Unlock()
 }
-

@@ -100,7 +100,10 @@ func TestMigration(t *testing.T) {
 			done := make(chan struct{})
 			for i, pair := range [][2]*Conn{{c1, c2}, {c2, c1}} {
 				wg.Add(2)
-				go func() { defer wg.Done(); errs <- streamOut(pair[0], uint64(i), size, rand.New(rand.NewPCG(1, uint64(i)))) }()
+				go func() {
+					defer wg.Done()
+					errs <- streamOut(pair[0], uint64(i), size, rand.New(rand.NewPCG(1, uint64(i))))
+				}()
 				go func() { defer wg.Done(); errs <- streamIn(pair[1], uint64(i), size, nil) }()
 			}
 			moves := 0

@@ -153,6 +153,9 @@ func (st *state) poll(self *Conn, b []byte) (n, records int) {
 		}
 	}
 	st.serveUnits() // frames the RX path queued (ACCEPT, CLOSE answers)
+	if records > 0 {
+		st.ep.noteProgress()
+	}
 	return n, records
 }
 
@@ -162,6 +165,9 @@ func (st *state) pollUnit(u *unit) int {
 	records := st.pollRing(st.control, nil, nil)
 	for _, p := range u.parts {
 		records += st.pollRing(p, nil, nil)
+	}
+	if records > 0 {
+		st.ep.noteProgress()
 	}
 	return records
 }

@@ -115,20 +115,23 @@ func (u *unit) postLocked(c *Conn) {
 // race — a connection queued just after the server's last look, whose
 // poster found the lock taken — so a server looks again after unlocking
 // if anything was queued during its pass.
-func (u *unit) tryServe() (progress bool, wait time.Duration) {
+func (u *unit) tryServe() (progress bool, wait time.Duration, contended bool) {
 	for u.queued.Load() > 0 {
 		seen := u.posts.Load()
 		if !u.serveMu.TryLock() {
-			return progress, wait
+			return progress, wait, true
 		}
 		p, w := u.serve()
 		u.serveMu.Unlock()
+		if p {
+			u.st.ep.noteProgress()
+		}
 		progress, wait = progress || p, w
 		if u.posts.Load() == seen {
-			return progress, wait
+			return progress, wait, false
 		}
 	}
-	return progress, wait
+	return progress, wait, false
 }
 
 // serveRounds bounds one pass, so a caller serving others returns to its

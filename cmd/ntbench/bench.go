@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -19,6 +21,13 @@ import (
 // processes.
 func benchmark(o *options, fwd []string, stdout, stderr io.Writer) (err error) {
 	r := &runner{o: o, fwd: fwd, host: proc.ReadHost(), stderr: stderr}
+	if o.cpuprofile != "" {
+		stop, err := startProfile(o.cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 
 	// Fix GOMAXPROCS before pinning: left automatic, the runtime would
 	// shrink it to the pinned CPU count within a second.
@@ -259,4 +268,17 @@ func parallel(n int, f func(i int) error) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// startProfile starts a CPU profile into path; stop ends and closes it.
+func startProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }

@@ -127,6 +127,7 @@ type options struct {
 	core       string        // ntb: core model
 	mtu        int           // ntb: segment size
 	priority   int           // ntb: class of the bulk flows (mixed) or of every connection
+	cpuprofile string        // CPU profile of the client; the server's gets ".server"
 
 	// Server process only, from hidden flags.
 	transport string // transport to listen on
@@ -210,6 +211,7 @@ Flags:
 	fs.StringVar(&o.core, "core", "inline", "ntb: core model: inline (callers drive the rings), shared (a worker per partition) or split (TX and RX workers)")
 	fs.IntVar(&o.mtu, "mtu", socklike.DefaultMTU, "ntb: largest record; larger writes are segmented (a write-sized MTU switches segmentation off)")
 	fs.IntVar(&o.priority, "priority", 0, "ntb: priority class 0-7 of the bulk flows in mixed mode, of every connection otherwise")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write the client's CPU profile to `file` and the server's to file.server")
 	fs.BoolVar(&o.verify, "verify", false, "send a seeded pattern and check every echo and streamed byte (slower)")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object per line instead of a table")
 	fs.BoolVar(&o.quiet, "q", false, "print only result rows: no banner, column header or comparison")
