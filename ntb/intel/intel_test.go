@@ -1,0 +1,408 @@
+package intel
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ntstack/ntstack/ntb"
+	"github.com/ntstack/ntstack/ntb/ntbtest"
+	"github.com/ntstack/ntstack/vfio"
+)
+
+const testWindow = 64 << 10
+
+// fast polls often and never times a peer out on a loaded machine.
+var fast = Options{HeartbeatInterval: 5 * time.Millisecond, HeartbeatTimeout: 5 * time.Second}
+
+var gens = []Gen{Gen3, Gen4}
+
+// openPair opens both sides of a fresh pair and waits for the link.
+func openPair(t *testing.T, gen Gen, o Options) (*SimulatedPair, *Device, *Device) {
+	t.Helper()
+	p := NewSimulatedPair(gen, testWindow)
+	a, err := p.Open(0, o)
+	require.NoError(t, err)
+	t.Cleanup(func() { a.Close() })
+	b, err := p.Open(1, o)
+	require.NoError(t, err)
+	t.Cleanup(func() { b.Close() })
+	ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
+	ntbtest.WaitLink(t, b, ntb.LinkUp, 5*time.Second)
+	return p, a, b
+}
+
+// waitReason waits for d's link reason to contain s.
+func waitReason(t *testing.T, d *Device, s string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(d.LinkReason(), s) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: link reason %q, want %q", d.Name(), d.LinkReason(), s)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// requireInOrder checks that want appears in got as a subsequence.
+func requireInOrder(t *testing.T, got, want []RegWrite) {
+	t.Helper()
+	i := 0
+	for _, w := range got {
+		if i < len(want) && w == want[i] {
+			i++
+		}
+	}
+	if i < len(want) {
+		t.Fatalf("register write %d of %d not seen in order: %+v", i, len(want), want[i])
+	}
+}
+
+func TestConformance(t *testing.T) {
+	for _, gen := range gens {
+		t.Run(gen.String(), func(t *testing.T) {
+			ntbtest.Conformance(t, func(t *testing.T) (ntb.Device, ntb.Device) {
+				_, a, b := openPair(t, gen, fast)
+				return a, b
+			})
+		})
+	}
+}
+
+func TestBringUpSequence(t *testing.T) {
+	const iova, size = testWindow, testWindow // the simulator's BAR is the window
+	for _, gen := range gens {
+		t.Run(gen.String(), func(t *testing.T) {
+			p, a, b := openPair(t, gen, fast)
+			lay := layouts[gen]
+			want := []RegWrite{
+				{regIntDisable, 8, 0xffffffff},
+				{regIMLimit, 8, simBARBase},
+				{regIMXlat, 8, 0},
+			}
+			if gen == Gen3 {
+				want = append(want,
+					RegWrite{regGen3SPCICmd, 2, pciCommandMemory | pciCommandMaster},
+					RegWrite{lay.intVec, 1, 0},
+					RegWrite{lay.intVec + 32, 1, 31}, // the SKX vector 32 erratum
+					RegWrite{regIMXlat, 8, iova},
+					RegWrite{regIMLimit, 8, simBARBase + size},
+					RegWrite{regGen3EMLimit, 8, simEMBar1&^0xf + size},
+					RegWrite{regNTBCntl, 4, ntbCtlSnoop})
+			} else {
+				want = append(want,
+					RegWrite{regGen4LinkCtrl, 2, gen4LinkDisable},
+					RegWrite{lay.intVec, 1, 0},
+					RegWrite{lay.intVec + 32, 1, 32},
+					RegWrite{regIMXlat, 8, iova},
+					RegWrite{regIMLimit, 8, simBARBase + size},
+					RegWrite{regGen4IMBaseIdx, 2, 16}, // log2(64 KiB)
+					RegWrite{regNTBCntl, 4, ntbCtlSnoop},
+					RegWrite{regGen4LinkCtrl, 2, 0},
+					RegWrite{regGen4PPD0, 4, gen4PPDLinkTrain})
+			}
+			want = append(want,
+				RegWrite{regSpad + 4*spadMagic, 4, 0},
+				RegWrite{regIntStatus, 8, uint64(1)<<lay.doorbells - 1 | lay.linkBits},
+				RegWrite{regIntDisable, 8, 0})
+			if gen == Gen4 { // the monitor's link poll
+				want = append(want, RegWrite{regGen4SlotStatus, 2, gen4SlotDLLSCS})
+			}
+			want = append(want,
+				RegWrite{regIntStatus, 8, lay.linkBits},
+				RegWrite{lay.peerSpad + 4*spadMagic, 4, handshakeWord},
+				RegWrite{lay.peerSpad + 4*spadWindow, 4, size / 4096})
+			requireInOrder(t, p.Writes(0), want)
+
+			for side, base := range []uint64{simBARBase, simBARBase + 1<<32} {
+				r := p.Regs(side)
+				require.Equal(t, uint64(iova), r.Read64(regIMXlat), "side %d xlat", side)
+				require.Equal(t, base+size, r.Read64(regIMLimit), "side %d limit", side)
+			}
+			require.Equal(t, 0, a.Port(), "side 0 is the upstream port")
+			require.Equal(t, 1, b.Port())
+			// The link interrupt is acknowledged; on gen4 only because
+			// DLLSCS was cleared first.
+			require.Eventually(t, func() bool { return p.Regs(0).Read64(regIntStatus)&linkDoorbell == 0 }, 5*time.Second, time.Millisecond)
+		})
+	}
+}
+
+func TestDoorbellRegisters(t *testing.T) {
+	for _, gen := range gens {
+		t.Run(gen.String(), func(t *testing.T) {
+			p, a, b := openPair(t, gen, fast)
+			require.NoError(t, a.RingPeer(1<<4|1<<9))
+			requireInOrder(t, p.Writes(0), []RegWrite{{regPeerDoorbell + 4*4, 4, 1}, {regPeerDoorbell + 4*9, 4, 1}})
+			require.Equal(t, uint64(1<<4|1<<9), p.Regs(1).Read64(regIntStatus)&0xffffffff)
+			require.Equal(t, uint64(1<<4|1<<9), b.Doorbells())
+
+			b.SetDoorbellMask(1 << 4)
+			require.Equal(t, uint64(1<<4), p.Regs(1).Read64(regIntDisable))
+			b.ClearDoorbells(1 << 4)
+			w := p.Writes(1)
+			require.Contains(t, w, RegWrite{regIntStatus, 8, 1 << 4})
+			require.Equal(t, uint64(1<<9), b.Doorbells())
+			b.ClearDoorbellMask(1 << 4)
+			require.Zero(t, p.Regs(1).Read64(regIntDisable))
+
+			require.Error(t, a.RingPeer(1<<a.DoorbellCount()), "a bit beyond the doorbells")
+			want := map[Gen]int{Gen3: 31, Gen4: 32}[gen]
+			require.Equal(t, want, a.DoorbellCount())
+		})
+	}
+}
+
+func TestScratchpadOffsets(t *testing.T) {
+	for gen, peerSpad := range map[Gen]int{Gen3: 0x180, Gen4: 0x8080} {
+		t.Run(gen.String(), func(t *testing.T) {
+			p, a, b := openPair(t, gen, fast)
+			require.NoError(t, a.SetPeerScratchpad(3, 0xabc))
+			require.Contains(t, p.Writes(0), RegWrite{peerSpad + 12, 4, 0xabc})
+			require.Equal(t, uint32(0xabc), p.Regs(1).Read32(regSpad+12))
+			v, err := b.Scratchpad(3)
+			require.NoError(t, err)
+			require.Equal(t, uint32(0xabc), v)
+			require.Equal(t, 12, a.ScratchpadCount())
+			require.Error(t, a.SetPeerScratchpad(spadMagic, 1), "handshake scratchpads are not the user's")
+		})
+	}
+}
+
+func TestGen4LinkBitNeedsDLLSCS(t *testing.T) {
+	p := NewSimulatedPair(Gen4, 4096)
+	r0, r1 := p.Regs(0), p.Regs(1)
+	r0.Write32(regGen4PPD0, gen4PPDLinkTrain)
+	require.Zero(t, r0.Read16(regGen4LinkStatus)&lnkStaActive, "one end training is not a link")
+	r1.Write32(regGen4PPD0, gen4PPDLinkTrain)
+	require.NotZero(t, r0.Read16(regGen4LinkStatus)&lnkStaActive)
+	require.NotZero(t, r0.Read64(regIntStatus)&linkDoorbell)
+	r0.Write64(regIntStatus, linkDoorbell)
+	require.NotZero(t, r0.Read64(regIntStatus)&linkDoorbell, "cleared without DLLSCS")
+	r0.Write16(regGen4SlotStatus, gen4SlotDLLSCS)
+	r0.Write64(regIntStatus, linkDoorbell)
+	require.Zero(t, r0.Read64(regIntStatus)&linkDoorbell)
+}
+
+func TestLinkNeedsBothDrivers(t *testing.T) {
+	for _, gen := range gens {
+		t.Run(gen.String(), func(t *testing.T) {
+			p := NewSimulatedPair(gen, testWindow)
+			a, err := p.Open(0, fast)
+			require.NoError(t, err)
+			defer a.Close()
+			waitReason(t, a, "pcie link down")
+			_, err = p.Open(0, fast)
+			require.ErrorContains(t, err, "already open")
+			b, err := p.Open(1, fast)
+			require.NoError(t, err)
+			defer b.Close()
+			ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
+			ntbtest.WaitLink(t, b, ntb.LinkUp, 5*time.Second)
+			require.Equal(t, "peer driver ready", a.LinkReason())
+		})
+	}
+}
+
+func TestCablePull(t *testing.T) {
+	p, a, b := openPair(t, Gen3, fast)
+	p.SetLink(false)
+	ntbtest.WaitLink(t, a, ntb.LinkDown, 5*time.Second)
+	ntbtest.WaitLink(t, b, ntb.LinkDown, 5*time.Second)
+	waitReason(t, a, "pcie link down")
+	require.ErrorIs(t, a.RingPeer(1), ntb.ErrLinkDown)
+	require.ErrorIs(t, a.SetPeerScratchpad(0, 1), ntb.ErrLinkDown)
+	p.SetLink(true)
+	ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
+	ntbtest.WaitLink(t, b, ntb.LinkUp, 5*time.Second)
+}
+
+func TestHeartbeatSilence(t *testing.T) {
+	o := Options{HeartbeatInterval: 5 * time.Millisecond, HeartbeatTimeout: 50 * time.Millisecond}
+	_, a, b := openPair(t, Gen4, o)
+	b.silent.Store(true) // a hung driver: link and registers fine, no beats
+	ntbtest.WaitLink(t, a, ntb.LinkDown, 5*time.Second)
+	waitReason(t, a, "peer heartbeat silent")
+	b.silent.Store(false)
+	ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
+}
+
+func TestWindowMismatch(t *testing.T) {
+	p := NewSimulatedPair(Gen3, testWindow)
+	o := fast
+	a, err := p.Open(0, o)
+	require.NoError(t, err)
+	defer a.Close()
+	o.WindowSize = testWindow / 2
+	b, err := p.Open(1, o)
+	require.NoError(t, err)
+	defer b.Close()
+	waitReason(t, a, "peer window 32 KiB, this end's 64 KiB")
+	waitReason(t, b, "peer window 64 KiB, this end's 32 KiB")
+	require.Equal(t, ntb.LinkDown, a.Link())
+}
+
+func TestReattach(t *testing.T) {
+	p, a, b := openPair(t, Gen4, fast)
+	require.NoError(t, b.Close())
+	ntbtest.WaitLink(t, a, ntb.LinkDown, 5*time.Second)
+	b2, err := p.Open(1, fast)
+	require.NoError(t, err)
+	defer b2.Close()
+	ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
+	ntbtest.WaitLink(t, b2, ntb.LinkUp, 5*time.Second)
+}
+
+func TestCloseTeardown(t *testing.T) {
+	before := runtime.NumGoroutine()
+	for _, gen := range gens {
+		p := NewSimulatedPair(gen, testWindow)
+		a, err := p.Open(0, fast)
+		require.NoError(t, err)
+		b, err := p.Open(1, fast)
+		require.NoError(t, err)
+		ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
+		require.NoError(t, a.Close())
+		require.NoError(t, a.Close())
+
+		r := p.Regs(0)
+		require.Zero(t, r.Read64(regIMXlat), "inbound translation shut")
+		require.Equal(t, uint64(simBARBase), r.Read64(regIMLimit))
+		require.Equal(t, uint64(0xffffffff), r.Read64(regIntDisable))
+		if gen == Gen3 {
+			require.NotZero(t, r.Read32(regNTBCntl)&ntbCtlDisable)
+		} else {
+			require.NotZero(t, r.Read16(regGen4LinkCtrl)&gen4LinkDisable)
+		}
+		_, err = a.Scratchpad(0)
+		require.ErrorIs(t, err, ntb.ErrClosed)
+		_, err = a.WaitDoorbell(context.Background(), 1)
+		require.ErrorIs(t, err, ntb.ErrClosed)
+		ntbtest.WaitLink(t, b, ntb.LinkDown, 5*time.Second)
+		require.NoError(t, b.Close())
+	}
+	for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > before; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines before, %d after closing", before, runtime.NumGoroutine())
+		}
+	}
+}
+
+func TestUnsupported(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		gen   Gen
+		cfg   bool // poke config space, else BAR0
+		off   int
+		width int
+		v     uint64
+		want  string
+	}{
+		{"vendor", Gen3, true, cfgVendorID, 2, 0x10ee, "not an Intel NTB port"},
+		{"haswell", Gen3, true, cfgDeviceID, 2, 0x2f0d, "only SKX 201c and ICX 347e"},
+		{"sapphire rapids", Gen4, true, cfgRevision, 1, 0x10, "revision 0x10"},
+		{"gen3 transparent", Gen3, true, cfgGen3PPD, 1, 0x00, "only back-to-back"},
+		{"gen3 split bar", Gen3, true, cfgGen3PPD, 1, gen3PPDConnB2B | gen3PPDSplitBAR, "split BAR"},
+		{"gen4 root port", Gen4, false, regGen4PPD1, 4, 0x100, "only back-to-back"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := NewSimulatedPair(tc.gen, testWindow)
+			if tc.cfg {
+				put(p.ports[0].cfg, tc.off, tc.width, tc.v)
+			} else {
+				put(p.ports[0].bar0, tc.off, tc.width, tc.v)
+			}
+			_, err := p.Open(0, fast)
+			require.ErrorIs(t, err, ntb.ErrNotSupported)
+			var nse *NotSupportedError
+			require.True(t, errors.As(err, &nse))
+			require.ErrorContains(t, err, tc.want)
+			d, err := p.Open(1, fast) // the other side is fine
+			require.NoError(t, err)
+			require.NoError(t, d.Close())
+		})
+	}
+}
+
+func TestWriteCombinedMapping(t *testing.T) {
+	root := t.TempDir()
+	const addr = "0000:af:00.0"
+	dir := filepath.Join(root, "bus/pci/devices", addr)
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	port := VFIOPort{Host: vfio.Host{SysfsRoot: root}, Addr: addr}
+
+	_, err := mapWindow(port, 8192, false)
+	require.ErrorIs(t, err, ntb.ErrNotSupported)
+	require.ErrorContains(t, err, filepath.Join(dir, "resource2_wc"))
+
+	// A regular file stands in for the BAR.
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "resource2_wc"), make([]byte, 8192), 0o600))
+	m, err := mapWindow(port, 8192, false)
+	require.NoError(t, err)
+	require.Len(t, m.Bytes(), 8192)
+	m.Bytes()[8191] = 1
+	require.NoError(t, m.Close())
+	require.NoError(t, m.Close())
+	require.Nil(t, m.Bytes())
+}
+
+func TestBARStart(t *testing.T) {
+	root := t.TempDir()
+	const addr = "0000:af:00.0"
+	dir := filepath.Join(root, "bus/pci/devices", addr)
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	resource := "0x000038007ff00000 0x000038007ff0ffff 0x000000000014220c\n" +
+		"0x0000000000000000 0x0000000000000000 0x0000000000000000\n" +
+		"0x0000380000000000 0x000038003fffffff 0x000000000014220c\n"
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "resource"), []byte(resource), 0o644))
+	h := vfio.Host{SysfsRoot: root}
+	base, err := barStart(h, addr, 2)
+	require.NoError(t, err)
+	require.Equal(t, uint64(0x380000000000), base)
+	_, err = barStart(h, addr, 1)
+	require.ErrorIs(t, err, vfio.ErrMissingBAR)
+}
+
+func TestPickIOVA(t *testing.T) {
+	got, err := pickIOVA(nil, 1<<20, 1<<16)
+	require.NoError(t, err)
+	require.Equal(t, uint64(1<<20), got)
+
+	ranges := []vfio.IOVARange{{Start: 0, End: 0xfedfffff}, {Start: 0xfef00000, End: 1<<48 - 1}}
+	got, err = pickIOVA(ranges, 1<<32, 1<<24)
+	require.NoError(t, err)
+	require.Equal(t, uint64(1<<32), got)
+
+	_, err = pickIOVA([]vfio.IOVARange{{Start: 0, End: 0xffff}}, 1<<20, 4096)
+	require.Error(t, err)
+}
+
+func TestWindowSizeOption(t *testing.T) {
+	for _, tc := range []struct {
+		size int
+		bar  uint64
+		want int // 0: error
+	}{
+		{0, 1 << 16, 1 << 16},
+		{0, 1 << 30, DefaultWindowSize},
+		{3000, 1 << 16, 0},
+		{1 << 17, 1 << 16, 0},
+		{6 << 10, 1 << 16, 0},
+	} {
+		o := Options{WindowSize: tc.size}
+		got, err := o.windowSize(tc.bar)
+		if tc.want == 0 {
+			require.Error(t, err, "size %d bar %d", tc.size, tc.bar)
+			continue
+		}
+		require.NoError(t, err)
+		require.Equal(t, tc.want, got)
+	}
+}
