@@ -5,6 +5,8 @@ import (
 	"errors"
 	"os"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestRealDevice drives a device bound to vfio-pci through every ioctl the
@@ -66,6 +68,9 @@ func TestRealDevice(t *testing.T) {
 	}
 	for i := range RegionIndex(info.NumRegions) {
 		r, err := d.RegionInfo(i)
+		if i == RegionVGA && errors.Is(err, unix.EINVAL) {
+			continue // vfio-pci has no VGA region for a device that is not VGA
+		}
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -20,6 +20,8 @@ import (
 // of seeing truncated control data.
 const oobFDs = 4
 
+var _ Port = (*Client)(nil)
+
 // Client is one peer of an ivshmem server: the shared memory mapped, the
 // eventfds for ringing every other peer and its own eventfds for being
 // rung.

@@ -22,5 +22,3 @@ type Port interface {
 	// Close detaches; it is idempotent.
 	Close() error
 }
-
-var _ Port = (*Client)(nil)
