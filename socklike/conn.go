@@ -381,6 +381,7 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64) (sent bool, wait time.Dura
 	}
 	failed := func(err error) (bool, time.Duration, bool) {
 		if errors.Is(err, ring.ErrFull) {
+			c.ep.counters.ringFull.Add(1)
 			*full |= 1 << slot
 			return sent, 0, true
 		}
@@ -407,6 +408,7 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64) (sent bool, wait time.Dura
 			c.unit.unplace(c.slot)
 		}
 		c.unit, c.slot, c.moving = c.moveUnit, c.moveSlot, false
+		c.ep.counters.migrations.Add(1)
 		if !c.unplaced {
 			c.unit.mu.Lock()
 			c.unit.conns[c.slot]++
@@ -421,6 +423,7 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64) (sent bool, wait time.Dura
 	for budget := cfg.Batch; budget > 0 && c.outOff < len(c.out); {
 		credit := c.window - (c.sent.Load() - c.peerRead.Load())
 		if credit <= 0 {
+			c.ep.counters.creditWaits.Add(1)
 			c.waitCredit = true // credit() queues us again
 			return sent, 0, false
 		}
@@ -605,6 +608,7 @@ func (c *Conn) failure() error {
 func (c *Conn) park(sp *spinner, notify chan struct{}, dl *deadline, extra <-chan struct{}) {
 	sp.stop()
 	c.ep.parked.Add(1)
+	c.ep.counters.parks.Add(1)
 	c.ep.kickPoller()
 	select {
 	case <-notify:
@@ -912,26 +916,41 @@ type spinner struct {
 	ep       *Endpoint
 	spinning bool
 	start    int64 // ep.now() when spinning began
+	budget   int64
 	iter     int
 }
+
+// Under load a gap between records is short and a parked side costs a
+// cross-process wake-up (tens of microseconds, more when both CPUs are
+// busy) at both ends of the gap: an endpoint that moved records within the
+// last busyWindow spins for up to busySpin instead of SpinBudget. An idle
+// endpoint, and a sporadic one (a message a millisecond), keeps the short
+// budget, so neither costs more CPU.
+const (
+	busyWindow = time.Millisecond
+	busySpin   = 500 * time.Microsecond
+)
 
 // spin reports whether to keep polling (true) or park (false).
 func (s *spinner) spin() bool {
 	ep := s.ep
-	budget := int64(ep.cfg.SpinBudget)
 	if !s.spinning {
-		if budget <= 0 || int(ep.active.Load()) >= ep.maxSpinners {
+		if ep.cfg.SpinBudget <= 0 || int(ep.active.Load()) >= ep.maxSpinners {
 			return false
 		}
 		s.spinning = true
 		ep.active.Add(1)
 		s.start = ep.now()
+		s.budget = int64(ep.cfg.SpinBudget)
+		if s.start-ep.progress.Load() < int64(busyWindow) {
+			s.budget = max(s.budget, int64(busySpin))
+		}
 		s.iter = 0
 		return true
 	}
 	s.iter++
 	if s.iter&63 == 0 {
-		if ep.now()-max(s.start, ep.progress.Load()) > budget {
+		if ep.now()-max(s.start, ep.progress.Load()) > s.budget {
 			return false
 		}
 		runtime.Gosched()

@@ -158,10 +158,11 @@ type Endpoint struct {
 	born        time.Time      // origin of now
 	progress    atomic.Int64   // now() when records last moved
 	maxSpinners int            // GOMAXPROCS at Attach
-	active      atomic.Int32   // goroutines spin-polling
-	parked      atomic.Int32   // goroutines parked, waiting for the poller
-	calls       atomic.Uint64  // Read and Write calls: the poller stays off while they come
-	kick        chan struct{}  // wakes the poller when it waits for work
+	counters    counters
+	active      atomic.Int32  // goroutines spin-polling
+	parked      atomic.Int32  // goroutines parked, waiting for the poller
+	calls       atomic.Uint64 // Read and Write calls: the poller stays off while they come
+	kick        chan struct{} // wakes the poller when it waits for work
 
 	mu sync.Mutex
 	// mu protects the following fields.

@@ -405,6 +405,7 @@ func (st *state) runPoller() {
 		if !ctlDone && st.control.ArmSpace(64) {
 			continue // room appeared: flush at the top
 		}
+		ep.counters.pollerSleeps.Add(1)
 		if _, err := ep.dev.WaitDoorbell(ctx, bits); err != nil && ctx.Err() == nil {
 			st.sess.Fail(fmt.Errorf("wait for doorbell: %w", err))
 			return

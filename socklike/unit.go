@@ -260,6 +260,7 @@ func (u *unit) runWorker(tx, rx bool, cpu int) {
 		if tx && u.queued.Load() > 0 && u.armSpace() {
 			continue
 		}
+		st.ep.counters.pollerSleeps.Add(1)
 		st.sleep(ctx, bits, u.kick, tx)
 		idleSince = time.Now()
 	}

@@ -30,10 +30,16 @@ func benchmark(o *options, fwd []string, stdout, stderr io.Writer) (err error) {
 	}
 
 	// Fix GOMAXPROCS before pinning: left automatic, the runtime would
-	// shrink it to the pinned CPU count within a second.
+	// shrink it to the pinned CPU count within a second, in the middle of
+	// a measurement. By default it is that count from the start (1 per
+	// process when pinned): more Ps than CPUs means two runtime threads
+	// time-sliced on one CPU, which stalls whichever holds a lock.
 	r.procs = o.gomaxprocs
 	if r.procs == 0 {
 		r.procs = runtime.GOMAXPROCS(0)
+		if o.pin != "none" {
+			r.procs = 1
+		}
 	}
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(r.procs))
 
@@ -124,6 +130,12 @@ func (r *runner) runMode(t transport, m mode, emit func(result)) error {
 			emit(res)
 		}
 	}
+	clientMu.Lock()
+	for _, f := range statsHooks {
+		f()
+	}
+	statsHooks = nil
+	clientMu.Unlock()
 	return srv.stop()
 }
 

@@ -72,9 +72,12 @@
 // compare transports only within one run: absolute times drift between runs
 // and machines; the ratios hold.
 //
-// -gomaxprocs is fixed in both processes for the whole run (0 keeps the
-// start-up value); left alone, the runtime would shrink it to the pinned CPU
-// count within a second, in the middle of a measurement.
+// -gomaxprocs is fixed in both processes for the whole run. The default (0)
+// is the number of CPUs each process is pinned to — 1 with -pin split or
+// same, as the runtime itself would choose for a process started with that
+// affinity — and the start-up value with -pin none. More Ps than CPUs puts
+// two runtime threads on one CPU, time-sliced by the kernel: whichever
+// holds a lock can be descheduled for milliseconds while the other spins.
 //
 // -verify sends a seeded pseudo-random pattern and checks every echo
 // (client) and every streamed byte (server). It costs throughput: compare
@@ -128,6 +131,7 @@ type options struct {
 	mtu        int           // ntb: segment size
 	priority   int           // ntb: class of the bulk flows (mixed) or of every connection
 	cpuprofile string        // CPU profile of the client; the server's gets ".server"
+	stats      bool          // ntb: print socklike's event counters
 
 	// Server process only, from hidden flags.
 	transport string // transport to listen on
@@ -204,13 +208,14 @@ Flags:
 	fs.IntVar(&o.conns, "conns", 1, "parallel connections, each in its own goroutine; figures are aggregates")
 	fs.IntVar(&o.window, "window", 32, "messages in flight per connection (rate mode)")
 	fs.StringVar(&o.pin, "pin", "split", "`placement`: split (client and server on different CPUs), same (both on one CPU) or none")
-	fs.IntVar(&o.gomaxprocs, "gomaxprocs", 0, "GOMAXPROCS of client and server (0: the start-up value)")
+	fs.IntVar(&o.gomaxprocs, "gomaxprocs", 0, "GOMAXPROCS of client and server (0: the CPUs each is pinned to, or the start-up value with -pin none)")
 	fs.DurationVar(&o.spin, "spin", socklike.DefaultSpinBudget, "ntb: how long a blocked call polls before it parks (socklike Config.SpinBudget; negative: never spin)")
 	fs.IntVar(&o.partitions, "partitions", 1, "ntb: data partitions of the link (socklike Config.Partitions)")
 	fs.BoolVar(&o.qos, "qos", false, "ntb: one partition per priority class (socklike Config.QoS)")
 	fs.StringVar(&o.core, "core", "inline", "ntb: core model: inline (callers drive the rings), shared (a worker per partition) or split (TX and RX workers)")
 	fs.IntVar(&o.mtu, "mtu", socklike.DefaultMTU, "ntb: largest record; larger writes are segmented (a write-sized MTU switches segmentation off)")
 	fs.IntVar(&o.priority, "priority", 0, "ntb: priority class 0-7 of the bulk flows in mixed mode, of every connection otherwise")
+	fs.BoolVar(&o.stats, "stats", false, "ntb: print both endpoints' event counters (parks, poller sleeps, ring full, credit waits) to stderr")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write the client's CPU profile to `file` and the server's to file.server")
 	fs.BoolVar(&o.verify, "verify", false, "send a seeded pattern and check every echo and streamed byte (slower)")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object per line instead of a table")

@@ -137,7 +137,7 @@ func TestUsage(t *testing.T) {
 			t.Errorf("-h lacks %q", want)
 		}
 	}
-	for _, hidden := range []string{"-role", "-transport ", "-mode ", "-cpu"} {
+	for _, hidden := range []string{"-role", "-transport ", "-mode ", "-cpu int"} {
 		if strings.Contains(help, hidden) {
 			t.Errorf("-h shows hidden flag %q", hidden)
 		}

@@ -44,6 +44,9 @@ func TestPattern(t *testing.T) {
 func TestModes(t *testing.T) {
 	o := &options{count: 50, warmup: 7, window: 4, verify: true}
 	for _, m := range modes {
+		if m.client == nil {
+			continue // mixed: TestMixed
+		}
 		for _, size := range []int{1, 64, 5000} {
 			t.Run(fmt.Sprintf("%s/%d", m.name, size), func(t *testing.T) {
 				cc, sc := net.Pipe()
@@ -81,6 +84,9 @@ func TestModes(t *testing.T) {
 func TestMeasureStopsAtDeadline(t *testing.T) {
 	o := &options{count: 1_000_000, window: 4}
 	for _, m := range modes {
+		if m.client == nil {
+			continue // mixed: TestMixed
+		}
 		t.Run(m.name, func(t *testing.T) {
 			cc, sc := net.Pipe()
 			defer cc.Close()
@@ -90,6 +96,47 @@ func TestMeasureStopsAtDeadline(t *testing.T) {
 				t.Errorf("measure past the deadline = %d messages, %v; want 0, nil", s.msgs, err)
 			}
 		})
+	}
+}
+
+// TestMixed runs mixed mode over pipes: one pingpong flow beside two
+// streams, each served by the kind its first byte announces.
+func TestMixed(t *testing.T) {
+	o := &options{count: 40, warmup: 5, verify: true}
+	var conns []net.Conn
+	served := make(chan error, 3)
+	for range 3 {
+		cc, sc := net.Pipe()
+		defer cc.Close()
+		go func() { served <- mixedServe(sc, o) }()
+		conns = append(conns, cc)
+	}
+	clients, err := mixedClients(conns, 5000, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	samples := make([]sample, len(clients))
+	err = parallel(len(clients), func(i int) (err error) {
+		if err := clients[i].warmup(); err != nil {
+			return err
+		}
+		samples[i], err = clients[i].measure(time.Now().Add(time.Minute))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(samples[0].rtts) != o.count || samples[1].rtts != nil || samples[1].msgs != o.count {
+		t.Errorf("pingpong flow %d rtts, stream flow %d rtts and %d msgs; want %d, 0, %d",
+			len(samples[0].rtts), len(samples[1].rtts), samples[1].msgs, o.count, o.count)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	for range conns {
+		if err := <-served; err != nil {
+			t.Errorf("server: %v", err)
+		}
 	}
 }
 

@@ -28,7 +28,7 @@ func init() {
 				ep.Close()
 				return nil, "", err
 			}
-			return &endpointListener{Listener: ln, ep: ep, link: name}, name, nil
+			return &endpointListener{Listener: ln, ep: ep, link: name, stats: o.stats}, name, nil
 		},
 		dial: func(o *options, link string) (net.Conn, error) {
 			ep, err := clientEndpoint(link, o)
@@ -54,11 +54,15 @@ func endpointConfig(o *options) socklike.Config {
 // with the listener.
 type endpointListener struct {
 	*socklike.Listener
-	ep   *socklike.Endpoint
-	link string
+	ep    *socklike.Endpoint
+	link  string
+	stats bool
 }
 
 func (l *endpointListener) Close() error {
+	if l.stats {
+		fmt.Fprintf(os.Stderr, "ntb server %s: %+v\n", l.link, l.ep.Stats())
+	}
 	l.Listener.Close()
 	err := l.ep.Close()
 	shm.Remove("", l.link)
@@ -68,8 +72,9 @@ func (l *endpointListener) Close() error {
 // The client process keeps one endpoint per link for all its connections;
 // it lives until the process exits.
 var (
-	clientMu  sync.Mutex
-	clientEps = map[string]*socklike.Endpoint{}
+	clientMu   sync.Mutex
+	clientEps  = map[string]*socklike.Endpoint{}
+	statsHooks []func() // print client counters when a measurement ends
 )
 
 func clientEndpoint(link string, o *options) (*socklike.Endpoint, error) {
@@ -83,5 +88,8 @@ func clientEndpoint(link string, o *options) (*socklike.Endpoint, error) {
 		return nil, err
 	}
 	clientEps[link] = ep
+	if o.stats {
+		statsHooks = append(statsHooks, func() { fmt.Fprintf(os.Stderr, "ntb client %s: %+v\n", link, ep.Stats()) })
+	}
 	return ep, nil
 }

@@ -1,0 +1,30 @@
+package socklike
+
+import "sync/atomic"
+
+// Stats are an endpoint's event counters since it was opened, for
+// diagnosis and metrics. Every field only grows.
+type Stats struct {
+	Parks        int64 // Read, Write or Dial calls that gave up spinning and slept
+	PollerSleeps int64 // times the poller slept on the doorbell
+	RingFull     int64 // sends that found a data ring full
+	CreditWaits  int64 // sends that found the peer's window used up
+	Migrations   int64 // connections moved to another partition
+}
+
+// counters backs Stats.
+type counters struct {
+	parks, pollerSleeps, ringFull, creditWaits, migrations atomic.Int64
+}
+
+// Stats returns the endpoint's counters.
+func (ep *Endpoint) Stats() Stats {
+	c := &ep.counters
+	return Stats{
+		Parks:        c.parks.Load(),
+		PollerSleeps: c.pollerSleeps.Load(),
+		RingFull:     c.ringFull.Load(),
+		CreditWaits:  c.creditWaits.Load(),
+		Migrations:   c.migrations.Load(),
+	}
+}
