@@ -55,6 +55,7 @@ type Conn struct {
 	sent     atomic.Int64
 	peerRead atomic.Int64
 	prio     atomic.Uint32 // qos.Class
+	sleepers atomic.Int32  // goroutines parked on this connection
 	wdone    atomic.Bool   // the posted write has gone out
 
 	smu sync.Mutex // taken by whoever serves the connection
@@ -127,6 +128,15 @@ func newConn(ep *Endpoint, local, remote Addr) *Conn {
 	return c
 }
 
+// wake signals ch, one of c's notify channels; if a goroutine of c is
+// parked, the endpoint's spinner yields soon so that it runs (see spin).
+func (c *Conn) wake(ch chan struct{}) {
+	signal(ch)
+	if c.sleepers.Load() > 0 {
+		c.ep.handoffs.Add(1)
+	}
+}
+
 func signal(ch chan struct{}) {
 	select {
 	case ch <- struct{}{}:
@@ -165,10 +175,21 @@ func (c *Conn) Read(b []byte) (int, error) {
 	n, err := c.readLoop(b, &sp)
 	if m := c.unpost(); m > 0 { // delivered into b on the way out
 		c.consumed(m)
-		return m, nil
+		n, err = m, nil
+	}
+	if n > yieldAbove {
+		runtime.Gosched()
 	}
 	return n, err
 }
+
+// yieldAbove: a Read or Write moving more than this yields the processor
+// once per record it moves. The Go scheduler does not preempt a goroutine
+// for 10 ms, and a bulk flow that calls Write again the moment it returns
+// would hold a P that long while a request/response flow of the same
+// process waits to run; small transfers, whose latency it is, never pay
+// the ~100 ns.
+const yieldAbove = 4 << 10
 
 func (c *Conn) readLoop(b []byte, sp *spinner) (int, error) {
 	for {
@@ -301,6 +322,9 @@ func (c *Conn) Write(b []byte) (int, error) {
 			c.smu.Unlock()
 			var progress bool
 			if progress, wait, contended = u.tryServe(); progress {
+				if len(b) > yieldAbove {
+					runtime.Gosched() // let a small flow's goroutine in (see yieldAbove)
+				}
 				continue
 			}
 		}
@@ -357,10 +381,11 @@ func (c *Conn) retract() int {
 
 // serveOnce sends for c, on behalf of unit u, the frames it has queued and
 // up to Config.Batch bytes of its posted write. open and full are the
-// unit's partition slots with a batch open and found full in this pass. It
+// unit's partition slots with a batch open and found full in this pass,
+// moved the DATA bytes the pass has sent (serveOnce adds its own). It
 // reports whether it sent anything, how long a token bucket asks to wait,
 // and whether c has more to send now.
-func (c *Conn) serveOnce(u *unit, open, full *uint64) (sent bool, wait time.Duration, more bool) {
+func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wait time.Duration, more bool) {
 	c.smu.Lock()
 	defer c.smu.Unlock()
 	c.inSched = false
@@ -385,7 +410,7 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64) (sent bool, wait time.Dura
 			*full |= 1 << slot
 			return sent, 0, true
 		}
-		signal(c.wnotify) // the session is gone: the writer sees it
+		c.wake(c.wnotify) // the session is gone: the writer sees it
 		return sent, 0, false
 	}
 	for len(c.frames) > 0 {
@@ -439,6 +464,7 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64) (sent bool, wait time.Dura
 			return failed(err)
 		}
 		c.outOff += chunk
+		*moved += chunk
 		budget -= chunk
 		c.txBytes += uint64(chunk)
 		u.txBytes.Add(uint64(chunk))
@@ -449,7 +475,7 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64) (sent bool, wait time.Dura
 	}
 	c.out, c.outOff = nil, 0
 	c.wdone.Store(true)
-	signal(c.wnotify)
+	c.wake(c.wnotify)
 	return sent, 0, false
 }
 
@@ -608,6 +634,7 @@ func (c *Conn) failure() error {
 func (c *Conn) park(sp *spinner, notify chan struct{}, dl *deadline, extra <-chan struct{}) {
 	sp.stop()
 	c.ep.parked.Add(1)
+	c.sleepers.Add(1)
 	c.ep.counters.parks.Add(1)
 	c.ep.kickPoller()
 	select {
@@ -617,6 +644,7 @@ func (c *Conn) park(sp *spinner, notify chan struct{}, dl *deadline, extra <-cha
 	case <-c.st.sess.Done():
 	case <-extra:
 	}
+	c.sleepers.Add(-1)
 	c.ep.parked.Add(-1)
 }
 
@@ -733,7 +761,7 @@ func (c *Conn) actLocked(kind uint32, payload []byte) error {
 			if n < len(payload) {
 				c.enqueue(payload[n:])
 			}
-			signal(c.rnotify)
+			c.wake(c.rnotify)
 			return nil
 		}
 		c.enqueue(payload)
@@ -811,7 +839,7 @@ func (c *Conn) enqueue(p []byte) {
 	c.q.push(p)
 	c.qmu.Unlock()
 	c.queued.Add(int64(len(p)))
-	signal(c.rnotify)
+	c.wake(c.rnotify)
 }
 
 func (c *Conn) credit(v uint64) error {
@@ -825,7 +853,7 @@ func (c *Conn) credit(v uint64) error {
 		c.unit.postLocked(c)
 	}
 	c.smu.Unlock()
-	signal(c.wnotify)
+	c.wake(c.wnotify)
 	return nil
 }
 
@@ -840,7 +868,7 @@ func (c *Conn) established(m acceptMsg) error {
 		c.sendLocked(kindClose, nil)
 	}
 	c.mu.Unlock()
-	signal(c.wnotify)
+	c.wake(c.wnotify)
 	return nil
 }
 
@@ -867,13 +895,13 @@ func (c *Conn) refused(code uint32) error {
 	c.idFreed = true // the peer kept no state for us
 	c.mu.Unlock()
 	c.releaseLocal()
-	signal(c.wnotify)
+	c.wake(c.wnotify)
 	return nil
 }
 
 func (c *Conn) peerFin() {
 	c.flags.Or(fEOF)
-	signal(c.rnotify)
+	c.wake(c.rnotify)
 }
 
 func (c *Conn) peerClose() {
@@ -886,8 +914,8 @@ func (c *Conn) peerClose() {
 	if free {
 		c.releaseLocal()
 	}
-	signal(c.rnotify)
-	signal(c.wnotify)
+	c.wake(c.rnotify)
+	c.wake(c.wnotify)
 }
 
 // fail ends the connection with err (the session is gone).
@@ -898,8 +926,8 @@ func (c *Conn) fail(err error) {
 	}
 	c.mu.Unlock()
 	c.flags.Or(fFailed)
-	signal(c.rnotify)
-	signal(c.wnotify)
+	c.wake(c.rnotify)
+	c.wake(c.wnotify)
 }
 
 // spinner runs the spin half of spin-then-park and keeps the endpoint's
@@ -918,6 +946,7 @@ type spinner struct {
 	start    int64 // ep.now() when spinning began
 	budget   int64
 	iter     int
+	handoffs uint64 // ep.handoffs last seen
 }
 
 // Under load a gap between records is short and a parked side costs a
@@ -946,9 +975,18 @@ func (s *spinner) spin() bool {
 			s.budget = max(s.budget, int64(busySpin))
 		}
 		s.iter = 0
+		s.handoffs = ep.handoffs.Load()
 		return true
 	}
 	s.iter++
+	// A goroutine this spinner just handed data or completion to runs only
+	// when the spinner yields, on a P they share: yield at once then, not
+	// only every 64 rounds, or a request/response flow beside a bulk one
+	// waits tens of microseconds for each response.
+	if h := ep.handoffs.Load(); h != s.handoffs {
+		s.handoffs = h
+		runtime.Gosched()
+	}
 	if s.iter&63 == 0 {
 		if ep.now()-max(s.start, ep.progress.Load()) > s.budget {
 			return false

@@ -159,6 +159,7 @@ type Endpoint struct {
 	progress    atomic.Int64   // now() when records last moved
 	maxSpinners int            // GOMAXPROCS at Attach
 	counters    counters
+	handoffs    atomic.Uint64 // wake-ups of parked goroutines, for spinners
 	active      atomic.Int32  // goroutines spin-polling
 	parked      atomic.Int32  // goroutines parked, waiting for the poller
 	calls       atomic.Uint64 // Read and Write calls: the poller stays off while they come

@@ -134,9 +134,16 @@ func (u *unit) tryServe() (progress bool, wait time.Duration, contended bool) {
 	return progress, wait, false
 }
 
-// serveRounds bounds one pass, so a caller serving others returns to its
-// own business (and a worker to its RX) regularly.
-const serveRounds = 64
+// serveRounds and passBytes bound one pass, so a caller serving others
+// returns to its own business (and a worker to its RX) regularly, and the
+// records of a pass, published together at its end, wait for at most
+// passBytes of copying: a small message queued behind a bulk flow leaves
+// within a couple of records' time (with a yield between passes, see
+// yieldAbove).
+const (
+	serveRounds = 64
+	passBytes   = 128 << 10
+)
 
 // serve runs one pass over the queued connections. It reports whether it
 // sent anything, and if it did not, how long a token bucket asks to wait
@@ -151,7 +158,7 @@ func (u *unit) serve() (progress bool, wait time.Duration) {
 		}
 	}()
 	var full uint64 // slots found full this pass
-	misses := 0
+	misses, moved := 0, 0
 	for range serveRounds {
 		u.mu.Lock()
 		c, _, ok := u.sched.Next()
@@ -160,7 +167,7 @@ func (u *unit) serve() (progress bool, wait time.Duration) {
 			return progress, wait
 		}
 		u.queued.Add(-1)
-		sent, w, requeue := c.serveOnce(u, &open, &full)
+		sent, w, requeue := c.serveOnce(u, &open, &full, &moved)
 		if sent {
 			progress, misses = true, 0
 		} else {
@@ -181,6 +188,9 @@ func (u *unit) serve() (progress bool, wait time.Duration) {
 		}
 		if misses > int(u.queued.Load())+1 {
 			return progress, wait // everybody queued is blocked
+		}
+		if moved >= passBytes {
+			return progress, wait // publish, and let the others in
 		}
 	}
 	return progress, wait
