@@ -12,6 +12,11 @@
 // Backends:
 //   - ntb/shm: the emulated fabric, shared-memory files between processes
 //     (the default and what tests, the demo and the benchmarks use);
+//   - ntb/ivshmem: QEMU's ivshmem-doorbell device, a real PCI device driven
+//     through vfio inside guests (the VM test tier), or its host-side
+//     client; windows, emulated registers and link handshake live in BAR2;
+//   - ntb/intel: Intel Xeon (Skylake, Ice Lake) NTB ports through vfio,
+//     tested against a simulated register file only;
 //   - ntb/ntbtest: an in-memory pair for unit tests of upper layers.
 //
 // Concurrency: every Device method is safe for concurrent use. The window

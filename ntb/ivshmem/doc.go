@@ -1,10 +1,12 @@
-// Package ivshmem is the project's own ivshmem server and its client: the
-// peer protocol of QEMU's ivshmem-doorbell device (QEMU
-// docs/specs/ivshmem-spec.rst), which the VM test tier uses to join guests
-// through one shared-memory window and eventfd doorbells. The server hands
-// out peer ids, the shared-memory fd and one eventfd per peer and vector;
-// the client is the host-side end of the same protocol (and what the tests
-// use in place of QEMU).
+// Package ivshmem is ntstack's backend on QEMU's ivshmem-doorbell device
+// (QEMU docs/specs/ivshmem-spec.rst): the ntb.Device of NewDevice (BAR2
+// split into a header, a presence table, two register blocks and the two
+// windows; see device.go), over a Port — PCIPort, the PCI device through
+// vfio inside a guest, or Client, the host-side end of the peer protocol —
+// and the project's own ivshmem server, which the VM test tier uses to join
+// guests through one shared-memory window and eventfd doorbells. The server
+// hands out peer ids, the shared-memory fd and one eventfd per peer and
+// vector.
 //
 // Protocol. A Unix stream socket; the connection is one-way. Every message
 // from server to client is one int64, little endian, with at most one fd
