@@ -129,6 +129,7 @@ type options struct {
 	qos        bool          // ntb: one partition per class
 	core       string        // ntb: core model
 	mtu        int           // ntb: segment size
+	recvWindow int           // ntb: per-connection receive window
 	priority   int           // ntb: class of the bulk flows (mixed) or of every connection
 	cpuprofile string        // CPU profile of the client; the server's gets ".server"
 	stats      bool          // ntb: print socklike's event counters
@@ -213,6 +214,7 @@ Flags:
 	fs.IntVar(&o.partitions, "partitions", 1, "ntb: data partitions of the link (socklike Config.Partitions)")
 	fs.BoolVar(&o.qos, "qos", false, "ntb: one partition per priority class (socklike Config.QoS)")
 	fs.StringVar(&o.core, "core", "inline", "ntb: core model: inline (callers drive the rings), shared (a worker per partition) or split (TX and RX workers)")
+	fs.IntVar(&o.recvWindow, "recvwindow", socklike.DefaultWindow, "ntb: each connection's receive window in bytes (socklike Config.Window)")
 	fs.IntVar(&o.mtu, "mtu", socklike.DefaultMTU, "ntb: largest record; larger writes are segmented (a write-sized MTU switches segmentation off)")
 	fs.IntVar(&o.priority, "priority", 0, "ntb: priority class 0-7 of the bulk flows in mixed mode, of every connection otherwise")
 	fs.BoolVar(&o.stats, "stats", false, "ntb: print both endpoints' event counters (parks, poller sleeps, ring full, credit waits) to stderr")
