@@ -60,7 +60,7 @@ fuzz: ## run every fuzz target for FUZZTIME (default 60s) each
 		dir=$$(dirname "$$f"); \
 		for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$$f"); do \
 			echo "fuzz $$dir $$t for $(FUZZTIME)"; \
-			$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) "$$dir"; \
+			GO=$(GO) .ci/fuzz-one "$$dir" "$$t" $(FUZZTIME); \
 		done; \
 	done
 
