@@ -636,7 +636,13 @@ func (c *Conn) park(sp *spinner, notify chan struct{}, dl *deadline, extra <-cha
 	c.ep.parked.Add(1)
 	c.sleepers.Add(1)
 	c.ep.counters.parks.Add(1)
-	c.ep.kickPoller()
+	if c.ep.active.Load() == 0 {
+		// Nobody polls: the poller must. (A spinner kicks it when it
+		// stops; kicking it on every park would make it runnable beside
+		// the goroutines that do the work, and the scheduler then lets a
+		// goroutine that yielded wait for dozens of rounds.)
+		c.ep.kickPoller()
+	}
 	select {
 	case <-notify:
 	case <-dl.wait():
