@@ -9,15 +9,23 @@
 // net.ErrClosed after Close, deadlines that wake blocked calls with errors
 // satisfying os.ErrDeadlineExceeded, every error a *net.OpError.
 //
-// The data path runs in the caller's goroutine: Write copies straight into
-// the peer's ring, Read polls our ring and copies straight out of it, and
-// records for other connections are queued for them on the way. A waiting
-// call spins for Config.SpinBudget, then parks. One poller goroutine per
-// endpoint sleeps on the doorbell while something is parked and nobody
-// spins, or once no Read or Write has come for a couple of milliseconds
-// (so frames nobody waits for, like an OPEN, are still answered). So a busy
-// pair never takes a doorbell or a context switch and an idle pair costs
-// next to nothing.
+// Data path (Config.CoreModel). The link's window holds Config.Partitions
+// data ring pairs and a control ring for credits; partitions are grouped in
+// units (one partition, or with Config.QoS one per priority class). A
+// connection with something to send queues on its unit's scheduler
+// (strict priority, round-robin within a class, Config.Batch bytes a
+// round). In CoreInline, the default, whoever finds the unit free — usually
+// the writer itself — sends for everybody queued, and a blocked Read posts
+// its buffer so whoever polls the rings copies its data straight in; in
+// CoreShared and CoreSplit worker threads drive the units instead. A
+// waiting call spins (Config.SpinBudget, longer while the endpoint is
+// busy; at most GOMAXPROCS goroutines at once), then parks. One poller
+// goroutine per endpoint sleeps on the doorbell while something is parked
+// and nobody spins, or once no Read or Write has come for a couple of
+// milliseconds (so frames nobody waits for, like an OPEN, are still
+// answered). So a busy pair never takes a doorbell and an idle pair costs
+// next to nothing. Connections move between units (Conn.Migrate,
+// Conn.SetPriority, Config.Rebalance) without reordering a byte.
 //
 // Flow control is by credit: a connection's sender never has more than the
 // receiver's window unread, so the receiver can always take a record off the

@@ -36,8 +36,12 @@ func (Host) OpenGroup(id int) (*Group, error)    { return nil, errNoVFIO }
 func (Host) IOMMUGroup(addr string) (int, error) { return 0, errNoVFIO }
 func (Host) BindVFIO(addr string) error          { return errNoVFIO }
 func (Host) CheckGroup(addr string) (int, error) { return 0, errNoVFIO }
-func NewDMABuffer(size int) (*DMABuffer, error)  { return nil, errNoVFIO }
-func NewEventfd() (*Eventfd, error)              { return nil, errNoVFIO }
+func (Host) MapResourceWC(addr string, bar, size int) (*Mapping, error) {
+	return nil, errNoVFIO
+}
+func (Host) ResourceStart(addr string, bar int) (uint64, error) { return 0, errNoVFIO }
+func NewDMABuffer(size int) (*DMABuffer, error)                 { return nil, errNoVFIO }
+func NewEventfd() (*Eventfd, error)                             { return nil, errNoVFIO }
 
 func (*Container) SetIOMMU() error                                    { return errNoVFIO }
 func (*Container) IOMMUInfo() (IOMMUInfo, error)                      { return IOMMUInfo{}, errNoVFIO }

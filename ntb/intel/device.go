@@ -108,17 +108,15 @@ type Device struct {
 
 	interval, timeout time.Duration
 
-	events chan ntb.LinkEvent
+	links  *ntb.LinkTracker
 	stop   chan struct{}
 	done   chan struct{} // runMonitor has returned
 	irqEnd chan struct{} // runInterrupts has returned
 	nudge  chan struct{} // a link interrupt arrived
 
-	link    atomic.Int32 // ntb.LinkState
-	linkSeq atomic.Uint64
-	reason  atomic.Pointer[string]
-	hwUp    atomic.Bool
-	silent  atomic.Bool // tests: a hung driver stops heartbeating
+	reason atomic.Pointer[string]
+	hwUp   atomic.Bool
+	silent atomic.Bool // tests: a hung driver stops heartbeating
 
 	// users is held shared by every method that touches registers and
 	// exclusively by Close to tear them down.
@@ -146,7 +144,7 @@ func start(hw hardware, o Options) (*Device, error) {
 		nonce:    rand.Uint32() | 1,
 		interval: o.HeartbeatInterval,
 		timeout:  o.HeartbeatTimeout,
-		events:   make(chan ntb.LinkEvent, 16),
+		links:    ntb.NewLinkTracker(),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 		irqEnd:   make(chan struct{}),
@@ -397,7 +395,7 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 		return 0, ntb.ErrClosed
 	}
 	defer d.exit()
-	seq := d.linkSeq.Load()
+	seq := d.links.Seq()
 	want &= d.valid
 	for {
 		d.mu.Lock()
@@ -407,7 +405,7 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 		switch {
 		case d.closed.Load():
 			return 0, ntb.ErrClosed
-		case p&^mask != 0, d.linkSeq.Load() != seq:
+		case p&^mask != 0, d.links.Seq() != seq:
 			return p, nil
 		case ctx.Err() != nil:
 			return p, ctx.Err()
@@ -454,12 +452,12 @@ func (d *Device) SetPeerScratchpad(i int, v uint32) error {
 
 // Link is up while the PCIe link is active and the peer's driver has
 // completed the handshake and keeps heartbeating.
-func (d *Device) Link() ntb.LinkState { return ntb.LinkState(d.link.Load()) }
+func (d *Device) Link() ntb.LinkState { return d.links.Link() }
 
 // LinkReason says why the link is in its current state.
 func (d *Device) LinkReason() string { return *d.reason.Load() }
 
-func (d *Device) LinkEvents() <-chan ntb.LinkEvent { return d.events }
+func (d *Device) LinkEvents() <-chan ntb.LinkEvent { return d.links.Events() }
 
 // runInterrupts turns MSI-X messages into wake-ups. It returns when the
 // interrupt source is closed (or fails, which only closing it does).
@@ -484,7 +482,7 @@ func (d *Device) runInterrupts() {
 // scratchpads while the PCIe link is up, and judges the peer's.
 func (d *Device) runMonitor() {
 	defer close(d.done)
-	defer close(d.events)
+	defer d.links.Close()
 	t := time.NewTicker(d.interval)
 	defer t.Stop()
 	r, peer := d.regs, d.hw.lay.peerSpad
@@ -545,21 +543,7 @@ func (d *Device) runMonitor() {
 }
 
 func (d *Device) setLink(s ntb.LinkState, why string, at time.Time) {
-	d.link.Store(int32(s))
-	d.linkSeq.Add(1)
-	ev := ntb.LinkEvent{State: s, Reason: why, Time: at}
-	select {
-	case d.events <- ev:
-	default: // full: drop the oldest, keep the newest
-		select {
-		case <-d.events:
-		default:
-		}
-		select {
-		case d.events <- ev:
-		default:
-		}
-	}
+	d.links.Set(s, why, at)
 	d.kick()
 }
 
@@ -580,7 +564,7 @@ func (d *Device) Close() error {
 		}
 		d.quiesce()
 		d.hwUp.Store(false)
-		d.link.Store(int32(ntb.LinkDown))
+		d.links.ForceDown()
 		d.closeErr = errors.Join(irqErr, d.hw.release())
 		d.users.Unlock()
 	})

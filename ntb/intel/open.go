@@ -1,16 +1,10 @@
 package intel
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 
-	"github.com/ntstack/ntstack/ntb"
 	"github.com/ntstack/ntstack/vfio"
 )
 
@@ -22,12 +16,6 @@ type VFIOPort struct {
 	Addr      string    // PCI address, "0000:af:00.0"
 	Container *vfio.Container
 	Device    *vfio.Device
-}
-
-// mapping is a *vfio.Mapping or a write-combined sysfs mapping.
-type mapping interface {
-	Bytes() []byte
-	Close() error
 }
 
 // Open drives the NTB port p: it checks that the device is a supported
@@ -84,7 +72,7 @@ func Open(p VFIOPort, o Options) (_ *Device, err error) {
 	if err != nil {
 		return nil, err
 	}
-	barBase, err := barStart(p.Host, p.Addr, windowBAR)
+	barBase, err := p.Host.ResourceStart(p.Addr, windowBAR)
 	if err != nil {
 		return nil, err
 	}
@@ -127,21 +115,19 @@ func Open(p VFIOPort, o Options) (_ *Device, err error) {
 	}, o)
 }
 
-func sysfsRoot(h vfio.Host) string {
-	if h.SysfsRoot == "" {
-		return "/sys"
-	}
-	return h.SysfsRoot
-}
-
 // mapWindow maps size bytes of the window BAR write-combined through
 // sysfs resourceN_wc, or uncached through VFIO if that is missing and
 // allowed.
-func mapWindow(p VFIOPort, size int, allowUncached bool) (mapping, error) {
-	path := filepath.Join(sysfsRoot(p.Host), "bus/pci/devices", p.Addr, fmt.Sprintf("resource%d_wc", windowBAR))
-	m, err := mapWC(path, size)
-	if err == nil || !allowUncached || !errors.Is(err, ntb.ErrNotSupported) {
-		return m, err
+func mapWindow(p VFIOPort, size int, allowUncached bool) (*vfio.Mapping, error) {
+	m, err := p.Host.MapResourceWC(p.Addr, windowBAR, size)
+	if err == nil {
+		return m, nil
+	}
+	if !errors.Is(err, vfio.ErrNotSupported) {
+		return nil, fmt.Errorf("map window: %w", err)
+	}
+	if !allowUncached {
+		return nil, notSupported("write-combined window mapping: %v", err)
 	}
 	uc, err := p.Device.MapBAR(windowBAR)
 	if err != nil {
@@ -151,30 +137,6 @@ func mapWindow(p VFIOPort, size int, allowUncached bool) (mapping, error) {
 		return nil, errors.Join(fmt.Errorf("window BAR%d: %w", windowBAR, vfio.ErrMissingBAR), uc.Close())
 	}
 	return uc, nil
-}
-
-// barStart reads the bus address of BAR bar from sysfs "resource" (one
-// "start end flags" line per resource).
-func barStart(h vfio.Host, addr string, bar int) (uint64, error) {
-	path := filepath.Join(sysfsRoot(h), "bus/pci/devices", addr, "resource")
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, fmt.Errorf("read BAR%d address: %w", bar, err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for i := 0; sc.Scan(); i++ {
-		if i == bar {
-			fields := strings.Fields(sc.Text())
-			if len(fields) == 3 {
-				if v, err := strconv.ParseUint(fields[0], 0, 64); err == nil && v != 0 {
-					return v, nil
-				}
-			}
-			break
-		}
-	}
-	return 0, fmt.Errorf("read BAR%d address from %s: %w", bar, path, vfio.ErrMissingBAR)
 }
 
 // pickIOVA returns the first non-zero multiple of align at which size

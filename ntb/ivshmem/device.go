@@ -70,6 +70,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ntstack/ntstack/internal/shmem"
 	"github.com/ntstack/ntstack/ntb"
 )
 
@@ -149,14 +150,14 @@ type Device struct {
 	interval time.Duration
 	timeout  time.Duration
 
-	mem    deviceMem // the whole region
-	self   deviceMem // our presence slot
-	local  deviceMem // registers of our side (written by the peer)
-	remote deviceMem // registers of the peer's side (written by us)
+	mem    shmem.Mem // the whole region
+	self   shmem.Mem // our presence slot
+	local  shmem.Mem // registers of our side (written by the peer)
+	remote shmem.Mem // registers of the peer's side (written by us)
 	in     []byte
 	out    []byte
 
-	events      chan ntb.LinkEvent
+	links       *ntb.LinkTracker
 	stop        chan struct{} // closed by Close: stop runMonitor
 	poke        chan struct{} // capacity 1: runMonitor checks now
 	monitorDone chan struct{}
@@ -164,10 +165,8 @@ type Device struct {
 	stopWait    context.CancelFunc // stops runDoorbells
 
 	beats     atomic.Uint64 // our heartbeat count
-	link      atomic.Int32  // ntb.LinkState
-	linkSeq   atomic.Uint64
-	evicted   atomic.Bool // our side was taken over: write nothing more
-	silent    atomic.Bool // fault injection: stop heartbeating
+	evicted   atomic.Bool   // our side was taken over: write nothing more
+	silent    atomic.Bool   // fault injection: stop heartbeating
 	closed    atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
@@ -178,11 +177,10 @@ type Device struct {
 
 	mu sync.Mutex
 	// mu protects the following fields.
-	seen      [devDoorbellBits]uint32 // our doorbell counters as of the last clear
-	mask      uint64
-	ringCount [devDoorbellBits]uint32 // the peer's counters, which only we write
-	waiters   int                     // WaitDoorbell callers; > 0: the peer must ring
-	notify    chan struct{}           // closed and replaced to wake WaitDoorbell
+	bells   *shmem.Doorbells
+	mask    uint64
+	waiters int           // WaitDoorbell callers; > 0: the peer must ring
+	notify  chan struct{} // closed and replaced to wake WaitDoorbell
 }
 
 var _ ntb.Device = (*Device)(nil)
@@ -212,11 +210,11 @@ func NewDevice(p Port, cfg DeviceConfig) (_ *Device, err error) {
 	case p.Vectors() <= devVector:
 		return nil, fmt.Errorf("port has %d doorbell vectors, need %d: %w", p.Vectors(), devVector+1, ntb.ErrNotSupported)
 	}
-	mem := deviceMem(p.Mem())
+	mem := shmem.Mem(p.Mem())
 	if len(mem) < devMinRegion {
 		return nil, fmt.Errorf("region of %d bytes, the layout needs at least %d: %w", len(mem), devMinRegion, ErrLayout)
 	}
-	if !aligned8(mem) {
+	if !shmem.Aligned8(mem) {
 		return nil, errors.New("region is not 8-byte aligned")
 	}
 	window := devWindowSize(len(mem))
@@ -235,12 +233,12 @@ func NewDevice(p Port, cfg DeviceConfig) (_ *Device, err error) {
 		notify:   make(chan struct{}),
 	}
 	// Announce ourselves (idle) before looking at anyone else.
-	d.self.store32(devSlotState, devStateIdle)
-	d.self.store64(devSlotBeat, 0)
-	d.self.store64(devSlotGen, d.gen)
+	d.self.Store32(devSlotState, devStateIdle)
+	d.self.Store64(devSlotBeat, 0)
+	d.self.Store64(devSlotGen, d.gen)
 	if d.side, err = d.claim(cfg.Side); err != nil {
-		d.self.store64(devSlotGen, 0)
-		d.self.store32(devSlotState, devStateIdle)
+		d.self.Store64(devSlotGen, 0)
+		d.self.Store32(devSlotState, devStateIdle)
 		return nil, err
 	}
 	d.name = fmt.Sprintf("%s/%d", cfg.Name, d.side)
@@ -253,18 +251,15 @@ func NewDevice(p Port, cfg DeviceConfig) (_ *Device, err error) {
 	// Resume the doorbell counters where they stand, so that rings meant
 	// for an earlier holder of a side do not look pending, and ours carry
 	// on from the earlier holder's.
-	for i := range devDoorbellBits {
-		d.seen[i] = d.local.load32(devRegDoorbells + 4*i)
-		d.ringCount[i] = d.remote.load32(devRegDoorbells + 4*i)
-	}
+	d.bells = shmem.NewDoorbells(d.local, d.remote, devRegDoorbells)
 	// Tell the peer who holds our side; the id last, so a peer that sees
 	// it sees a generation that matches our slot.
-	d.remote.store32(devRegPeerWaiting, 0)
-	d.remote.store64(devRegPeerAck, 0)
-	d.remote.store64(devRegPeerGen, d.gen)
-	d.remote.store32(devRegPeerID, uint32(id)+1)
+	d.remote.Store32(devRegPeerWaiting, 0)
+	d.remote.Store64(devRegPeerAck, 0)
+	d.remote.Store64(devRegPeerGen, d.gen)
+	d.remote.Store32(devRegPeerID, uint32(id)+1)
 
-	d.events = make(chan ntb.LinkEvent, 16)
+	d.links = ntb.NewLinkTracker()
 	d.stop = make(chan struct{})
 	d.poke = make(chan struct{}, 1)
 	d.monitorDone = make(chan struct{})
@@ -280,18 +275,18 @@ func NewDevice(p Port, cfg DeviceConfig) (_ *Device, err error) {
 }
 
 // checkHeader stamps a zero header and checks any other.
-func checkHeader(mem deviceMem, window int) error {
-	if mem.load32(devHdrMagic) == 0 {
+func checkHeader(mem shmem.Mem, window int) error {
+	if mem.Load32(devHdrMagic) == 0 {
 		// Every value is a function of the region size, so a concurrent
 		// stamper writes the same bytes; the magic goes last.
-		mem.store32(devHdrVersion, devVersion)
-		mem.store64(devHdrRegionSize, uint64(len(mem)))
-		mem.store64(devHdrWindowSize, uint64(window))
-		mem.store32(devHdrSlots, devSlots)
-		mem.store32(devHdrMagic, devMagic)
+		mem.Store32(devHdrVersion, devVersion)
+		mem.Store64(devHdrRegionSize, uint64(len(mem)))
+		mem.Store64(devHdrWindowSize, uint64(window))
+		mem.Store32(devHdrSlots, devSlots)
+		mem.Store32(devHdrMagic, devMagic)
 	}
-	magic, version := mem.load32(devHdrMagic), mem.load32(devHdrVersion)
-	size, win, slots := mem.load64(devHdrRegionSize), mem.load64(devHdrWindowSize), mem.load32(devHdrSlots)
+	magic, version := mem.Load32(devHdrMagic), mem.Load32(devHdrVersion)
+	size, win, slots := mem.Load64(devHdrRegionSize), mem.Load64(devHdrWindowSize), mem.Load32(devHdrSlots)
 	switch {
 	case magic != devMagic:
 		return fmt.Errorf("header magic %#08x is not %#08x (%q): %w", magic, devMagic, "NTBI", ErrLayout)
@@ -347,7 +342,7 @@ func (c *claimer) observe(now time.Time) {
 			continue
 		}
 		s := c.d.slot(id)
-		gen, state, beat := s.load64(devSlotGen), s.load32(devSlotState), s.load64(devSlotBeat)
+		gen, state, beat := s.Load64(devSlotGen), s.Load32(devSlotState), s.Load64(devSlotBeat)
 		v := &c.views[id]
 		switch {
 		case !v.seen:
@@ -406,7 +401,7 @@ func (d *Device) claim(want Side) (int, error) {
 	for {
 		now := time.Now()
 		if now.Sub(lastBeat) >= d.interval {
-			d.self.store64(devSlotBeat, d.beats.Add(1))
+			d.self.Store64(devSlotBeat, d.beats.Add(1))
 			lastBeat = now
 		}
 		c.observe(now)
@@ -426,13 +421,13 @@ func (d *Device) claim(want Side) (int, error) {
 		case len(holders) == len(sides):
 			return -1, fmt.Errorf("side %d is held by live peer %d: %w", sides[0], holders[0], ErrSideTaken)
 		case free >= 0:
-			d.self.store32(devSlotState, devStateClaim+uint32(free))
+			d.self.Store32(devSlotState, devStateClaim+uint32(free))
 			c.observe(time.Now())
 			if _, busy := c.contenders(free); !busy {
-				d.self.store32(devSlotState, devStateHold+uint32(free))
+				d.self.Store32(devSlotState, devStateHold+uint32(free))
 				return free, nil
 			}
-			d.self.store32(devSlotState, devStateIdle) // contended: withdraw, retry
+			d.self.Store32(devSlotState, devStateIdle) // contended: withdraw, retry
 			time.Sleep(devClaimPoll * time.Duration(1+rand.IntN(4)))
 			continue
 		case now.Sub(start) > devClaimBeats*d.timeout:
@@ -442,7 +437,7 @@ func (d *Device) claim(want Side) (int, error) {
 	}
 }
 
-func (d *Device) slot(id int) deviceMem {
+func (d *Device) slot(id int) shmem.Mem {
 	return d.mem[devSlotOffset(id) : devSlotOffset(id)+devSlotSize]
 }
 
@@ -450,7 +445,7 @@ func (d *Device) slot(id int) deviceMem {
 // it is a valid id other than ours. The word is peer-written: only its
 // range is trusted.
 func (d *Device) peerID() (int, bool) {
-	v := d.local.load32(devRegPeerID)
+	v := d.local.Load32(devRegPeerID)
 	if v == 0 || v > devSlots || int(v-1) == d.id {
 		return -1, false
 	}
@@ -514,14 +509,9 @@ func (d *Device) RingPeer(bits uint64) error {
 		return fmt.Errorf("ring peer: side %d taken over: %w", d.side, ntb.ErrLinkDown)
 	}
 	d.mu.Lock()
-	for i := 0; bits != 0; i, bits = i+1, bits>>1 {
-		if bits&1 != 0 {
-			d.ringCount[i]++
-			d.remote.store32(devRegDoorbells+4*i, d.ringCount[i])
-		}
-	}
+	d.bells.Ring(bits)
 	d.mu.Unlock()
-	if d.local.load32(devRegPeerWaiting) == 0 {
+	if d.local.Load32(devRegPeerWaiting) == 0 {
 		return nil // awake: it will see the counters without an interrupt
 	}
 	id, ok := d.peerID()
@@ -541,17 +531,7 @@ func (d *Device) Doorbells() uint64 {
 	defer d.exit()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.pendingLocked()
-}
-
-func (d *Device) pendingLocked() uint64 {
-	var p uint64
-	for i := range d.seen {
-		if d.local.load32(devRegDoorbells+4*i) != d.seen[i] {
-			p |= 1 << i
-		}
-	}
-	return p
+	return d.bells.Pending()
 }
 
 func (d *Device) ClearDoorbells(bits uint64) {
@@ -561,11 +541,7 @@ func (d *Device) ClearDoorbells(bits uint64) {
 	defer d.exit()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for i := 0; bits != 0; i, bits = i+1, bits>>1 {
-		if bits&1 != 0 {
-			d.seen[i] = d.local.load32(devRegDoorbells + 4*i)
-		}
-	}
+	d.bells.Clear(bits)
 }
 
 func (d *Device) SetDoorbellMask(bits uint64) {
@@ -589,13 +565,13 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 		return 0, ntb.ErrClosed
 	}
 	defer d.exit()
-	linkSeq := d.linkSeq.Load()
+	linkSeq := d.links.Seq()
 	d.setWaiting(1)
 	defer d.setWaiting(-1)
 	for {
 		d.mu.Lock()
 		wake := d.notify
-		p := d.pendingLocked() & want
+		p := d.bells.Pending() & want
 		mask := d.mask
 		d.mu.Unlock()
 		switch {
@@ -603,7 +579,7 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 			return 0, ntb.ErrClosed
 		case p&^mask != 0:
 			return p, nil
-		case d.linkSeq.Load() != linkSeq:
+		case d.links.Seq() != linkSeq:
 			return p, nil
 		case ctx.Err() != nil:
 			return p, ctx.Err()
@@ -626,9 +602,9 @@ func (d *Device) setWaiting(delta int) {
 	}
 	switch {
 	case delta > 0 && d.waiters == 1:
-		d.remote.store32(devRegPeerWaiting, 1)
+		d.remote.Store32(devRegPeerWaiting, 1)
 	case delta < 0 && d.waiters == 0:
-		d.remote.store32(devRegPeerWaiting, 0)
+		d.remote.Store32(devRegPeerWaiting, 0)
 	}
 }
 
@@ -643,7 +619,7 @@ func (d *Device) Scratchpad(i int) (uint32, error) {
 		return 0, ntb.ErrClosed
 	}
 	defer d.exit()
-	return d.local.load32(devRegScratchpads + 4*i), nil
+	return d.local.Load32(devRegScratchpads + 4*i), nil
 }
 
 func (d *Device) SetPeerScratchpad(i int, v uint32) error {
@@ -657,13 +633,13 @@ func (d *Device) SetPeerScratchpad(i int, v uint32) error {
 	if d.evicted.Load() {
 		return fmt.Errorf("set peer scratchpad %d: side %d taken over: %w", i, d.side, ntb.ErrLinkDown)
 	}
-	d.remote.store32(devRegScratchpads+4*i, v)
+	d.remote.Store32(devRegScratchpads+4*i, v)
 	return nil
 }
 
-func (d *Device) Link() ntb.LinkState { return ntb.LinkState(d.link.Load()) }
+func (d *Device) Link() ntb.LinkState { return d.links.Link() }
 
-func (d *Device) LinkEvents() <-chan ntb.LinkEvent { return d.events }
+func (d *Device) LinkEvents() <-chan ntb.LinkEvent { return d.links.Events() }
 
 // SilenceHeartbeat is fault injection, a hung attachment: while on, the
 // device stops heartbeating, so the peer declares the link down after its
@@ -707,7 +683,7 @@ type peerWatch struct {
 // whenever the doorbell vector fires.
 func (d *Device) runMonitor() {
 	defer close(d.monitorDone)
-	defer close(d.events)
+	defer d.links.Close()
 	t := time.NewTicker(d.interval)
 	defer t.Stop()
 	var w peerWatch
@@ -716,7 +692,7 @@ func (d *Device) runMonitor() {
 	for {
 		now := time.Now()
 		if !d.silent.Load() {
-			d.self.store64(devSlotBeat, d.beats.Add(1))
+			d.self.Store64(devSlotBeat, d.beats.Add(1))
 		}
 		next, why := d.checkPeer(now, &w)
 		if state == ntb.LinkUp && next == ntb.LinkUp && w.gen != upGen {
@@ -756,22 +732,22 @@ func (d *Device) checkPeer(now time.Time, w *peerWatch) (ntb.LinkState, string) 
 	// Still ours? An attachment that judged us dead may have taken over.
 	// (A read of the words we write: ivshmem memory is all local, and
 	// this happens once a beat.)
-	if d.remote.load64(devRegPeerGen) != d.gen || d.remote.load32(devRegPeerID) != uint32(d.id)+1 ||
-		d.self.load64(devSlotGen) != d.gen {
+	if d.remote.Load64(devRegPeerGen) != d.gen || d.remote.Load32(devRegPeerID) != uint32(d.id)+1 ||
+		d.self.Load64(devSlotGen) != d.gen {
 		d.evicted.Store(true)
-		d.self.store32(devSlotState, devStateIdle)
+		d.self.Store32(devSlotState, devStateIdle)
 		return ntb.LinkDown, fmt.Sprintf("side %d taken over by another attachment", d.side)
 	}
 	id, ok := d.peerID()
-	gen := d.local.load64(devRegPeerGen)
+	gen := d.local.Load64(devRegPeerGen)
 	if !ok || gen == 0 {
 		return ntb.LinkDown, "peer detached"
 	}
 	s := d.slot(id)
-	if s.load64(devSlotGen) != gen || s.load32(devSlotState) != devStateHold+uint32(1-d.side) {
+	if s.Load64(devSlotGen) != gen || s.Load32(devSlotState) != devStateHold+uint32(1-d.side) {
 		return ntb.LinkDown, fmt.Sprintf("peer %d detached", id)
 	}
-	beat := s.load64(devSlotBeat)
+	beat := s.Load64(devSlotBeat)
 	switch {
 	case gen != w.gen:
 		w.gen, w.beat, w.silent = gen, beat, 0
@@ -781,11 +757,11 @@ func (d *Device) checkPeer(now time.Time, w *peerWatch) (ntb.LinkState, string) 
 		w.silent += gap
 	}
 	if w.acked != gen {
-		d.remote.store64(devRegPeerAck, gen)
+		d.remote.Store64(devRegPeerAck, gen)
 		w.acked = gen
 		_ = d.port.Ring(id, devVector) // "accepted": the peer checks now
 	}
-	if d.local.load64(devRegPeerAck) != d.gen {
+	if d.local.Load64(devRegPeerAck) != d.gen {
 		return ntb.LinkDown, fmt.Sprintf("peer %d has not accepted us", id)
 	}
 	if w.silent > d.timeout {
@@ -795,21 +771,7 @@ func (d *Device) checkPeer(now time.Time, w *peerWatch) (ntb.LinkState, string) 
 }
 
 func (d *Device) setLink(s ntb.LinkState, why string, at time.Time) {
-	d.link.Store(int32(s))
-	d.linkSeq.Add(1)
-	ev := ntb.LinkEvent{State: s, Reason: why, Time: at}
-	select {
-	case d.events <- ev:
-	default: // full: drop the oldest, keep the newest
-		select {
-		case <-d.events:
-		default:
-		}
-		select {
-		case d.events <- ev:
-		default:
-		}
-	}
+	d.links.Set(s, why, at)
 	d.wakeLocal()
 }
 
@@ -823,12 +785,12 @@ func (d *Device) Close() error {
 		d.wakeLocal()  // WaitDoorbell callers return ErrClosed
 		d.users.Lock() // and methods in flight finish: nothing writes after us
 		defer d.users.Unlock()
-		d.self.store64(devSlotGen, 0)
-		d.self.store32(devSlotState, devStateIdle)
+		d.self.Store64(devSlotGen, 0)
+		d.self.Store32(devSlotState, devStateIdle)
 		if !d.evicted.Load() {
-			d.remote.store32(devRegPeerWaiting, 0)
-			d.remote.store64(devRegPeerGen, 0)
-			d.remote.store32(devRegPeerID, 0)
+			d.remote.Store32(devRegPeerWaiting, 0)
+			d.remote.Store64(devRegPeerGen, 0)
+			d.remote.Store32(devRegPeerID, 0)
 			if id, ok := d.peerID(); ok {
 				_ = d.port.Ring(id, devVector) // "gone": the peer checks now
 			}

@@ -1,5 +1,7 @@
 package ivshmem
 
+import "github.com/ntstack/ntstack/internal/shmem"
+
 // The Device backend lays one NTB link out in the ivshmem region (a guest's
 // BAR2, a host Client's Mem). The region has no registers of its own beyond
 // the doorbell, so the first 16 KiB emulate them:
@@ -88,7 +90,7 @@ const (
 	devRegDoorbells   = 64
 	devRegScratchpads = 320
 
-	devDoorbellBits   = 64
+	devDoorbellBits   = shmem.DoorbellBits
 	devScratchpadRegs = 64
 
 	devOffWindows = 4 * devPage

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ntstack/ntstack/internal/shmem"
 	"github.com/ntstack/ntstack/ntb"
 	"github.com/ntstack/ntstack/ntb/ntbtest"
 	"github.com/ntstack/ntstack/socklike"
@@ -136,7 +137,7 @@ func TestDeviceSides(t *testing.T) {
 		if err := c.Ring(c.ID(), devVector); err != nil {
 			t.Fatalf("port after a failed attach: %v", err)
 		}
-		if gen := deviceMem(c.Mem()).load64(devSlotOffset(c.ID()) + devSlotGen); gen != 0 {
+		if gen := shmem.Mem(c.Mem()).Load64(devSlotOffset(c.ID()) + devSlotGen); gen != 0 {
 			t.Errorf("slot of a failed attachment has generation %#x", gen)
 		}
 	}
@@ -337,13 +338,13 @@ func TestDeviceGarbageRegisters(t *testing.T) {
 	_, a, b := upPair(t, deviceRegion, DeviceConfig{HeartbeatInterval: 5 * time.Millisecond, HeartbeatTimeout: 50 * time.Millisecond})
 	rng := rand.New(rand.NewPCG(1, 2))
 	for off := 0; off < devPage; off += 4 {
-		a.local.store32(off, rng.Uint32()) // the words b writes
+		a.local.Store32(off, rng.Uint32()) // the words b writes
 	}
 	ntbtest.WaitLink(t, a, ntb.LinkDown, time.Second)
 	t.Logf("garbage registers: %q", lastEvent(t, a).Reason)
 	for off := 0; off < devPage; off += 4 {
 		if off/devSlotSize != a.id {
-			a.mem.store32(devOffPresence+off, rng.Uint32())
+			a.mem.Store32(devOffPresence+off, rng.Uint32())
 		}
 	}
 	if err := a.RingPeer(^uint64(0)); err != nil {

@@ -1,5 +1,7 @@
 package shm
 
+import "github.com/ntstack/ntstack/internal/shmem"
+
 // A link is one file, by default /dev/shm/ntstack/<name>, mapped shared by
 // the two processes that attach its ends (side 0 and side 1):
 //
@@ -67,7 +69,7 @@ const (
 	regDoorbells   = 64
 	regScratchpads = 320
 
-	doorbellBits   = 64
+	doorbellBits   = shmem.DoorbellBits
 	scratchpadRegs = 64
 
 	lockInit = 0 // byte offsets used as lock ranges

@@ -28,6 +28,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ntstack/ntstack/internal/shmem"
 	"github.com/ntstack/ntstack/ntb"
 )
 
@@ -81,8 +82,8 @@ type Device struct {
 	file *os.File
 	mem  []byte // the whole link file, mapped shared
 
-	local  []byte // our registers (written by the peer)
-	remote []byte // the peer's registers (written by us)
+	local  shmem.Mem // our registers (written by the peer)
+	remote shmem.Mem // the peer's registers (written by us)
 	in     []byte
 	out    []byte
 
@@ -90,12 +91,10 @@ type Device struct {
 	interval time.Duration
 	timeout  time.Duration
 
-	events chan ntb.LinkEvent
-	stop   chan struct{}
-	done   chan struct{}
+	links *ntb.LinkTracker
+	stop  chan struct{}
+	done  chan struct{}
 
-	link      atomic.Int32 // ntb.LinkState
-	linkSeq   atomic.Uint64
 	forceDown atomic.Bool
 	silent    atomic.Bool // fault injection: stop heartbeating
 	closeOnce sync.Once
@@ -113,10 +112,9 @@ type Device struct {
 
 	mu sync.Mutex
 	// mu protects the following fields.
-	seen      [doorbellBits]uint32 // doorbell counters as of the last clear
-	mask      uint64
-	ringCount [doorbellBits]uint32 // our own count per peer bit
-	ringSeq   uint32
+	bells   *shmem.Doorbells
+	mask    uint64
+	ringSeq uint32 // our count of rings, the peer's futex word
 }
 
 var _ ntb.Device = (*Device)(nil)
@@ -168,21 +166,16 @@ func Open(name string, o Options) (_ *Device, err error) {
 	d.in = d.mem[windowOffset(d.side, o.WindowSize) : windowOffset(d.side, o.WindowSize)+o.WindowSize]
 	d.out = d.mem[windowOffset(peer, o.WindowSize) : windowOffset(peer, o.WindowSize)+o.WindowSize]
 
-	// Resume the peer's doorbell counters where they are, so that rings
-	// meant for an earlier attachment do not look pending.
-	for i := range d.seen {
-		d.seen[i] = load32(d.local, regDoorbells+4*i)
-	}
-	d.ringSeq = load32(d.remote, regDoorbellSeq)
-	for i := range d.ringCount {
-		d.ringCount[i] = load32(d.remote, regDoorbells+4*i)
-	}
+	// Resume the doorbell counters where they are, so that rings meant
+	// for an earlier attachment do not look pending.
+	d.bells = shmem.NewDoorbells(d.local, d.remote, regDoorbells)
+	d.ringSeq = loadFutex(d.remote, regDoorbellSeq)
 	// A generation unlike any earlier one tells the peer we are new.
 	d.gen = rand.Uint64() | 1
-	store64(d.remote, regGeneration, d.gen)
-	store32(d.remote, regPeerDown, 0)
+	d.remote.Store64(regGeneration, d.gen)
+	d.remote.Store32(regPeerDown, 0)
 
-	d.events = make(chan ntb.LinkEvent, 16)
+	d.links = ntb.NewLinkTracker()
 	d.stop = make(chan struct{})
 	d.done = make(chan struct{})
 	go d.runMonitor()
@@ -311,14 +304,9 @@ func (d *Device) RingPeer(bits uint64) error {
 	}
 	defer d.exit()
 	d.mu.Lock()
-	for i := 0; bits != 0; i, bits = i+1, bits>>1 {
-		if bits&1 != 0 {
-			d.ringCount[i]++
-			store32(d.remote, regDoorbells+4*i, d.ringCount[i])
-		}
-	}
+	d.bells.Ring(bits)
 	d.ringSeq++
-	store32(d.remote, regDoorbellSeq, d.ringSeq)
+	storeFutex(d.remote, regDoorbellSeq, d.ringSeq)
 	d.mu.Unlock()
 	futexWake(d.remote, regDoorbellSeq)
 	return nil
@@ -331,17 +319,7 @@ func (d *Device) Doorbells() uint64 {
 	defer d.exit()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.pendingLocked()
-}
-
-func (d *Device) pendingLocked() uint64 {
-	var p uint64
-	for i := range d.seen {
-		if load32(d.local, regDoorbells+4*i) != d.seen[i] {
-			p |= 1 << i
-		}
-	}
-	return p
+	return d.bells.Pending()
 }
 
 func (d *Device) ClearDoorbells(bits uint64) {
@@ -351,11 +329,7 @@ func (d *Device) ClearDoorbells(bits uint64) {
 	defer d.exit()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for i := 0; bits != 0; i, bits = i+1, bits>>1 {
-		if bits&1 != 0 {
-			d.seen[i] = load32(d.local, regDoorbells+4*i)
-		}
-	}
+	d.bells.Clear(bits)
 }
 
 func (d *Device) SetDoorbellMask(bits uint64) {
@@ -382,7 +356,7 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 		return 0, ntb.ErrClosed
 	}
 	defer d.exit()
-	linkSeq := d.linkSeq.Load()
+	linkSeq := d.links.Seq()
 	stop := context.AfterFunc(ctx, func() {
 		if d.enter() {
 			d.wakeLocal()
@@ -391,10 +365,10 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 	})
 	defer stop()
 	for {
-		kick := load32(d.kick, 0)
-		seq := load32(d.local, regDoorbellSeq)
+		kick := loadFutex(d.kick, 0)
+		seq := loadFutex(d.local, regDoorbellSeq)
 		d.mu.Lock()
-		p := d.pendingLocked() & want
+		p := d.bells.Pending() & want
 		mask := d.mask
 		d.mu.Unlock()
 		switch {
@@ -402,7 +376,7 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 			return 0, ntb.ErrClosed
 		case p&^mask != 0:
 			return p, nil
-		case d.linkSeq.Load() != linkSeq:
+		case d.links.Seq() != linkSeq:
 			return p, nil
 		case ctx.Err() != nil:
 			return p, ctx.Err()
@@ -421,7 +395,7 @@ func (d *Device) Scratchpad(i int) (uint32, error) {
 		return 0, ntb.ErrClosed
 	}
 	defer d.exit()
-	return load32(d.local, regScratchpads+4*i), nil
+	return d.local.Load32(regScratchpads + 4*i), nil
 }
 
 func (d *Device) SetPeerScratchpad(i int, v uint32) error {
@@ -432,20 +406,20 @@ func (d *Device) SetPeerScratchpad(i int, v uint32) error {
 		return ntb.ErrClosed
 	}
 	defer d.exit()
-	store32(d.remote, regScratchpads+4*i, v)
+	d.remote.Store32(regScratchpads+4*i, v)
 	return nil
 }
 
-func (d *Device) Link() ntb.LinkState { return ntb.LinkState(d.link.Load()) }
+func (d *Device) Link() ntb.LinkState { return d.links.Link() }
 
-func (d *Device) LinkEvents() <-chan ntb.LinkEvent { return d.events }
+func (d *Device) LinkEvents() <-chan ntb.LinkEvent { return d.links.Events() }
 
 // ForceLinkDown is fault injection, a cable pull: both ends report the
 // link down (the peer within one heartbeat interval) until ForceLinkUp.
 func (d *Device) ForceLinkDown() {
 	d.forceDown.Store(true)
 	if d.enter() {
-		store32(d.remote, regPeerDown, 1)
+		d.remote.Store32(regPeerDown, 1)
 		d.exit()
 	}
 }
@@ -454,7 +428,7 @@ func (d *Device) ForceLinkDown() {
 func (d *Device) ForceLinkUp() {
 	d.forceDown.Store(false)
 	if d.enter() {
-		store32(d.remote, regPeerDown, 0)
+		d.remote.Store32(regPeerDown, 0)
 		d.exit()
 	}
 }
@@ -497,11 +471,11 @@ func (d *Device) CorruptInbound(off, n int, seed uint64) {
 // registers never look alive) and within the heartbeat timeout.
 func (d *Device) runMonitor() {
 	defer close(d.done)
-	defer close(d.events)
+	defer d.links.Close()
 	t := time.NewTicker(d.interval)
 	defer t.Stop()
-	beats := load64(d.remote, regHeartbeat)
-	lastBeat := load64(d.local, regHeartbeat)
+	beats := d.remote.Load64(regHeartbeat)
+	lastBeat := d.local.Load64(regHeartbeat)
 	var lastMove time.Time // zero until the peer's heartbeat moves
 	var upGen uint64
 	state := ntb.LinkDown
@@ -509,9 +483,9 @@ func (d *Device) runMonitor() {
 		now := time.Now()
 		if !d.silent.Load() {
 			beats++
-			store64(d.remote, regHeartbeat, beats)
+			d.remote.Store64(regHeartbeat, beats)
 		}
-		gen, beat := load64(d.local, regGeneration), load64(d.local, regHeartbeat)
+		gen, beat := d.local.Load64(regGeneration), d.local.Load64(regHeartbeat)
 		if beat != lastBeat {
 			lastBeat, lastMove = beat, now
 		}
@@ -523,7 +497,7 @@ func (d *Device) runMonitor() {
 			next, why = ntb.LinkDown, "peer process gone"
 		case gen == 0:
 			next, why = ntb.LinkDown, "peer detached"
-		case load32(d.local, regPeerDown) != 0:
+		case d.local.Load32(regPeerDown) != 0:
 			next, why = ntb.LinkDown, "peer forced the link down"
 		case lastMove.IsZero():
 			next = ntb.LinkDown
@@ -547,21 +521,7 @@ func (d *Device) runMonitor() {
 }
 
 func (d *Device) setLink(s ntb.LinkState, why string, at time.Time) {
-	d.link.Store(int32(s))
-	d.linkSeq.Add(1)
-	ev := ntb.LinkEvent{State: s, Reason: why, Time: at}
-	select {
-	case d.events <- ev:
-	default: // full: drop the oldest, keep the newest
-		select {
-		case <-d.events:
-		default:
-		}
-		select {
-		case d.events <- ev:
-		default:
-		}
-	}
+	d.links.Set(s, why, at)
 	d.wakeLocal()
 }
 
@@ -571,7 +531,7 @@ func (d *Device) Close() error {
 		close(d.stop)
 		<-d.done
 		d.closed.Store(true)
-		store64(d.remote, regGeneration, 0)
+		d.remote.Store64(regGeneration, 0)
 		futexWake(d.remote, regDoorbellSeq)
 		d.wakeLocal()
 		d.users.Lock() // wait for methods in flight

@@ -1,3 +1,5 @@
+//go:build linux
+
 package shm
 
 import (
@@ -33,7 +35,9 @@ type futexWaitv struct {
 
 var _ [futexWaitvSize - unsafe.Sizeof(futexWaitv{})]byte // size check
 
-// Registers are shared with another process: every access is atomic.
+// Futex words (the doorbell sequence, the private wake word) are accessed
+// natively, as the kernel compares them; the other registers go through
+// shmem.Mem.
 
 func ptr(b []byte, off, size int) unsafe.Pointer {
 	if off < 0 || off > len(b)-size {
@@ -42,11 +46,9 @@ func ptr(b []byte, off, size int) unsafe.Pointer {
 	return unsafe.Pointer(&b[off])
 }
 
-func load32(b []byte, off int) uint32     { return atomic.LoadUint32((*uint32)(ptr(b, off, 4))) }
-func store32(b []byte, off int, v uint32) { atomic.StoreUint32((*uint32)(ptr(b, off, 4)), v) }
-func add32(b []byte, off int, v uint32)   { atomic.AddUint32((*uint32)(ptr(b, off, 4)), v) }
-func load64(b []byte, off int) uint64     { return atomic.LoadUint64((*uint64)(ptr(b, off, 8))) }
-func store64(b []byte, off int, v uint64) { atomic.StoreUint64((*uint64)(ptr(b, off, 8)), v) }
+func loadFutex(b []byte, off int) uint32     { return atomic.LoadUint32((*uint32)(ptr(b, off, 4))) }
+func storeFutex(b []byte, off int, v uint32) { atomic.StoreUint32((*uint32)(ptr(b, off, 4)), v) }
+func add32(b []byte, off int, v uint32)      { atomic.AddUint32((*uint32)(ptr(b, off, 4)), v) }
 
 var noWaitv atomic.Bool // futex_waitv is missing (kernel < 5.16)
 
@@ -68,7 +70,7 @@ func futexWait2(shared []byte, soff int, sval uint32, private []byte, poff int, 
 		}
 		noWaitv.Store(true)
 	}
-	if load32(private, poff) != pval {
+	if loadFutex(private, poff) != pval {
 		return
 	}
 	ts := unix.NsecToTimespec(int64(fallbackSlice))

@@ -1,0 +1,61 @@
+package ntb
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// LinkTracker is the link bookkeeping every backend needs: the current
+// state, a count of changes (so a waiter can tell one happened since it
+// looked, see WaitDoorbell) and the LinkEvents channel, on which the newest
+// event always gets through. Create it with NewLinkTracker; Set and Link
+// are safe for concurrent use, Close must follow the last Set.
+type LinkTracker struct {
+	state  atomic.Int32
+	seq    atomic.Uint64
+	events chan LinkEvent
+}
+
+// linkEventBuffer is the events a slow reader may fall behind by before
+// the oldest are dropped.
+const linkEventBuffer = 16
+
+// NewLinkTracker returns a tracker in state LinkDown.
+func NewLinkTracker() *LinkTracker {
+	return &LinkTracker{events: make(chan LinkEvent, linkEventBuffer)}
+}
+
+// Link is the current state.
+func (t *LinkTracker) Link() LinkState { return LinkState(t.state.Load()) }
+
+// Events is the channel a backend returns from LinkEvents.
+func (t *LinkTracker) Events() <-chan LinkEvent { return t.events }
+
+// Seq counts the changes so far.
+func (t *LinkTracker) Seq() uint64 { return t.seq.Load() }
+
+// Set records a change and publishes it; if the channel is full the oldest
+// event is dropped.
+func (t *LinkTracker) Set(s LinkState, why string, at time.Time) {
+	t.state.Store(int32(s))
+	t.seq.Add(1)
+	ev := LinkEvent{State: s, Reason: why, Time: at}
+	select {
+	case t.events <- ev:
+	default: // full: drop the oldest, keep the newest
+		select {
+		case <-t.events:
+		default:
+		}
+		select {
+		case t.events <- ev:
+		default:
+		}
+	}
+}
+
+// ForceDown marks the link down without an event (a closing device).
+func (t *LinkTracker) ForceDown() { t.state.Store(int32(LinkDown)) }
+
+// Close closes the events channel.
+func (t *LinkTracker) Close() { close(t.events) }
