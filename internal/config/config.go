@@ -1,0 +1,318 @@
+// Package config is the host configuration shared by ntmon and ntproxy: one
+// TOML file names this host, its virtual addresses, its rack peers with the
+// links that join them, the fallback endpoints and the access-control list.
+// Both daemons of a host read the same file. example.toml beside this file
+// is the commented reference; Load validates everything it reads.
+//
+// A Config is plain data: safe to share once loaded, never mutated.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// Defaults for fields left out of the file.
+const (
+	DefaultStateDir      = "/run/ntstack"
+	DefaultFabricDir     = "/dev/shm/ntstack"
+	DefaultHeartbeat     = 500 * time.Millisecond
+	DefaultPeerTimeout   = 2 * time.Second
+	DefaultWindow        = 16 << 20
+	DefaultAppWindow     = 4 << 20
+	DefaultPartitions    = 1
+	DefaultControlPort   = 7470
+	DefaultMaxAppsPerUID = 64
+)
+
+// Config is one host's configuration.
+type Config struct {
+	// Host is this host's name in the rack, unique among its peers.
+	Host string `toml:"host"`
+	// Addresses are this host's virtual addresses: a dial to any of them
+	// (or to Host) from another rack host reaches this host.
+	Addresses []string `toml:"addresses"`
+	// StateDir holds the daemons' Unix sockets (SocketPaths).
+	StateDir string `toml:"state_dir"`
+
+	Monitor Monitor `toml:"monitor"`
+	Proxy   Proxy   `toml:"proxy"`
+	Peers   []Peer  `toml:"peers"`
+	ACL     []Rule  `toml:"acl"`
+}
+
+// Monitor configures ntmon.
+type Monitor struct {
+	// Listen is the TCP address peer ntmons reach this one on.
+	Listen string `toml:"listen"`
+	// Metrics is the TCP address of the Prometheus endpoint ("" disables).
+	Metrics string `toml:"metrics"`
+	// Heartbeat is the interval of liveness messages to peers.
+	Heartbeat Duration `toml:"heartbeat"`
+	// PeerTimeout declares a silent peer down.
+	PeerTimeout Duration `toml:"peer_timeout"`
+}
+
+// Proxy configures ntproxy.
+type Proxy struct {
+	// FabricDir is where emulated NTB link files live.
+	FabricDir string `toml:"fabric_dir"`
+	// Window is each side's window of a rack link, in bytes.
+	Window int `toml:"window"`
+	// Partitions is the data partitions per rack link (both ends agree).
+	Partitions int `toml:"partitions"`
+	// AppWindow is each side's window of an application's attachment.
+	AppWindow int `toml:"app_window"`
+	// SpinBudget is socklike's spin-before-park budget ("" = socklike's).
+	SpinBudget Duration `toml:"spin_budget"`
+	// MaxAppsPerUID bounds attachments per local user.
+	MaxAppsPerUID int `toml:"max_apps_per_uid"`
+}
+
+// Peer is another host of the rack.
+type Peer struct {
+	Host string `toml:"host"`
+	// Control is the peer ntmon's TCP address.
+	Control string `toml:"control"`
+	// Addresses are the peer's virtual addresses.
+	Addresses []string `toml:"addresses"`
+	// Link names the emulated NTB link to the peer ("" = no NTB link).
+	Link string `toml:"link"`
+	// Fallback is a TCP address that reaches the peer off the fabric.
+	Fallback string `toml:"fallback"`
+}
+
+// Rule is one access-control entry. Rules are tried in order and the first
+// that matches decides; a connection no rule matches is allowed.
+type Rule struct {
+	Action string `toml:"action"` // "allow" or "deny"
+	// Direction is "out" (connects from this host), "in" (connects to this
+	// host) or "" (both).
+	Direction string `toml:"direction"`
+	// UID is the local user, outbound only; absent or -1 matches anyone.
+	UID *int `toml:"uid"`
+	// Host is the remote host name; "" or "*" matches any.
+	Host string `toml:"host"`
+	// Port is the destination port; 0 matches any.
+	Port int `toml:"port"`
+}
+
+// Matches reports whether r applies to a connection.
+func (r Rule) Matches(dir string, uid int, host string, port int) bool {
+	return (r.Direction == "" || r.Direction == dir) &&
+		(r.UID == nil || *r.UID == -1 || dir != "out" || *r.UID == uid) &&
+		(r.Host == "" || r.Host == "*" || r.Host == host) &&
+		(r.Port == 0 || r.Port == port)
+}
+
+// Allowed applies the ACL to a connection: the first matching rule wins,
+// no match allows. It returns the deciding rule's index, or -1.
+func (c *Config) Allowed(dir string, uid int, host string, port int) (bool, int) {
+	for i, r := range c.ACL {
+		if r.Matches(dir, uid, host, port) {
+			return r.Action == "allow", i
+		}
+	}
+	return true, -1
+}
+
+// Duration is a time.Duration written as a Go duration string ("500ms").
+type Duration struct{ time.Duration }
+
+// UnmarshalText parses a duration string.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return err
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalText formats the duration.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// Load reads, defaults and validates the file at path.
+func Load(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("load config: %w", err)
+	}
+	c, err := Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("load config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse decodes, defaults and validates a TOML document.
+func Parse(b []byte) (*Config, error) {
+	var c Config
+	md, err := toml.Decode(string(b), &c)
+	if err != nil {
+		return nil, err
+	}
+	if un := md.Undecoded(); len(un) > 0 {
+		return nil, fmt.Errorf("unknown key %q", un[0].String())
+	}
+	c.setDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+func (c *Config) setDefaults() {
+	if c.StateDir == "" {
+		c.StateDir = filepath.Join(DefaultStateDir, c.Host)
+	}
+	if c.Monitor.Heartbeat.Duration == 0 {
+		c.Monitor.Heartbeat.Duration = DefaultHeartbeat
+	}
+	if c.Monitor.PeerTimeout.Duration == 0 {
+		c.Monitor.PeerTimeout.Duration = DefaultPeerTimeout
+	}
+	if c.Proxy.FabricDir == "" {
+		c.Proxy.FabricDir = DefaultFabricDir
+	}
+	if c.Proxy.Window == 0 {
+		c.Proxy.Window = DefaultWindow
+	}
+	if c.Proxy.Partitions == 0 {
+		c.Proxy.Partitions = DefaultPartitions
+	}
+	if c.Proxy.AppWindow == 0 {
+		c.Proxy.AppWindow = DefaultAppWindow
+	}
+	if c.Proxy.MaxAppsPerUID == 0 {
+		c.Proxy.MaxAppsPerUID = DefaultMaxAppsPerUID
+	}
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// Validate checks the configuration for mistakes a daemon cannot run with.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if !nameRE.MatchString(c.Host) {
+		bad("host %q: want a name of letters, digits, '.', '_' or '-'", c.Host)
+	}
+	if c.Monitor.Listen != "" {
+		if _, _, err := net.SplitHostPort(c.Monitor.Listen); err != nil {
+			bad("monitor.listen %q: %v", c.Monitor.Listen, err)
+		}
+	}
+	if c.Proxy.Window <= 0 || c.Proxy.Window%4096 != 0 {
+		bad("proxy.window %d: want a positive multiple of 4096", c.Proxy.Window)
+	}
+	if c.Proxy.AppWindow <= 0 || c.Proxy.AppWindow%4096 != 0 {
+		bad("proxy.app_window %d: want a positive multiple of 4096", c.Proxy.AppWindow)
+	}
+	if c.Proxy.Partitions < 1 || c.Proxy.Partitions > 30 {
+		bad("proxy.partitions %d outside 1..30", c.Proxy.Partitions)
+	}
+	owner := map[string]string{}
+	claim := func(addr, host string) {
+		if prev, ok := owner[addr]; ok && prev != host {
+			bad("address %q belongs to both %s and %s", addr, prev, host)
+		}
+		owner[addr] = host
+	}
+	claim(c.Host, c.Host)
+	for _, a := range c.Addresses {
+		claim(a, c.Host)
+	}
+	links := map[string]bool{}
+	for i, p := range c.Peers {
+		if !nameRE.MatchString(p.Host) || p.Host == c.Host {
+			bad("peers[%d].host %q: want a name other than this host's", i, p.Host)
+		}
+		if p.Control != "" {
+			if _, _, err := net.SplitHostPort(p.Control); err != nil {
+				bad("peers[%d].control %q: %v", i, p.Control, err)
+			}
+		}
+		if p.Fallback != "" {
+			if _, _, err := net.SplitHostPort(p.Fallback); err != nil {
+				bad("peers[%d].fallback %q: %v", i, p.Fallback, err)
+			}
+		}
+		if p.Link != "" {
+			if !nameRE.MatchString(p.Link) {
+				bad("peers[%d].link %q: not a valid link name", i, p.Link)
+			}
+			if links[p.Link] {
+				bad("peers[%d].link %q: used twice", i, p.Link)
+			}
+			links[p.Link] = true
+		}
+		claim(p.Host, p.Host)
+		for _, a := range p.Addresses {
+			claim(a, p.Host)
+		}
+	}
+	for i, r := range c.ACL {
+		if r.Action != "allow" && r.Action != "deny" {
+			bad("acl[%d].action %q: want allow or deny", i, r.Action)
+		}
+		if r.Direction != "" && r.Direction != "in" && r.Direction != "out" {
+			bad("acl[%d].direction %q: want in, out or empty", i, r.Direction)
+		}
+		if r.Port < 0 || r.Port > 65535 {
+			bad("acl[%d].port %d outside 0..65535", i, r.Port)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// HostOf returns the host that owns a dial target (a host name or a
+// virtual address), and whether it is known.
+func (c *Config) HostOf(target string) (string, bool) {
+	if target == c.Host {
+		return c.Host, true
+	}
+	for _, a := range c.Addresses {
+		if a == target {
+			return c.Host, true
+		}
+	}
+	for _, p := range c.Peers {
+		if target == p.Host {
+			return p.Host, true
+		}
+		for _, a := range p.Addresses {
+			if a == target {
+				return p.Host, true
+			}
+		}
+	}
+	return "", false
+}
+
+// Peer returns the peer called host.
+func (c *Config) Peer(host string) (Peer, bool) {
+	for _, p := range c.Peers {
+		if p.Host == host {
+			return p, true
+		}
+	}
+	return Peer{}, false
+}
+
+// Socket paths under StateDir.
+const (
+	MonitorSocket = "ntmon.sock"        // ntmon's local API (HTTP+JSON)
+	ProxySocket   = "ntproxy.sock"      // applications attach here
+	AdminSocket   = "ntproxy-admin.sock" // ntproxy's snapshot API (HTTP+JSON)
+)
+
+// Path returns the path of one of the sockets under StateDir.
+func (c *Config) Path(socket string) string { return filepath.Join(c.StateDir, socket) }

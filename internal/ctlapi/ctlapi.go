@@ -1,0 +1,341 @@
+// Package ctlapi is the local control API between a host's daemons and
+// their command-line clients: ntproxy asks ntmon for routes, admissions and
+// ports; `ntmon status` and ntmon's metrics read ntproxy's snapshot. Both
+// APIs are HTTP with JSON bodies over Unix sockets under the host's state
+// directory (config.MonitorSocket, config.AdminSocket).
+//
+// Errors carry a stable numeric Code, so that a client in another process
+// (or another build) can tell "denied by the ACL" from "peer down" without
+// parsing text. Codes are never renumbered; new ones are appended.
+package ctlapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+)
+
+// Code is a stable error code crossing a process boundary.
+type Code uint16
+
+// Error codes. The numbers are part of the protocol.
+const (
+	OK             Code = 0
+	CodeBadRequest Code = 1  // malformed or invalid request
+	CodeUnknown    Code = 2  // unknown host or address
+	CodeDenied     Code = 3  // the access-control list denies it
+	CodeNoPath     Code = 4  // no usable path to the host (peer or link down)
+	CodePortInUse  Code = 5  // the port is already listened on
+	CodeRefused    Code = 6  // nobody listens on the port
+	CodeInternal   Code = 7  // a daemon-side failure
+	CodeVersion    Code = 8  // protocol version mismatch
+	CodeQuota      Code = 9  // a quota is exhausted
+	CodeUnavail    Code = 10 // the daemon asked for is not running
+	CodeTimeout    Code = 11 // the operation timed out
+)
+
+var codeNames = map[Code]string{
+	OK: "ok", CodeBadRequest: "bad request", CodeUnknown: "unknown host",
+	CodeDenied: "denied by access control", CodeNoPath: "no path to host",
+	CodePortInUse: "port in use", CodeRefused: "connection refused",
+	CodeInternal: "internal error", CodeVersion: "version mismatch",
+	CodeQuota: "quota exceeded", CodeUnavail: "daemon unavailable",
+	CodeTimeout: "timed out",
+}
+
+func (c Code) String() string {
+	if s, ok := codeNames[c]; ok {
+		return s
+	}
+	return fmt.Sprintf("code %d", uint16(c))
+}
+
+// Error is an error with a stable code. Its JSON form is the body of every
+// failed API call.
+type Error struct {
+	Code    Code   `json:"code"`
+	Message string `json:"error"`
+}
+
+func (e *Error) Error() string {
+	if e.Message == "" {
+		return e.Code.String()
+	}
+	return e.Code.String() + ": " + e.Message
+}
+
+// Errorf makes an *Error.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// CodeOf returns err's code: OK for nil, CodeInternal for an error that
+// carries none.
+func CodeOf(err error) Code {
+	if err == nil {
+		return OK
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return CodeInternal
+}
+
+// Paths of ntmon's API.
+const (
+	PathResolve  = "/v1/resolve"
+	PathAdmit    = "/v1/admit"
+	PathListen   = "/v1/listen"
+	PathUnlisten = "/v1/unlisten"
+	PathStatus   = "/v1/status"
+	// PathSnapshot is ntproxy's admin API.
+	PathSnapshot = "/v1/snapshot"
+)
+
+// Path names, as reported for every connection.
+const (
+	PathSHM  = "shm"  // both ends on this host: shared memory, no NTB
+	PathNTB  = "ntb"  // a rack peer over its NTB link
+	PathRDMA = "rdma" // off the rack over RDMA
+	PathTCP  = "tcp"  // off the rack over TCP, the last resort
+)
+
+// ResolveRequest asks how a local user may reach target:port.
+type ResolveRequest struct {
+	UID    int    `json:"uid"`
+	Target string `json:"target"` // host name or virtual address
+	Port   int    `json:"port"`
+}
+
+// Route is how to reach a host, and why that way.
+type Route struct {
+	Host   string `json:"host"`   // the host that owns the target
+	Path   string `json:"path"`   // PathSHM, PathNTB, ...
+	Link   string `json:"link"`   // NTB link name, for PathNTB
+	Addr   string `json:"addr"`   // fallback TCP address, for PathTCP
+	Reason string `json:"reason"` // why this path, in words
+}
+
+// AdmitRequest asks whether a connection from a rack peer may reach port.
+type AdmitRequest struct {
+	Peer string `json:"peer"`
+	Port int    `json:"port"`
+}
+
+// ListenRequest reserves a port for a local user (0: allocate one).
+type ListenRequest struct {
+	UID  int `json:"uid"`
+	PID  int `json:"pid"`
+	Port int `json:"port"`
+}
+
+// ListenReply is the reserved port.
+type ListenReply struct {
+	Port int `json:"port"`
+}
+
+// Status is what `ntmon status` prints.
+type Status struct {
+	Host      string        `json:"host"`
+	Version   string        `json:"version"`
+	Peers     []PeerStatus  `json:"peers"`
+	Listening []ListenEntry `json:"listening"`
+	Proxy     *Snapshot     `json:"proxy,omitempty"`
+	ProxyErr  string        `json:"proxy_error,omitempty"`
+}
+
+// PeerStatus is one rack peer as ntmon sees it.
+type PeerStatus struct {
+	Host       string    `json:"host"`
+	Control    string    `json:"control"`
+	Up         bool      `json:"up"`
+	Why        string    `json:"why"` // why it is up or down
+	Version    int       `json:"version,omitempty"`
+	Link       string    `json:"link,omitempty"`
+	Window     int       `json:"window,omitempty"`     // the peer's advertised window
+	Partitions int       `json:"partitions,omitempty"` // the peer's advertised partitions
+	Caps       []string  `json:"caps,omitempty"`
+	LastSeen   time.Time `json:"last_seen"`
+}
+
+// ListenEntry is a reserved port.
+type ListenEntry struct {
+	Port int `json:"port"`
+	UID  int `json:"uid"`
+	PID  int `json:"pid"`
+}
+
+// Snapshot is ntproxy's live state.
+type Snapshot struct {
+	Host      string       `json:"host"`
+	Links     []LinkStat   `json:"links"`
+	Apps      []AppStat    `json:"apps"`
+	Listeners []ListenStat `json:"listeners"`
+	Conns     []ConnStat   `json:"conns"`
+}
+
+// LinkStat is one NTB link owned by ntproxy.
+type LinkStat struct {
+	Name       string          `json:"name"`
+	Peer       string          `json:"peer"`
+	State      string          `json:"state"` // "up" or "down"
+	Window     int             `json:"window"`
+	Partitions []PartitionStat `json:"partitions"`
+}
+
+// PartitionStat aggregates the connections placed on one partition.
+type PartitionStat struct {
+	Index   int    `json:"index"`
+	Conns   int    `json:"conns"`
+	BytesTX uint64 `json:"bytes_tx"`
+	BytesRX uint64 `json:"bytes_rx"`
+	MsgsTX  uint64 `json:"msgs_tx"`
+	MsgsRX  uint64 `json:"msgs_rx"`
+}
+
+// AppStat is an attached application.
+type AppStat struct {
+	ID     uint64 `json:"id"`
+	PID    int    `json:"pid"`
+	UID    int    `json:"uid"`
+	Name   string `json:"name"`
+	Conns  int    `json:"conns"`
+	Memory int64  `json:"memory"` // bytes of shared memory granted
+}
+
+// ListenStat is an application's listener.
+type ListenStat struct {
+	App     uint64 `json:"app"`
+	Port    int    `json:"port"`
+	Backlog int    `json:"backlog"`
+}
+
+// ConnStat is one proxied connection.
+type ConnStat struct {
+	ID         uint64 `json:"id"`
+	App        uint64 `json:"app"`
+	Local      string `json:"local"`
+	Remote     string `json:"remote"`
+	Dir        string `json:"dir"` // "out" (dialed) or "in" (accepted)
+	Path       string `json:"path"`
+	Reason     string `json:"reason"`
+	Link       string `json:"link,omitempty"`
+	Partition  int    `json:"partition"`
+	BytesTX    uint64 `json:"bytes_tx"`
+	BytesRX    uint64 `json:"bytes_rx"`
+	MsgsTX     uint64 `json:"msgs_tx"`
+	MsgsRX     uint64 `json:"msgs_rx"`
+	QueueDepth int    `json:"queue_depth"` // bytes buffered in the proxy
+	Drops      uint64 `json:"drops"`       // always 0: nothing is dropped
+}
+
+// Client calls one daemon's API over its Unix socket.
+type Client struct {
+	hc *http.Client
+}
+
+// NewClient returns a Client for the API served on the Unix socket path.
+func NewClient(path string) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		},
+		MaxIdleConnsPerHost: 4,
+	}
+	return &Client{hc: &http.Client{Transport: tr, Timeout: 5 * time.Second}}
+}
+
+// Call sends req (nil: GET) to path and decodes the reply into reply
+// (nil: discard). A failed call returns an *Error; an unreachable daemon
+// is CodeUnavail.
+func (c *Client) Call(ctx context.Context, path string, req, reply any) error {
+	method, body := http.MethodGet, io.Reader(nil)
+	if req != nil {
+		b, err := json.Marshal(req)
+		if err != nil {
+			return Errorf(CodeBadRequest, "encode %s: %v", path, err)
+		}
+		method, body = http.MethodPost, bytes.NewReader(b)
+	}
+	hr, err := http.NewRequestWithContext(ctx, method, "http://local"+path, body)
+	if err != nil {
+		return Errorf(CodeBadRequest, "%s: %v", path, err)
+	}
+	resp, err := c.hc.Do(hr)
+	if err != nil {
+		return Errorf(CodeUnavail, "%s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return Errorf(CodeUnavail, "%s: %v", path, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		var e Error
+		if json.Unmarshal(b, &e) != nil || e.Code == OK {
+			return Errorf(CodeInternal, "%s: HTTP %d", path, resp.StatusCode)
+		}
+		return &e
+	}
+	if reply == nil {
+		return nil
+	}
+	if err := json.Unmarshal(b, reply); err != nil {
+		return Errorf(CodeInternal, "decode %s: %v", path, err)
+	}
+	return nil
+}
+
+// Close releases idle connections.
+func (c *Client) Close() { c.hc.CloseIdleConnections() }
+
+// Reply writes v as JSON, or err as an *Error with a status code.
+func Reply(w http.ResponseWriter, v any, err error) {
+	w.Header().Set("Content-Type", "application/json")
+	if err != nil {
+		e, ok := err.(*Error)
+		if !ok {
+			var target *Error
+			if errors.As(err, &target) {
+				e = target
+			} else {
+				e = &Error{Code: CodeInternal, Message: err.Error()}
+			}
+		}
+		status := http.StatusBadRequest
+		switch e.Code {
+		case CodeDenied:
+			status = http.StatusForbidden
+		case CodeUnknown:
+			status = http.StatusNotFound
+		case CodePortInUse:
+			status = http.StatusConflict
+		case CodeInternal:
+			status = http.StatusInternalServerError
+		case CodeNoPath, CodeUnavail:
+			status = http.StatusServiceUnavailable
+		}
+		w.WriteHeader(status)
+		_ = json.NewEncoder(w).Encode(e)
+		return
+	}
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// Decode reads a JSON request body of at most 64 KiB into v.
+func Decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, 64<<10))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return Errorf(CodeBadRequest, "decode %s: %v", r.URL.Path, err)
+	}
+	return nil
+}
