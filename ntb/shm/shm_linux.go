@@ -121,7 +121,7 @@ var _ ntb.Device = (*Device)(nil)
 
 // Open attaches one end of the link called name, creating the link file if
 // it does not exist.
-func Open(name string, o Options) (_ *Device, err error) {
+func Open(name string, o Options) (*Device, error) {
 	o.setDefaults()
 	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
 		return nil, fmt.Errorf("open link %q: invalid name", name)
@@ -137,6 +137,39 @@ func Open(name string, o Options) (_ *Device, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("open link %q: %w", name, err)
 	}
+	return attach(name, f, o)
+}
+
+// NewMemLink creates an anonymous link file (a memfd) that no other process
+// can open by name: its creator hands it to the peer process over a Unix
+// socket (SCM_RIGHTS), and each side attaches with OpenFile. ntproxy gives
+// every application such a private link.
+func NewMemLink(name string) (*os.File, error) {
+	fd, err := unix.MemfdCreate("ntstack-"+name, unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("create memory link %q: %w", name, err)
+	}
+	return os.NewFile(uintptr(fd), "memfd:ntstack-"+name), nil
+}
+
+// OpenFile attaches one end of the link held in f, a link file opened or
+// received by the caller (see NewMemLink); o.Dir is ignored. The Device opens
+// f afresh through /proc/self/fd, so its side lock is its own even when the
+// peer holds a descriptor of the same open file; the caller keeps f.
+func OpenFile(f *os.File, name string, o Options) (*Device, error) {
+	o.setDefaults()
+	if o.WindowSize <= 0 || o.WindowSize%pageSize != 0 {
+		return nil, fmt.Errorf("open link %q: window size %d is not a positive multiple of %d", name, o.WindowSize, pageSize)
+	}
+	own, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open link %q: reopen descriptor: %w", name, err)
+	}
+	return attach(name, own, o)
+}
+
+// attach claims a side of the link file f, which it then owns.
+func attach(name string, f *os.File, o Options) (_ *Device, err error) {
 	d := &Device{name: name, file: f, interval: o.HeartbeatInterval, timeout: o.HeartbeatTimeout}
 	defer func() {
 		if err != nil {

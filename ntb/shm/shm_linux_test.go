@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -120,4 +121,36 @@ func TestCorruptInbound(t *testing.T) {
 	defer b.Close()
 	b.CorruptInbound(100, 8, 1)
 	require.NotEqual(t, make([]byte, 8), a.OutboundWindow()[100:108])
+}
+
+// A memory link is shared by descriptor, not by name: two Devices attached
+// through descriptors of one open file still claim different sides and pass
+// doorbells and window bytes.
+func TestMemLink(t *testing.T) {
+	f, err := NewMemLink("t")
+	require.NoError(t, err)
+	defer f.Close()
+	o := Options{WindowSize: 64 << 10, HeartbeatInterval: 5 * time.Millisecond}
+	a, err := OpenFile(f, "t", o)
+	require.NoError(t, err)
+	defer a.Close()
+	b, err := OpenFile(f, "t", o)
+	require.NoError(t, err)
+	defer b.Close()
+	require.NotEqual(t, a.Side(), b.Side())
+	_, err = OpenFile(f, "t", o)
+	require.Error(t, err, "a third end must be refused")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for a.Link() != ntb.LinkUp || b.Link() != ntb.LinkUp {
+		require.NoError(t, ctx.Err(), "link never came up")
+		time.Sleep(time.Millisecond)
+	}
+	copy(a.OutboundWindow(), "hello")
+	require.Equal(t, "hello", string(b.InboundWindow()[:5]))
+	require.NoError(t, a.RingPeer(1))
+	got, err := b.WaitDoorbell(ctx, 1)
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), got&1)
 }
