@@ -27,6 +27,7 @@ type Conn struct {
 	peerID        uint32 // theirs; frames we send carry it
 	gen, peerGen  uint32 // incarnations of id and peerID
 	local, remote Addr
+	route         Route // set before the Conn is handed out, then read-only
 
 	rlock, wlock     sync.Mutex    // serialise Read calls and Write calls
 	rnotify, wnotify chan struct{} // cap 1: something changed for readers / writers
@@ -125,6 +126,7 @@ func newConn(ep *Endpoint, local, remote Addr) *Conn {
 		wdl:      newDeadline(),
 	}
 	c.rxPart.Store(-1)
+	c.route = Route{Path: "ntb", Reason: "embedded endpoint on link " + ep.dev.Name()}
 	return c
 }
 

@@ -266,6 +266,18 @@ func (ep *Endpoint) Close() error {
 	return errors.Join(errs...)
 }
 
+// closeWith ends the current session with cause, so that its connections
+// fail with errors wrapping it, and closes the Endpoint.
+func (ep *Endpoint) closeWith(cause error) error {
+	ep.mu.Lock()
+	st := ep.cur
+	ep.mu.Unlock()
+	if st != nil {
+		st.sess.Fail(cause)
+	}
+	return ep.Close()
+}
+
 // install is called by the link when a session is established.
 func (ep *Endpoint) install(s *partition.Session) {
 	st := &state{

@@ -149,7 +149,13 @@ func (ln *Listener) Addr() net.Addr { return ln.addr }
 // Dialer dials connections over an Endpoint. Its DialContext fits
 // http.Transport.DialContext and gRPC's and Redis clients' dialer hooks.
 type Dialer struct {
+	// Endpoint, if set, dials over this process's own end of a link
+	// (embedded mode).
 	Endpoint *Endpoint
+	// Proxy, if set and Endpoint is not, dials through the host's ntproxy
+	// (attached mode). With neither set the Dialer uses DefaultProxy, the
+	// ntproxy named by $NTSTACK_PROXY.
+	Proxy *Proxy
 	// Timeout bounds a dial, including waiting for the link to come up
 	// (default: none beyond the context's).
 	Timeout time.Duration
@@ -164,7 +170,8 @@ func (d *Dialer) Dial(network, address string) (net.Conn, error) {
 
 // DialContext connects to address, "host:port". An embedded Endpoint
 // reaches the one peer at the other end of its link, so the host part is
-// not interpreted; network is ignored ("tcp" from net/http is fine).
+// not interpreted there; through ntproxy the host is any rack host's name
+// or virtual address. network is ignored ("tcp" from net/http is fine).
 func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
 	_, p, err := net.SplitHostPort(address)
 	port, perr := strconv.Atoi(p)
@@ -175,6 +182,19 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, d.Timeout)
 		defer cancel()
+	}
+	if d.Endpoint == nil {
+		p := d.Proxy
+		if p == nil {
+			if p, err = DefaultProxy(); err != nil {
+				return nil, &net.OpError{Op: "dial", Net: "ntb", Addr: strAddr(address), Err: err}
+			}
+		}
+		c, err := p.DialClass(ctx, address, d.Priority)
+		if err != nil {
+			return nil, err
+		}
+		return c, nil
 	}
 	c, err := d.Endpoint.DialClass(ctx, port, d.Priority)
 	if err != nil {

@@ -1,0 +1,222 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ntstack/ntstack/internal/appproto"
+	"github.com/ntstack/ntstack/internal/ctlapi"
+	"github.com/ntstack/ntstack/socklike"
+)
+
+// Listen backlogs: the default and the most an application may ask for.
+const (
+	defaultBacklog = 128
+	maxBacklog     = 4096
+)
+
+// listener is an application's listen: connections to port, from this
+// host or any rack peer, are handed to the application's appPort.
+type listener struct {
+	app     *app
+	port    int
+	appPort int
+	backlog int
+	slots   chan struct{} // handoffs in progress, at most backlog
+	req     *socklike.Conn
+	rack    []rackListener
+	once    sync.Once
+}
+
+// serveListen carries out one ListenRequest and holds the listen until the
+// application closes the request's connection.
+func (s *Server) serveListen(a *app, c *socklike.Conn) {
+	c.SetDeadline(time.Now().Add(requestTimeout))
+	var req appproto.ListenRequest
+	if err := appproto.ReadFrame(c, &req); err != nil {
+		s.logf("app %d: listen request: %v", a.id, err)
+		c.Close()
+		return
+	}
+	l, err := s.listen(a, c, req)
+	if err != nil {
+		appproto.WriteFrame(c, appproto.ListenReply{Code: ctlapi.CodeOf(err), Error: errMessage(err)})
+		c.Close()
+		return
+	}
+	c.SetDeadline(time.Time{})
+	if err := appproto.WriteFrame(c, appproto.ListenReply{Port: l.port}); err != nil {
+		s.unlisten(l)
+		return
+	}
+	s.logf("app %d listens on port %d (backlog %d)", a.id, l.port, l.backlog)
+	var b [1]byte
+	c.Read(b[:]) // returns when the application closes the listener or goes
+	s.unlisten(l)
+}
+
+func (s *Server) listen(a *app, c *socklike.Conn, req appproto.ListenRequest) (_ *listener, err error) {
+	if req.AppPort < 1 || req.AppPort > 65535 {
+		return nil, ctlapi.Errorf(ctlapi.CodeBadRequest, "app port %d outside 1..65535", req.AppPort)
+	}
+	if req.Backlog < 0 || req.Backlog > maxBacklog {
+		return nil, ctlapi.Errorf(ctlapi.CodeBadRequest, "backlog %d outside 0..%d", req.Backlog, maxBacklog)
+	}
+	if req.Backlog == 0 {
+		req.Backlog = defaultBacklog
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, requestTimeout)
+	defer cancel()
+	port, err := s.ctl.Reserve(ctx, ctlapi.ListenRequest{UID: a.cred.UID, PID: a.cred.PID, Port: req.Port})
+	if err != nil {
+		return nil, err
+	}
+	l := &listener{app: a, port: port, appPort: req.AppPort, backlog: req.Backlog, slots: make(chan struct{}, req.Backlog), req: c}
+	defer func() {
+		if err != nil {
+			l.closeRack()
+			s.ctl.Release(context.Background(), port)
+		}
+	}()
+	for _, link := range s.links {
+		ln, err := link.ep.Listen(port)
+		if err != nil {
+			return nil, ctlapi.Errorf(ctlapi.CodePortInUse, "listen on port %d of link %s: %v", port, link.peer.Link, err)
+		}
+		l.rack = append(l.rack, rackListener{link, ln})
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if a.gone {
+		return nil, ctlapi.Errorf(ctlapi.CodeUnavail, "application detached")
+	}
+	if prev := s.listeners[port]; prev != nil {
+		return nil, ctlapi.Errorf(ctlapi.CodePortInUse, "port %d is listened on by pid %d", port, prev.app.cred.PID)
+	}
+	s.listeners[port] = l
+	a.lns[port] = l
+	for _, r := range l.rack {
+		s.wg.Add(1)
+		go s.runRackAccept(l, r.link, r.ln)
+	}
+	return l, nil
+}
+
+// rackListener is a listener's socket on one rack link.
+type rackListener struct {
+	link *rackLink
+	ln   *socklike.Listener
+}
+
+func (l *listener) closeRack() {
+	for _, r := range l.rack {
+		r.ln.Close()
+	}
+}
+
+// unlisten ends l: no new connections; established ones carry on.
+func (s *Server) unlisten(l *listener) {
+	l.once.Do(func() {
+		s.mu.Lock()
+		if s.listeners[l.port] == l {
+			delete(s.listeners, l.port)
+		}
+		delete(l.app.lns, l.port)
+		s.mu.Unlock()
+		l.closeRack()
+		l.req.Close()
+		s.ctl.Release(context.Background(), l.port)
+		s.logf("app %d stopped listening on port %d", l.app.id, l.port)
+	})
+}
+
+// listenerOn returns the listener of port, or nil.
+func (s *Server) listenerOn(port int) *listener {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.listeners[port]
+}
+
+// handoff opens a connection to l's application and introduces it.
+func (s *Server) handoff(ctx context.Context, l *listener, in appproto.Incoming, pc *pconn) (*socklike.Conn, error) {
+	select {
+	case l.slots <- struct{}{}:
+	default:
+		return nil, ctlapi.Errorf(ctlapi.CodeRefused, "listener on port %d has its backlog of %d connections pending", l.port, l.backlog)
+	}
+	defer func() { <-l.slots }()
+	ac, err := l.app.ep.DialContext(ctx, l.appPort)
+	if err != nil {
+		return nil, ctlapi.Errorf(ctlapi.CodeRefused, "the application listening on port %d is not accepting: %v", l.port, err)
+	}
+	if err := appproto.WriteFrame(ac, in); err != nil {
+		ac.Close()
+		return nil, ctlapi.Errorf(ctlapi.CodeRefused, "introduce connection to the application on port %d: %v", l.port, err)
+	}
+	pc.peerApp = l.app
+	return ac, nil
+}
+
+// runRackAccept takes l's connections from one rack peer.
+func (s *Server) runRackAccept(l *listener, link *rackLink, ln *socklike.Listener) {
+	defer s.wg.Done()
+	for {
+		fc, err := ln.AcceptConn()
+		if err != nil {
+			return
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.serveRack(l, link, fc)
+		}()
+	}
+}
+
+// serveRack admits a connection from a rack peer's proxy and hands it to
+// the listening application.
+func (s *Server) serveRack(l *listener, link *rackLink, fc *socklike.Conn) {
+	fc.SetDeadline(time.Now().Add(requestTimeout))
+	var open appproto.RackOpen
+	if err := appproto.ReadFrame(fc, &open); err != nil {
+		s.logf("link %s: open from peer: %v", link.peer.Link, err)
+		fc.Close()
+		return
+	}
+	refuse := func(err error) {
+		s.logf("link %s: refused %s -> port %d: %v", link.peer.Link, open.From, open.Port, err)
+		appproto.WriteFrame(fc, appproto.DialReply{Code: ctlapi.CodeOf(err), Error: errMessage(err)})
+		fc.Close()
+	}
+	if open.From != link.peer.Host || open.Port != l.port {
+		refuse(ctlapi.Errorf(ctlapi.CodeBadRequest, "open from %q for port %d arrived on link %s to %s, port %d", open.From, open.Port, link.peer.Link, link.peer.Host, l.port))
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, dialTimeout)
+	defer cancel()
+	if err := s.ctl.Admit(ctx, ctlapi.AdmitRequest{Peer: open.From, Port: l.port}); err != nil {
+		refuse(err)
+		return
+	}
+	pc := &pconn{
+		id: s.nextID.Add(1), dir: "in", path: ctlapi.PathNTB, link: link.peer.Link, partition: fc.Partition(),
+		reason: fmt.Sprintf("from rack peer %s over NTB link %s", open.From, link.peer.Link),
+		local:  hostPort(s.cfg.Host, l.port),
+		remote: hostPort(open.From, fc.RemoteAddr().(socklike.Addr).Port),
+	}
+	ac, err := s.handoff(ctx, l, appproto.Incoming{Local: pc.local, Remote: pc.remote, Path: pc.path, Reason: pc.reason}, pc)
+	if err != nil {
+		refuse(err)
+		return
+	}
+	fc.SetDeadline(time.Time{})
+	if err := appproto.WriteFrame(fc, appproto.DialReply{Local: pc.remote, Remote: pc.local, Path: pc.path}); err != nil {
+		ac.Close()
+		fc.Close()
+		return
+	}
+	pc.app = l.app.id
+	s.splice(l.app, pc, ac, fc)
+}

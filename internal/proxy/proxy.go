@@ -1,0 +1,240 @@
+// Package proxy is ntproxy, the data-plane daemon of a host, as a library.
+//
+// A Server owns the host's NTB links (one socklike.Endpoint per rack peer)
+// and serves every local application. An application attaches over a Unix
+// socket (internal/appproto): the Server checks its credentials, gives it a
+// private memory link (an emulated NTB link in a memfd) and from then on
+// carries its connections: a dial goes to another application on this host
+// over shared memory, or to a rack peer's proxy over the NTB link; a listen
+// takes connections from both. The Server copies bytes between the
+// application's connection and the other side ("proxy" mode: applications
+// never touch the fabric windows, so one cannot read another's traffic).
+//
+// An application that exits or crashes loses its Unix socket; the Server
+// then closes its connections and listeners and frees its memory link.
+//
+// Concurrency: all methods are safe for concurrent use. Lifetime: Close
+// stops everything and waits for the goroutines; it is idempotent.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ntstack/ntstack/internal/config"
+	"github.com/ntstack/ntstack/internal/ctlapi"
+	"github.com/ntstack/ntstack/ntb/shm"
+	"github.com/ntstack/ntstack/qos"
+	"github.com/ntstack/ntstack/socklike"
+)
+
+// Timeouts of the setup steps; data transfer has none.
+const (
+	helloTimeout   = 5 * time.Second
+	requestTimeout = 5 * time.Second
+	dialTimeout    = 10 * time.Second
+)
+
+// Options configure a Server beyond the host configuration.
+type Options struct {
+	// Control answers routes, admissions and ports (default: StaticControl).
+	Control Control
+	// Logf receives events (default: none).
+	Logf func(format string, args ...any)
+}
+
+// Server is a host's ntproxy.
+type Server struct {
+	cfg    *config.Config
+	ctl    Control
+	logf   func(string, ...any)
+	appCfg socklike.Config
+	links  map[string]*rackLink // by peer host; fixed after New
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	nextID atomic.Uint64
+
+	mu sync.Mutex
+	// mu protects the following fields.
+	apps      map[uint64]*app
+	listeners map[int]*listener // by port
+	conns     map[uint64]*pconn
+	socks     []net.Listener
+	closed    bool
+}
+
+// rackLink is the NTB link to one rack peer.
+type rackLink struct {
+	peer config.Peer
+	ep   *socklike.Endpoint
+}
+
+// New opens the NTB links of cfg's peers. It does not serve applications
+// until Serve.
+func New(cfg *config.Config, o Options) (_ *Server, err error) {
+	s := &Server{
+		cfg:       cfg,
+		ctl:       o.Control,
+		logf:      o.Logf,
+		links:     map[string]*rackLink{},
+		apps:      map[uint64]*app{},
+		listeners: map[int]*listener{},
+		conns:     map[uint64]*pconn{},
+	}
+	if s.ctl == nil {
+		s.ctl = &StaticControl{Config: cfg}
+	}
+	if s.logf == nil {
+		s.logf = func(string, ...any) {}
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.appCfg = socklike.Config{SpinBudget: cfg.Proxy.SpinBudget.Duration}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	for _, p := range cfg.Peers {
+		if p.Link == "" {
+			continue
+		}
+		ep, err := socklike.Open(p.Link, socklike.Config{
+			SpinBudget: cfg.Proxy.SpinBudget.Duration,
+			Partitions: cfg.Proxy.Partitions,
+			Fabric:     shm.Options{Dir: cfg.Proxy.FabricDir, WindowSize: cfg.Proxy.Window},
+			Logf: func(format string, args ...any) {
+				s.logf("link %s: "+format, append([]any{p.Link}, args...)...)
+			},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("open link %s to %s: %w", p.Link, p.Host, err)
+		}
+		s.links[p.Host] = &rackLink{peer: p, ep: ep}
+	}
+	return s, nil
+}
+
+// ListenAndServe serves applications on cfg's proxy socket and the
+// snapshot API on its admin socket until Close.
+func (s *Server) ListenAndServe() error {
+	if err := os.MkdirAll(s.cfg.StateDir, 0o755); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	apps, err := listenUnix(s.cfg.Path(config.ProxySocket))
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	admin, err := listenUnix(s.cfg.Path(config.AdminSocket))
+	if err != nil {
+		apps.Close()
+		return fmt.Errorf("serve: %w", err)
+	}
+	errc := make(chan error, 2)
+	go func() { errc <- s.Serve(apps) }()
+	go func() { errc <- s.ServeAdmin(admin) }()
+	err = <-errc
+	s.Close()
+	return errors.Join(err, <-errc)
+}
+
+// listenUnix listens on path, removing a stale socket file first; anyone
+// may connect (credentials are checked per application).
+func listenUnix(path string) (*net.UnixListener, error) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o666); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}
+
+// track registers a listener for Close; false if the Server is closed.
+func (s *Server) track(ln net.Listener) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.socks = append(s.socks, ln)
+	return true
+}
+
+// Serve attaches applications connecting to ln until ln or the Server
+// closes.
+func (s *Server) Serve(ln *net.UnixListener) error {
+	if !s.track(ln) {
+		ln.Close()
+		return net.ErrClosed
+	}
+	for {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			if s.ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("accept application: %w", err)
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.runApp(c)
+		}()
+	}
+}
+
+// Close detaches every application, closes every link and waits.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	socks := s.socks
+	apps := make([]*app, 0, len(s.apps))
+	for _, a := range s.apps {
+		apps = append(apps, a)
+	}
+	s.mu.Unlock()
+	s.cancel()
+	var errs []error
+	for _, ln := range socks {
+		ln.Close()
+	}
+	for _, a := range apps {
+		a.unix.Close() // its runApp tears it down
+	}
+	s.wg.Wait()
+	for _, l := range s.links {
+		errs = append(errs, l.ep.Close())
+	}
+	return errors.Join(errs...)
+}
+
+func hostPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
+
+func validClass(p int) (qos.Class, error) {
+	c := qos.Class(p)
+	if p < 0 || !c.Valid() {
+		return 0, ctlapi.Errorf(ctlapi.CodeBadRequest, "priority %d outside 0..%d", p, qos.Lowest)
+	}
+	return c, nil
+}

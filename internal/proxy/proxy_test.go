@@ -1,0 +1,282 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/net/nettest"
+
+	"github.com/ntstack/ntstack/internal/appproto"
+	"github.com/ntstack/ntstack/internal/config"
+	"github.com/ntstack/ntstack/internal/ctlapi"
+	"github.com/ntstack/ntstack/socklike"
+)
+
+// rack is two hosts, a and b, joined by one emulated NTB link, each with
+// its Server serving in this process.
+type rack struct {
+	a, b   *Server
+	ca, cb *config.Config
+}
+
+func newRack(t *testing.T, acl string) *rack {
+	t.Helper()
+	root := t.TempDir()
+	fabric := filepath.Join("/dev/shm", fmt.Sprintf("ntstack-proxytest-%d-%d", os.Getpid(), rand.Uint32()))
+	t.Cleanup(func() { os.RemoveAll(fabric) })
+	mk := func(host, peer string) *config.Config {
+		doc := fmt.Sprintf(`host = %q
+addresses = ["10.77.0.%d"]
+state_dir = %q
+[proxy]
+fabric_dir = %q
+window = 4194304
+app_window = 2097152
+[[peers]]
+host = %q
+addresses = ["10.77.0.%d"]
+link = "ab"
+%s`, host, host[0], filepath.Join(root, host), fabric, peer, peer[0], acl)
+		c, err := config.Parse([]byte(doc))
+		require.NoError(t, err)
+		return c
+	}
+	r := &rack{ca: mk("a", "b"), cb: mk("b", "a")}
+	for _, x := range []struct {
+		cfg *config.Config
+		s   **Server
+	}{{r.ca, &r.a}, {r.cb, &r.b}} {
+		s, err := New(x.cfg, Options{Logf: t.Logf})
+		require.NoError(t, err)
+		*x.s = s
+		done := make(chan error, 1)
+		go func() { done <- s.ListenAndServe() }()
+		t.Cleanup(func() {
+			require.NoError(t, s.Close())
+			require.NoError(t, <-done)
+		})
+		waitSocket(t, x.cfg.Path(config.ProxySocket))
+	}
+	return r
+}
+
+func waitSocket(t *testing.T, path string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		c, err := net.Dial("unix", path)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}, 5*time.Second, 5*time.Millisecond, "socket %s", path)
+}
+
+func attach(t *testing.T, cfg *config.Config) *socklike.Proxy {
+	t.Helper()
+	p, err := socklike.AttachProxy(cfg.Path(config.ProxySocket), socklike.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// echo serves ln, echoing every connection until EOF.
+func echo(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			io.Copy(c, c)
+			c.Close()
+		}()
+	}
+}
+
+func roundTrip(t *testing.T, c net.Conn, seed uint64, size int) {
+	t.Helper()
+	msg := make([]byte, size)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	for i := range msg {
+		msg[i] = byte(rng.Uint32())
+	}
+	errc := make(chan error, 1)
+	go func() { _, err := c.Write(msg); errc <- err }()
+	got := make([]byte, size)
+	_, err := io.ReadFull(c, got)
+	require.NoError(t, err)
+	require.NoError(t, <-errc)
+	require.True(t, bytes.Equal(msg, got), "echoed bytes differ")
+}
+
+func TestRackAndSameHost(t *testing.T) {
+	r := newRack(t, "")
+	srvB := attach(t, r.cb)
+	ln, err := srvB.Listen("tcp", ":80")
+	require.NoError(t, err)
+	defer ln.Close()
+	go echo(ln)
+	srvA := attach(t, r.ca)
+	lnA, err := srvA.Listen("tcp", ":0")
+	require.NoError(t, err)
+	defer lnA.Close()
+	require.GreaterOrEqual(t, lnA.Addr().(socklike.Addr).Port, firstEphemeral)
+	go echo(lnA)
+
+	client := attach(t, r.ca)
+	for _, target := range []struct{ addr, path string }{
+		{"b:80", ctlapi.PathNTB},
+		{"10.77.0.98:80", ctlapi.PathNTB}, // b's virtual address
+		{fmt.Sprintf("a:%d", lnA.Addr().(socklike.Addr).Port), ctlapi.PathSHM},
+	} {
+		c, err := client.Dial("tcp", target.addr)
+		require.NoError(t, err, target.addr)
+		route := c.(*socklike.Conn).Route()
+		require.Equal(t, target.path, route.Path, target.addr)
+		require.NotEmpty(t, route.Reason)
+		for i, size := range []int{1, 64, 4096, 1 << 20, 3<<20 + 17} {
+			roundTrip(t, c, uint64(i), size)
+		}
+		snap := r.a.Snapshot()
+		require.Len(t, snap.Conns, 1)
+		require.Equal(t, target.path, snap.Conns[0].Path)
+		require.NoError(t, c.Close())
+	}
+
+	// Nobody listens on b:81; a's ACL-free rack refuses like TCP would.
+	_, err = client.Dial("tcp", "b:81")
+	require.ErrorIs(t, err, syscall.ECONNREFUSED)
+	_, err = client.Dial("tcp", "nowhere:80")
+	require.ErrorIs(t, err, socklike.ErrUnknownHost)
+	_, err = srvB.Listen("tcp", ":80")
+	require.ErrorIs(t, err, syscall.EADDRINUSE)
+}
+
+func TestACL(t *testing.T) {
+	r := newRack(t, `
+[[acl]]
+action = "deny"
+direction = "out"
+host = "b"
+port = 6379
+[[acl]]
+action = "deny"
+direction = "in"
+port = 7000
+`)
+	srvB := attach(t, r.cb)
+	for _, port := range []string{":6379", ":7000"} {
+		ln, err := srvB.Listen("tcp", port)
+		require.NoError(t, err)
+		defer ln.Close()
+		go echo(ln)
+	}
+	client := attach(t, r.ca)
+	_, err := client.Dial("tcp", "b:6379")
+	require.ErrorIs(t, err, socklike.ErrDenied)
+	require.ErrorContains(t, err, "acl rule 0 denies uid")
+	_, err = client.Dial("tcp", "b:7000")
+	require.ErrorIs(t, err, socklike.ErrDenied, "b's inbound rule")
+	require.ErrorContains(t, err, "denies a -> b:7000")
+}
+
+// An application that goes away loses its connections, listeners and
+// memory at the proxy.
+func TestDetachReclaims(t *testing.T) {
+	r := newRack(t, "")
+	srvB := attach(t, r.cb)
+	ln, err := srvB.Listen("tcp", ":80")
+	require.NoError(t, err)
+	go echo(ln)
+	client, err := socklike.AttachProxy(r.ca.Path(config.ProxySocket), socklike.Config{})
+	require.NoError(t, err)
+	var conns []net.Conn
+	for range 4 {
+		c, err := client.Dial("tcp", "b:80")
+		require.NoError(t, err)
+		roundTrip(t, c, 1, 1000)
+		conns = append(conns, c)
+	}
+	require.Len(t, r.a.Snapshot().Conns, 4)
+	require.Len(t, r.b.Snapshot().Conns, 4)
+	require.NoError(t, client.Close())
+	_, err = conns[0].Read(make([]byte, 1))
+	require.Error(t, err)
+	require.Eventually(t, func() bool {
+		sa, sb := r.a.Snapshot(), r.b.Snapshot()
+		return len(sa.Apps) == 0 && len(sa.Conns) == 0 && len(sb.Conns) == 0
+	}, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, ln.Close())
+	require.Eventually(t, func() bool { return len(r.b.Snapshot().Listeners) == 0 }, 5*time.Second, 10*time.Millisecond)
+}
+
+// Malformed and wrong-version hellos get an answer and a closed socket; the
+// proxy keeps serving.
+func TestBadHello(t *testing.T) {
+	r := newRack(t, "")
+	path := r.ca.Path(config.ProxySocket)
+	for _, hello := range [][]byte{
+		[]byte("GET / HTTP/1.0\r\n\r\n"),
+		appproto.Hello{Version: 99, Name: "future"}.Encode(),
+	} {
+		c, err := net.Dial("unix", path)
+		require.NoError(t, err)
+		_, err = c.Write(hello)
+		require.NoError(t, err)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, appproto.MaxDatagram)
+		n, err := c.Read(buf)
+		require.NoError(t, err)
+		w, err := appproto.DecodeWelcome(buf[:n])
+		require.NoError(t, err)
+		require.NotEqual(t, ctlapi.OK, w.Code)
+		_, err = c.Read(buf)
+		require.ErrorIs(t, err, io.EOF)
+		c.Close()
+	}
+	_ = attach(t, r.ca)
+}
+
+// The proxied connection passes the standard library's conformance suite.
+func TestNettest(t *testing.T) {
+	r := newRack(t, "")
+	srvB := attach(t, r.cb)
+	client := attach(t, r.ca)
+	ln, err := srvB.Listen("tcp", ":0")
+	require.NoError(t, err)
+	defer ln.Close()
+	addr := fmt.Sprintf("b:%d", ln.Addr().(socklike.Addr).Port)
+	nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		accepted := make(chan net.Conn, 1)
+		go func() {
+			c, err := ln.Accept()
+			if err == nil {
+				accepted <- c
+			}
+		}()
+		c1, err := client.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		select {
+		case c2 := <-accepted:
+			return c1, c2, func() { c1.Close(); c2.Close() }, nil
+		case <-ctx.Done():
+			c1.Close()
+			return nil, nil, nil, errors.New("accept timed out")
+		}
+	})
+}

@@ -1,0 +1,520 @@
+package socklike
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/ntstack/ntstack/internal/appproto"
+	"github.com/ntstack/ntstack/internal/ctlapi"
+	"github.com/ntstack/ntstack/internal/proc"
+	"github.com/ntstack/ntstack/ntb/shm"
+	"github.com/ntstack/ntstack/qos"
+)
+
+// EnvProxy names the environment variable that puts the package in
+// attached mode: the path of the host's ntproxy socket (its state_dir's
+// ntproxy.sock). A Dialer without an Endpoint, and Listen, use it.
+const EnvProxy = "NTSTACK_PROXY"
+
+// Errors of attached mode, wrapped (with the daemon's explanation) in the
+// *net.OpError a Dial or Listen returns. A refused connection wraps
+// syscall.ECONNREFUSED and a taken port syscall.EADDRINUSE, as with TCP.
+var (
+	ErrDenied      = errors.New("denied by access control")
+	ErrNoPath      = errors.New("no path to host")
+	ErrUnknownHost = errors.New("unknown host")
+	ErrVersion     = errors.New("protocol version mismatch")
+	ErrProxy       = errors.New("ntproxy failure")
+	ErrProxyGone   = errors.New("ntproxy went away")
+)
+
+// codeErr turns a daemon's coded answer into an error of this package.
+func codeErr(code ctlapi.Code, msg string) error {
+	var base error
+	switch code {
+	case ctlapi.CodeDenied:
+		base = ErrDenied
+	case ctlapi.CodeNoPath:
+		base = ErrNoPath
+	case ctlapi.CodeUnknown:
+		base = ErrUnknownHost
+	case ctlapi.CodeRefused:
+		base = syscall.ECONNREFUSED
+	case ctlapi.CodePortInUse:
+		base = syscall.EADDRINUSE
+	case ctlapi.CodeQuota:
+		base = qos.ErrQuota
+	case ctlapi.CodeVersion:
+		base = ErrVersion
+	case ctlapi.CodeTimeout:
+		base = os.ErrDeadlineExceeded
+	default:
+		base = ErrProxy
+	}
+	return fmt.Errorf("%w: %s", base, msg)
+}
+
+// Proxy is an application's attachment to its host's ntproxy (attached
+// mode). Connections reach any host of the rack by name or virtual
+// address: another application on this host over shared memory, a rack
+// peer over its NTB link. The application shares memory only with its own
+// ntproxy, never with another application or the fabric.
+//
+// If ntproxy goes away, every connection fails (wrapping ErrProxyGone)
+// within milliseconds, and the next Dial attaches again; Listeners
+// re-register by themselves once ntproxy is back.
+type Proxy struct {
+	path string
+	cfg  Config
+	name string
+
+	mu sync.Mutex
+	// mu protects the following fields.
+	cur      *attachment
+	closed   bool
+	nextPort int // ports of this side of the memory link, for listeners
+}
+
+// attachment is one Hello/Welcome session with ntproxy.
+type attachment struct {
+	unix *net.UnixConn
+	ep   *Endpoint
+	id   uint64
+	done chan struct{} // closed when ntproxy goes or the Proxy closes
+}
+
+func (a *attachment) alive() bool {
+	select {
+	case <-a.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// AttachProxy attaches to the ntproxy serving on the Unix socket path.
+// cfg configures this side of the memory link (SpinBudget matters; the
+// fabric fields are ignored).
+func AttachProxy(path string, cfg Config) (*Proxy, error) {
+	name := "pid-" + strconv.Itoa(os.Getpid())
+	if len(os.Args) > 0 {
+		name = fmt.Sprintf("%s[%d]", baseName(os.Args[0]), os.Getpid())
+	}
+	p := &Proxy{path: path, cfg: cfg, name: name, nextPort: 1024}
+	if _, err := p.attachment(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func baseName(s string) string {
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] == '/' {
+			return s[i+1:]
+		}
+	}
+	return s
+}
+
+var (
+	defaultOnce  sync.Once
+	defaultProxy *Proxy
+	defaultErr   error
+)
+
+// DefaultProxy returns the process's attachment to the ntproxy named by
+// $NTSTACK_PROXY, attaching on first use.
+func DefaultProxy() (*Proxy, error) {
+	defaultOnce.Do(func() {
+		path := os.Getenv(EnvProxy)
+		if path == "" {
+			defaultErr = fmt.Errorf("attached mode: $%s is not set (the path of ntproxy's socket)", EnvProxy)
+			return
+		}
+		defaultProxy, defaultErr = AttachProxy(path, Config{})
+	})
+	return defaultProxy, defaultErr
+}
+
+// attachment returns the live attachment, attaching anew if the last one
+// died.
+func (p *Proxy) attachment() (*attachment, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, net.ErrClosed
+	}
+	if p.cur != nil && p.cur.alive() {
+		return p.cur, nil
+	}
+	a, err := p.attachLocked()
+	if err != nil {
+		return nil, err
+	}
+	p.cur = a
+	return a, nil
+}
+
+func (p *Proxy) attachLocked() (_ *attachment, err error) {
+	fail := func(err error) error { return fmt.Errorf("attach to ntproxy at %s: %w", p.path, err) }
+	uc, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: p.path, Net: "unix"})
+	if err != nil {
+		return nil, fail(fmt.Errorf("%w: %v", ErrProxyGone, err))
+	}
+	defer func() {
+		if err != nil {
+			uc.Close()
+		}
+	}()
+	uc.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := uc.Write(appproto.Hello{Version: appproto.Version, Name: p.name}.Encode()); err != nil {
+		return nil, fail(err)
+	}
+	buf := make([]byte, appproto.MaxDatagram)
+	n, f, err := proc.RecvFile(uc, buf, "ntproxy-link")
+	if err != nil {
+		return nil, fail(err)
+	}
+	if f != nil {
+		defer f.Close() // the Device opens its own descriptor
+	}
+	w, err := appproto.DecodeWelcome(buf[:n])
+	if err != nil {
+		return nil, fail(err)
+	}
+	if w.Code != ctlapi.OK {
+		return nil, fail(codeErr(w.Code, w.Message))
+	}
+	if f == nil {
+		return nil, fail(errors.New("welcome came without the memory link"))
+	}
+	dev, err := shm.OpenFile(f, fmt.Sprintf("app-%d", w.AppID), shm.Options{WindowSize: int(w.Window), Side: shm.Side1})
+	if err != nil {
+		return nil, fail(err)
+	}
+	ep, err := Attach(dev, p.cfg)
+	if err != nil {
+		dev.Close()
+		return nil, fail(err)
+	}
+	ep.ownsDev = true
+	uc.SetDeadline(time.Time{})
+	a := &attachment{unix: uc, ep: ep, id: w.AppID, done: make(chan struct{})}
+	go a.runWatch()
+	return a, nil
+}
+
+// runWatch waits for the attach socket to close (ntproxy went away, or
+// Close) and then ends the attachment's connections.
+func (a *attachment) runWatch() {
+	var b [1]byte
+	a.unix.Read(b[:])
+	close(a.done)
+	a.unix.Close()
+	a.ep.closeWith(ErrProxyGone)
+}
+
+// Close detaches: every connection and listener of the Proxy ends.
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	a := p.cur
+	p.mu.Unlock()
+	if a != nil {
+		a.unix.Close()
+		<-a.done
+	}
+	return nil
+}
+
+// Dial connects to address ("host:port", host a rack host name or virtual
+// address) through ntproxy.
+func (p *Proxy) Dial(network, address string) (net.Conn, error) {
+	return p.DialContext(context.Background(), network, address)
+}
+
+// DialContext is Dial with a context.
+func (p *Proxy) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	c, err := p.DialClass(ctx, address, qos.Default)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// DialClass dials address for a connection of priority class.
+func (p *Proxy) DialClass(ctx context.Context, address string, class qos.Class) (*Conn, error) {
+	opErr := func(err error) error { return &net.OpError{Op: "dial", Net: "ntb", Addr: strAddr(address), Err: err} }
+	host, ps, err := net.SplitHostPort(address)
+	port, perr := strconv.Atoi(ps)
+	if err != nil || perr != nil || port < 1 || port > 65535 {
+		return nil, opErr(fmt.Errorf("address %q: want host:port with port 1..65535", address))
+	}
+	a, err := p.attachment()
+	if err != nil {
+		return nil, opErr(err)
+	}
+	c, err := a.ep.DialContext(ctx, appproto.PortDial)
+	if err != nil {
+		return nil, opErr(err)
+	}
+	var reply appproto.DialReply
+	err = exchange(ctx, c, appproto.DialRequest{Target: host, Port: port, Priority: int(class)}, &reply)
+	if err == nil && reply.Code != ctlapi.OK {
+		err = codeErr(reply.Code, reply.Error)
+	}
+	if err != nil {
+		c.Close()
+		return nil, opErr(err)
+	}
+	c.local, c.remote = parseAddr(reply.Local), parseAddr(reply.Remote)
+	c.route = Route{Path: reply.Path, Reason: reply.Reason}
+	return c, nil
+}
+
+// exchange writes one request frame on c and reads the reply, within ctx.
+func exchange(ctx context.Context, c *Conn, req, reply any) error {
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	err := appproto.WriteFrame(c, req)
+	if err == nil {
+		err = appproto.ReadFrame(c, reply)
+	}
+	if err != nil && ctx.Err() != nil {
+		err = dialErr(ctx.Err())
+	}
+	c.SetDeadline(time.Time{})
+	return err
+}
+
+type strAddr string
+
+func (a strAddr) Network() string { return "ntb" }
+func (a strAddr) String() string  { return string(a) }
+
+func parseAddr(s string) Addr {
+	host, ps, err := net.SplitHostPort(s)
+	if err != nil {
+		return Addr{Host: s}
+	}
+	port, _ := strconv.Atoi(ps)
+	return Addr{Host: host, Port: port}
+}
+
+// Listen listens, through the ntproxy named by $NTSTACK_PROXY, on
+// address's port ("host:port" or ":port"; port 0 picks a free one) of this
+// host, for connections from this host and every rack peer.
+func Listen(network, address string) (net.Listener, error) {
+	p, err := DefaultProxy()
+	if err != nil {
+		return nil, &net.OpError{Op: "listen", Net: "ntb", Addr: strAddr(address), Err: err}
+	}
+	return p.Listen(network, address)
+}
+
+// Listen listens on address's port of this host through ntproxy.
+func (p *Proxy) Listen(network, address string) (net.Listener, error) {
+	ln, err := p.ListenProxy(address, 0)
+	if err != nil {
+		return nil, err
+	}
+	return ln, nil
+}
+
+// ProxyListener is a listener held by ntproxy on the application's behalf.
+type ProxyListener struct {
+	p       *Proxy
+	backlog int
+	acceptq chan *Conn
+	done    chan struct{}
+	once    sync.Once
+
+	mu sync.Mutex
+	// mu protects the following fields.
+	addr Addr
+	a    *attachment
+	ln   *Listener // on this side of the memory link
+	req  *Conn     // the listen request; closing it ends the listen
+}
+
+var _ net.Listener = (*ProxyListener)(nil)
+
+// ListenProxy is Listen with a backlog (0: ntproxy's default).
+func (p *Proxy) ListenProxy(address string, backlog int) (*ProxyListener, error) {
+	opErr := func(err error) error { return &net.OpError{Op: "listen", Net: "ntb", Addr: strAddr(address), Err: err} }
+	_, ps, err := net.SplitHostPort(address)
+	port, perr := strconv.Atoi(ps)
+	if err != nil || perr != nil || port < 0 || port > 65535 {
+		return nil, opErr(fmt.Errorf("address %q: want host:port with port 0..65535", address))
+	}
+	l := &ProxyListener{p: p, backlog: backlog, acceptq: make(chan *Conn, 64), done: make(chan struct{}), addr: Addr{Port: port}}
+	if err := l.register(); err != nil {
+		return nil, opErr(err)
+	}
+	go l.runAccept()
+	return l, nil
+}
+
+// register asks ntproxy for the listen on the current attachment.
+func (l *ProxyListener) register() (err error) {
+	a, err := l.p.attachment()
+	if err != nil {
+		return err
+	}
+	l.p.mu.Lock()
+	l.p.nextPort++
+	if l.p.nextPort > 65535 {
+		l.p.nextPort = 1025
+	}
+	appPort := l.p.nextPort
+	l.p.mu.Unlock()
+	ln, err := a.ep.Listen(appPort)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			ln.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := a.ep.DialContext(ctx, appproto.PortListen)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	port := l.addr.Port
+	l.mu.Unlock()
+	var reply appproto.ListenReply
+	err = exchange(ctx, req, appproto.ListenRequest{Port: port, AppPort: appPort, Backlog: l.backlog}, &reply)
+	if err == nil && reply.Code != ctlapi.OK {
+		err = codeErr(reply.Code, reply.Error)
+	}
+	if err != nil {
+		req.Close()
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	select {
+	case <-l.done: // closed meanwhile
+		req.Close()
+		return net.ErrClosed
+	default:
+	}
+	l.addr = Addr{Host: "", Port: reply.Port}
+	l.a, l.ln, l.req = a, ln, req
+	return nil
+}
+
+// runAccept takes connections ntproxy hands over and, if ntproxy goes
+// away, registers the listen again once it is back.
+func (l *ProxyListener) runAccept() {
+	for {
+		l.mu.Lock()
+		ln := l.ln
+		l.mu.Unlock()
+		for {
+			c, err := ln.AcceptConn()
+			if err != nil {
+				break
+			}
+			go l.introduce(c)
+		}
+		for backoff := 10 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+			select {
+			case <-l.done:
+				return
+			case <-time.After(backoff):
+			}
+			if l.register() == nil {
+				break
+			}
+		}
+	}
+}
+
+// introduce reads the Incoming frame ntproxy sends first and queues c.
+func (l *ProxyListener) introduce(c *Conn) {
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var in appproto.Incoming
+	if err := appproto.ReadFrame(c, &in); err != nil {
+		c.Close()
+		return
+	}
+	c.SetReadDeadline(time.Time{})
+	c.local, c.remote = parseAddr(in.Local), parseAddr(in.Remote)
+	c.route = Route{Path: in.Path, Reason: in.Reason}
+	select {
+	case l.acceptq <- c:
+	case <-l.done:
+		c.Close()
+	}
+}
+
+// Accept waits for the next connection.
+func (l *ProxyListener) Accept() (net.Conn, error) {
+	c, err := l.AcceptConn()
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// AcceptConn is Accept returning the concrete type.
+func (l *ProxyListener) AcceptConn() (*Conn, error) {
+	select {
+	case c := <-l.acceptq:
+		return c, nil
+	case <-l.done:
+		return nil, &net.OpError{Op: "accept", Net: "ntb", Addr: l.Addr(), Err: net.ErrClosed}
+	}
+}
+
+// Close stops listening; accepted connections carry on.
+func (l *ProxyListener) Close() error {
+	first := false
+	l.once.Do(func() {
+		first = true
+		close(l.done)
+		l.mu.Lock()
+		req, ln := l.req, l.ln
+		l.mu.Unlock()
+		req.Close()
+		ln.Close()
+	})
+	if !first {
+		return &net.OpError{Op: "close", Net: "ntb", Addr: l.Addr(), Err: net.ErrClosed}
+	}
+	for {
+		select {
+		case c := <-l.acceptq:
+			c.Close()
+		default:
+			return nil
+		}
+	}
+}
+
+// Addr is the listened address (its port is the one ntproxy allocated for
+// a listen on port 0).
+func (l *ProxyListener) Addr() net.Addr {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.addr
+}
