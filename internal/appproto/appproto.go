@@ -238,3 +238,12 @@ func DecodeFrame(body []byte, v any) error {
 	}
 	return nil
 }
+
+// RackOpen is the first frame of a connection between two hosts' proxies
+// over an NTB link: who is connecting, to which port. The listening proxy
+// answers with a DialReply once the application there has the connection,
+// or with the code that says why not.
+type RackOpen struct {
+	From string `json:"from"`
+	Port int    `json:"port"`
+}

@@ -309,8 +309,8 @@ func (c *Config) Peer(host string) (Peer, bool) {
 
 // Socket paths under StateDir.
 const (
-	MonitorSocket = "ntmon.sock"        // ntmon's local API (HTTP+JSON)
-	ProxySocket   = "ntproxy.sock"      // applications attach here
+	MonitorSocket = "ntmon.sock"         // ntmon's local API (HTTP+JSON)
+	ProxySocket   = "ntproxy.sock"       // applications attach here
 	AdminSocket   = "ntproxy-admin.sock" // ntproxy's snapshot API (HTTP+JSON)
 )
 
