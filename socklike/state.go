@@ -3,6 +3,7 @@ package socklike
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -405,6 +406,11 @@ func (st *state) runPoller() {
 		if !ctlDone && st.control.ArmSpace(64) {
 			continue // room appeared: flush at the top
 		}
+		// The doorbell wait is a blocking system call during which this
+		// thread keeps its P until sysmon takes it back — up to 10 ms in a
+		// quiet process. Goroutines this loop just woke sit on that P's run
+		// queue, so let them run first.
+		runtime.Gosched()
 		ep.counters.pollerSleeps.Add(1)
 		if _, err := ep.dev.WaitDoorbell(ctx, bits); err != nil && ctx.Err() == nil {
 			st.sess.Fail(fmt.Errorf("wait for doorbell: %w", err))

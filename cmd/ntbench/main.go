@@ -106,6 +106,9 @@ import (
 )
 
 func main() {
+	if cfg := os.Getenv(proxydEnv); cfg != "" {
+		os.Exit(runProxyd(cfg))
+	}
 	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 
