@@ -1,0 +1,144 @@
+// Command ntmon is a host's ntstack control-plane daemon: it keeps sessions
+// with the rack peers' ntmons, resolves routes (shared memory, NTB or TCP
+// fallback) and enforces the ACL for ntproxy, reserves ports, and serves
+// status and Prometheus metrics. All the work is in internal/monitor.
+//
+//	ntmon -config /etc/ntstack/host.toml       # run until SIGINT or SIGTERM (that file is the default)
+//	ntmon status                               # tables: links, partitions, peers, listeners, apps, connections
+//	ntmon status -socket /run/ntstack/a/ntmon.sock -json
+//	ntmon version
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/ntstack/ntstack/internal/config"
+	"github.com/ntstack/ntstack/internal/ctlapi"
+	"github.com/ntstack/ntstack/internal/monitor"
+)
+
+// version is the build's version; set with -ldflags "-X main.version=…".
+var version = "dev"
+
+// defaultConfig is where deploy/systemd/ntmon.service keeps the host's
+// configuration.
+const defaultConfig = "/etc/ntstack/host.toml"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run is ntmon with its arguments (without the program name); it returns
+// the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "status":
+			return status(ctx, args[1:], stdout, stderr)
+		case "version":
+			fmt.Fprintf(stdout, "ntmon %s (peer protocol %d)\n", version, monitor.ProtocolVersion)
+			return 0
+		}
+	}
+	fs := flag.NewFlagSet("ntmon", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfgPath := fs.String("config", defaultConfig, "host configuration file (TOML; see internal/config/example.toml)")
+	debug := fs.Bool("debug", false, "log at debug level")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: ntmon [-config FILE] [-debug]\n       ntmon status [-config FILE | -socket PATH] [-json]\n       ntmon version")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return 2
+	}
+	level := slog.LevelInfo
+	if *debug {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if err := serve(ctx, *cfgPath, log); err != nil {
+		fmt.Fprintln(stderr, "ntmon:", err)
+		return 1
+	}
+	return 0
+}
+
+func serve(ctx context.Context, path string, log *slog.Logger) error {
+	cfg, err := config.Load(path)
+	if err != nil {
+		return err
+	}
+	m, err := monitor.New(cfg, monitor.Options{Logger: log, Version: version})
+	if err != nil {
+		return err
+	}
+	return m.Run(ctx)
+}
+
+// status is `ntmon status`.
+func status(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("ntmon status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfgPath := fs.String("config", defaultConfig, "host configuration file: ntmon's socket is under its state_dir")
+	socket := fs.String("socket", "", "ntmon's local API socket (instead of -config)")
+	asJSON := fs.Bool("json", false, "print the raw status as JSON")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintln(stderr, "usage: ntmon status [-config FILE | -socket PATH] [-json]")
+		return 2
+	}
+	if *socket == "" {
+		cfg, err := config.Load(*cfgPath)
+		if err != nil {
+			fmt.Fprintln(stderr, "ntmon status:", err)
+			return 1
+		}
+		*socket = cfg.Path(config.MonitorSocket)
+	}
+	c := ctlapi.NewClient(*socket)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var st ctlapi.Status
+	if err := c.Call(ctx, ctlapi.PathStatus, nil, &st); err != nil {
+		fmt.Fprintf(stderr, "ntmon status: %v\n", err)
+		var e *ctlapi.Error
+		if errors.As(err, &e) && e.Code == ctlapi.CodeUnavail {
+			fmt.Fprintf(stderr, "ntmon status: is ntmon running? (socket %s)\n", *socket)
+		}
+		return 1
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(&st); err != nil {
+			fmt.Fprintln(stderr, "ntmon status:", err)
+			return 1
+		}
+		return 0
+	}
+	if err := monitor.WriteStatus(stdout, &st); err != nil {
+		fmt.Fprintln(stderr, "ntmon status:", err)
+		return 1
+	}
+	return 0
+}

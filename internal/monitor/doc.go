@@ -1,0 +1,31 @@
+// Package monitor is ntmon, a host's control-plane daemon, as a library:
+// cmd/ntmon only wires flags and signals to it, and tests run several
+// Monitors in one process.
+//
+// A Monitor
+//   - keeps a session with every rack peer's ntmon over TCP (the peer
+//     protocol in frame.go: a HELLO exchange carrying magic, protocol
+//     version, capabilities and link metadata, then heartbeats), dialing
+//     each configured peer with backoff and accepting peers that dial it;
+//     one session per peer pair survives, the one dialed by the lexically
+//     smaller host name;
+//   - serves the local API (package ctlapi) over HTTP on a Unix socket in
+//     the state directory: route resolution (shared memory, NTB or the
+//     TCP fallback, and why), admission of inbound connections against
+//     the ACL, port reservations and status;
+//   - exports Prometheus metrics built, at each scrape, from ntproxy's
+//     snapshot and the peer table.
+//
+// Concurrency: every exported method of Monitor is safe for concurrent
+// use. A Monitor's goroutines (the peer acceptor, one dialer per peer, two
+// per live session, the HTTP servers) all start in Start and all end
+// before Close returns.
+//
+// Lifetime: New binds every listener (so a port or socket conflict is an
+// error from New, and tests can read the bound addresses) but starts
+// nothing; Start or Run starts it; Close stops it and is idempotent. A
+// Monitor cannot be restarted after Close. New removes a stale socket file
+// left by a dead ntmon but refuses to take over one a live ntmon serves.
+// Port reservations live in memory only: a restarted ntmon starts with
+// none, and ntproxy is expected to re-register its listeners.
+package monitor
