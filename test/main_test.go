@@ -38,9 +38,10 @@ const (
 // roles are the functions a child process can run. A role returns when it
 // is done or when the test closes the child's stdin (ctl.quit).
 var roles = map[string]func(ctl *childCtl, p childParams) error{
-	"stress": roleStress,
-	"kill":   roleKill,
-	"idle":   roleIdle,
+	"stress":      roleStress,
+	"kill":        roleKill,
+	"idle":        roleIdle,
+	"proxystream": roleProxyStream,
 }
 
 func TestMain(m *testing.M) {
@@ -60,6 +61,8 @@ type childParams struct {
 	Msgs     int    // messages per stream and direction (roleStress)
 	Seed     uint64 // seeds every random choice
 	Budget   time.Duration
+	Proxy    string // ntproxy socket to attach to (roleProxyStream)
+	Target   string // host:port to dial through it
 }
 
 // report is one line a child writes on stdout.

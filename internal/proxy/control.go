@@ -112,7 +112,7 @@ func (s *StaticControl) Reserve(_ context.Context, r ctlapi.ListenRequest) (int,
 		return 0, ctlapi.Errorf(ctlapi.CodeBadRequest, "port %d outside 0..65535", r.Port)
 	}
 	if r.Port != 0 {
-		if pid, taken := s.ports[r.Port]; taken {
+		if pid, taken := s.ports[r.Port]; taken && pid != r.PID {
 			return 0, ctlapi.Errorf(ctlapi.CodePortInUse, "port %d is listened on by pid %d", r.Port, pid)
 		}
 		s.ports[r.Port] = r.PID
