@@ -199,8 +199,18 @@ type Heartbeat struct {
 
 // ErrorBody is the body of ERROR and BYE frames.
 type ErrorBody struct {
-	Message string `json:"message"`
+	Message string `json:"message"` // for people: logs and status
+	// Reason classifies an ERROR for the receiving program ("" = none).
+	Reason string `json:"reason,omitempty"`
 }
+
+// ErrorBody reasons.
+const (
+	// reasonDuplicate: the peers already have a session and keep the
+	// other one (see Monitor.register). The loser does not count it as a
+	// failure.
+	reasonDuplicate = "duplicate"
+)
 
 // Limits on a HELLO's contents, far above any real rack and well inside
 // MaxFrame; they keep a hostile HELLO from filling the status output.

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -169,4 +170,20 @@ func FuzzDecodeFrame(f *testing.F) {
 		var eb ErrorBody
 		_ = DecodeBody(fd, &eb)
 	})
+}
+
+// TestReadFrameHugeLength checks that a length over the cap is refused
+// before anything of that size is allocated.
+func TestReadFrameHugeLength(t *testing.T) {
+	in := binary.LittleEndian.AppendUint32(nil, 0xfffffff0)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for range 100 {
+		_, err := ReadFrame(bytes.NewReader(in))
+		require.ErrorIs(t, err, ErrFrame)
+	}
+	runtime.ReadMemStats(&after)
+	perCall := (after.TotalAlloc - before.TotalAlloc) / 100
+	require.Less(t, perCall, uint64(4096), "ReadFrame allocated %d bytes per refused frame", perCall)
 }

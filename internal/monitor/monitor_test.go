@@ -550,3 +550,39 @@ func squeeze(s string) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// TestRegisterTieBreak drives the one-session-per-pair rule directly: the
+// session dialed by the smaller host name wins whichever came first, and a
+// newer session from the same dialer replaces an older one (the dialer
+// found its old one dead).
+func TestRegisterTieBreak(t *testing.T) {
+	for _, self := range []string{"a", "b"} {
+		t.Run(self, func(t *testing.T) {
+			other := map[string]string{"a": "b", "b": "a"}[self]
+			cfg := baseConfig(t, self)
+			cfg.Peers = []config.Peer{{Host: other}}
+			m, err := New(cfg, Options{Logger: testLogger(t)})
+			require.NoError(t, err)
+			t.Cleanup(func() { require.NoError(t, m.Close()) })
+			sess := func(dialer string) *session {
+				c1, c2 := net.Pipe()
+				t.Cleanup(func() { _ = c1.Close(); _ = c2.Close() })
+				return &session{m: m, conn: c1, outbound: dialer == self, host: other, dialer: dialer, done: make(chan struct{})}
+			}
+			byA, byB, byA2 := sess("a"), sess("b"), sess("a")
+
+			old, err := m.register(byB)
+			require.NoError(t, err)
+			require.Nil(t, old)
+			old, err = m.register(byA) // preferred: replaces
+			require.NoError(t, err)
+			require.Same(t, byB, old)
+			_, err = m.register(sess("b")) // not preferred: refused
+			require.ErrorContains(t, err, "duplicate session")
+			old, err = m.register(byA2) // same dialer, newer: replaces
+			require.NoError(t, err)
+			require.Same(t, byA, old)
+			require.Equal(t, "a", (&node{m: m}).dialer(other))
+		})
+	}
+}

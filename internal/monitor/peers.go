@@ -66,11 +66,11 @@ func (s *session) send(t FrameType, v any) error {
 }
 
 // refuse sends an ERROR frame, best effort: the connection is closed next.
-func (s *session) refuse(msg string) {
+func (s *session) refuse(body ErrorBody) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	_ = s.conn.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
-	_ = WriteFrame(s.conn, FrameError, ErrorBody{Message: msg})
+	_ = WriteFrame(s.conn, FrameError, body)
 }
 
 // bye sends a BYE frame, best effort, and closes the session.
@@ -97,6 +97,9 @@ type refusal struct {
 	host string // the configured peer it concerns, "" if none
 	msg  string
 	send bool
+	// duplicate marks the loser of a simultaneous dial: expected, not a
+	// fault, and no news for the peer's status.
+	duplicate bool
 }
 
 func (r *refusal) Error() string { return r.msg }
@@ -241,7 +244,7 @@ func (m *Monitor) handshake(s *session, dialed string) error {
 		if who == "" {
 			who = "the peer"
 		}
-		return &refusal{host: dialed, msg: fmt.Sprintf("%s refused the session: %s", who, body.Message)}
+		return &refusal{host: dialed, msg: fmt.Sprintf("%s refused the session: %s", who, body.Message), duplicate: body.Reason == reasonDuplicate}
 	}
 	if f.Type != FrameHello {
 		return &refusal{host: dialed, msg: fmt.Sprintf("first frame is %v, want HELLO", f.Type), send: true}
@@ -324,7 +327,11 @@ func (m *Monitor) refused(s *session, err error) {
 		r = &refusal{msg: err.Error()}
 	}
 	if r.send {
-		s.refuse(r.msg)
+		reason := ""
+		if r.duplicate {
+			reason = reasonDuplicate
+		}
+		s.refuse(ErrorBody{Message: r.msg, Reason: reason})
 	}
 	if m.ctx.Err() != nil {
 		return
@@ -332,6 +339,10 @@ func (m *Monitor) refused(s *session, err error) {
 	dir := "inbound"
 	if s.outbound {
 		dir = "outbound"
+	}
+	if r.duplicate {
+		m.log.Info("second session with peer dropped", "peer", s.host, "dir", dir, "remote", s.conn.RemoteAddr().String(), "why", r.msg)
+		return
 	}
 	m.log.Warn("peer session refused", "peer", r.host, "dir", dir, "remote", s.conn.RemoteAddr().String(), "why", r.msg)
 	if r.host != "" {
@@ -357,7 +368,7 @@ func (m *Monitor) register(s *session) (old *session, err error) {
 	p := m.peers[s.host]
 	if p.sess != nil {
 		if m.preferred(p.sess) && !m.preferred(s) {
-			return nil, &refusal{send: true, msg: fmt.Sprintf("duplicate session: %s and %s already have one, dialed by %s",
+			return nil, &refusal{send: true, duplicate: true, msg: fmt.Sprintf("duplicate session: %s and %s already have one, dialed by %s",
 				m.cfg.Host, s.host, p.sess.dialer)}
 		}
 		old = p.sess
@@ -481,7 +492,7 @@ func (s *session) read() string {
 			}
 			switch {
 			case errors.Is(err, ErrFrame):
-				s.refuse(err.Error())
+				s.refuse(ErrorBody{Message: err.Error()})
 				return "protocol error: " + err.Error()
 			case errors.Is(err, os.ErrDeadlineExceeded):
 				return fmt.Sprintf("silent for %v (peer_timeout)", m.peerTimeout)
@@ -494,7 +505,7 @@ func (s *session) read() string {
 		case FrameHeartbeat:
 			var hb Heartbeat
 			if err := DecodeBody(f, &hb); err != nil {
-				s.refuse(err.Error())
+				s.refuse(ErrorBody{Message: err.Error()})
 				return "protocol error: " + err.Error()
 			}
 		case FrameError, FrameBye:
@@ -508,7 +519,7 @@ func (s *session) read() string {
 			return "peer reported an error: " + body.Message
 		default:
 			msg := fmt.Sprintf("unexpected %v in an established session", f.Type)
-			s.refuse(msg)
+			s.refuse(ErrorBody{Message: msg})
 			return "protocol error: " + msg
 		}
 		m.mu.Lock()

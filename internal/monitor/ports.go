@@ -1,8 +1,11 @@
 package monitor
 
 import (
+	"errors"
+	"os"
 	"sort"
 	"sync"
+	"syscall"
 
 	"github.com/ntstack/ntstack/internal/ctlapi"
 )
@@ -34,7 +37,10 @@ func (t *portTable) reserve(req ctlapi.ListenRequest) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if req.Port != 0 {
-		if e, ok := t.held[req.Port]; ok {
+		// The same process asking again is an application re-registering
+		// its listener after an ntproxy restart; a holder that has exited
+		// left its reservation behind with a killed ntproxy.
+		if e, ok := t.held[req.Port]; ok && e.PID != req.PID && pidAlive(e.PID) {
 			return 0, ctlapi.Errorf(ctlapi.CodePortInUse, "listen on port %d: held by pid %d (uid %d)", req.Port, e.PID, e.UID)
 		}
 		t.held[req.Port] = ctlapi.ListenEntry{Port: req.Port, UID: req.UID, PID: req.PID}
@@ -81,4 +87,17 @@ func (t *portTable) list() []ctlapi.ListenEntry {
 	t.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].Port < out[j].Port })
 	return out
+}
+
+// pidAlive reports whether a process with this pid exists (ntmon shares the
+// applications' pid namespace).
+func pidAlive(pid int) bool {
+	if pid <= 0 {
+		return true
+	}
+	p, err := os.FindProcess(pid)
+	if err != nil {
+		return false
+	}
+	return !errors.Is(p.Signal(syscall.Signal(0)), os.ErrProcessDone)
 }
