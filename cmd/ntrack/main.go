@@ -7,12 +7,15 @@
 //
 //	ntrack up -hosts 2 -bin ./bin [-dir /tmp/rack] [-name ntrdemo]
 //	ntrack down -prefix ntrdemo
+//	ntrack demo -bin ./bin [-time 2s]
 //
 // up starts the rack, prints its namespaces, addresses and config paths
 // and an example command, and stays until SIGINT or SIGTERM, then tears
 // the rack down. down removes what racks whose names start with -prefix
 // left behind (namespaces, veths, bridges, default directories) when their
-// ntrack or test was killed.
+// ntrack or test was killed. demo starts a 2-host rack, runs the KV (YCSB
+// over RESP) and HTTP workloads between the hosts through their ntproxy
+// daemons and over TCP loopback, prints both, and tears the rack down.
 package main
 
 import (
@@ -24,9 +27,11 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/ntstack/ntstack/internal/config"
 	"github.com/ntstack/ntstack/internal/rack"
+	"github.com/ntstack/ntstack/internal/rackdemo"
 )
 
 func main() {
@@ -47,7 +52,8 @@ var errUsage = errors.New("bad usage")
 
 const usage = `usage:
   ntrack up -hosts N -bin DIR [-dir DIR] [-name NAME] [-keep]
-  ntrack down -prefix PREFIX`
+  ntrack down -prefix PREFIX
+  ntrack demo -bin DIR [-time 2s]`
 
 func run(args []string, out io.Writer) error {
 	if len(args) == 0 {
@@ -58,6 +64,8 @@ func run(args []string, out io.Writer) error {
 		return up(args[1:], out)
 	case "down":
 		return down(args[1:])
+	case "demo":
+		return demo(args[1:], out)
 	default:
 		return fmt.Errorf("unknown command %q: %w", args[0], errUsage)
 	}
@@ -112,4 +120,30 @@ func down(args []string) error {
 		return fmt.Errorf("down: want -prefix: %w", errUsage)
 	}
 	return rack.Cleanup(*prefix)
+}
+
+func demo(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("ntrack demo", flag.ContinueOnError)
+	bin := fs.String("bin", "", "directory holding the ntmon and ntproxy binaries (required)")
+	per := fs.Duration("time", 2*time.Second, "measured time per workload, size and transport")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *bin == "" {
+		return fmt.Errorf("demo: want -bin DIR: %w", errUsage)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	r, err := rack.Start(ctx, rack.Spec{Hosts: []string{"a", "b"}, BinDir: *bin})
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	a, b := r.Host("a"), r.Host("b")
+	fmt.Fprintf(out, "rack %s: hosts a (%s) and b (%s), NTB link %s, ntmon and ntproxy on each\n",
+		r.Name(), a.IP, b.IP, a.Config.Peers[0].Link)
+	fmt.Fprintf(out, "KV server and HTTP file server attached to b's ntproxy, clients to a's; baseline: the same code over TCP loopback\n\n")
+	res, err := rackdemo.Run(ctx, rackdemo.Options{ServerHost: b.Config, ClientHost: a.Config, KVTime: *per, HTTPTime: *per})
+	res.Print(out)
+	return err
 }
