@@ -69,8 +69,10 @@ func (m *Monitor) Admit(req ctlapi.AdmitRequest) error {
 }
 
 // Listen reserves a port (req.Port 0: one of EphemeralFirst..EphemeralLast)
-// for a local process. Errors: CodePortInUse naming the holder,
-// CodeBadRequest, CodeQuota when the range is exhausted.
+// for a local process. The holder asking again keeps its port (an
+// application re-listening after an ntproxy restart), and a reservation
+// whose holder has exited is taken over. Errors: CodePortInUse naming the
+// holder, CodeBadRequest, CodeQuota when the range is exhausted.
 func (m *Monitor) Listen(req ctlapi.ListenRequest) (ctlapi.ListenReply, error) {
 	port, err := m.ports.reserve(req)
 	if err != nil {

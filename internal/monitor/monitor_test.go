@@ -3,10 +3,12 @@ package monitor
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -336,34 +338,51 @@ func TestPorts(t *testing.T) {
 		err := n.client.Call(ctx, ctlapi.PathListen, ctlapi.ListenRequest{UID: 1000, PID: pid, Port: port}, &rep)
 		return rep.Port, err
 	}
-	p, err := listenOn(100, 8080)
+	// The holder must be a live process: a dead holder's reservation is
+	// taken over (it was left behind by a killed ntproxy).
+	me := os.Getpid()
+	p, err := listenOn(me, 8080)
 	require.NoError(t, err)
 	require.Equal(t, 8080, p)
 	_, err = listenOn(200, 8080)
 	require.Equal(t, ctlapi.CodePortInUse, ctlapi.CodeOf(err))
-	require.Contains(t, err.Error(), "port 8080: held by pid 100")
-
-	p1, err := listenOn(100, 0)
+	require.Contains(t, err.Error(), fmt.Sprintf("port 8080: held by pid %d", me))
+	// The holder itself asking again (re-registering after an ntproxy
+	// restart) keeps its port.
+	p, err = listenOn(me, 8080)
 	require.NoError(t, err)
-	p2, err := listenOn(100, 0)
+	require.Equal(t, 8080, p)
+
+	p1, err := listenOn(me, 0)
+	require.NoError(t, err)
+	p2, err := listenOn(me, 0)
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, p1, EphemeralFirst)
 	require.LessOrEqual(t, p2, EphemeralLast)
 	require.NotEqual(t, p1, p2)
 
 	st := n.status(t)
-	require.Equal(t, []ctlapi.ListenEntry{{Port: 8080, UID: 1000, PID: 100}, {Port: p1, UID: 1000, PID: 100}, {Port: p2, UID: 1000, PID: 100}}, st.Listening)
+	require.Equal(t, []ctlapi.ListenEntry{{Port: 8080, UID: 1000, PID: me}, {Port: p1, UID: 1000, PID: me}, {Port: p2, UID: 1000, PID: me}}, st.Listening)
 
 	err = n.client.Call(ctx, ctlapi.PathUnlisten, ctlapi.ListenRequest{PID: 200, Port: 8080}, nil)
 	require.Equal(t, ctlapi.CodeDenied, ctlapi.CodeOf(err))
-	require.NoError(t, n.client.Call(ctx, ctlapi.PathUnlisten, ctlapi.ListenRequest{PID: 100, Port: 8080}, nil))
-	err = n.client.Call(ctx, ctlapi.PathUnlisten, ctlapi.ListenRequest{PID: 100, Port: 8080}, nil)
+	require.NoError(t, n.client.Call(ctx, ctlapi.PathUnlisten, ctlapi.ListenRequest{PID: me, Port: 8080}, nil))
+	err = n.client.Call(ctx, ctlapi.PathUnlisten, ctlapi.ListenRequest{PID: me, Port: 8080}, nil)
 	require.Equal(t, ctlapi.CodeBadRequest, ctlapi.CodeOf(err))
 	p, err = listenOn(200, 8080)
 	require.NoError(t, err)
 	require.Equal(t, 8080, p)
 	_, err = listenOn(200, 70000)
 	require.Equal(t, ctlapi.CodeBadRequest, ctlapi.CodeOf(err))
+
+	// A reservation whose holder has exited is taken over.
+	dead := exec.Command("true")
+	require.NoError(t, dead.Run())
+	_, err = listenOn(dead.Process.Pid, 9090)
+	require.NoError(t, err)
+	p, err = listenOn(300, 9090)
+	require.NoError(t, err)
+	require.Equal(t, 9090, p)
 }
 
 func TestPortExhaustion(t *testing.T) {
