@@ -27,7 +27,7 @@ build: deps ## build every package and the binaries into bin/
 	$(GO) build -o bin/ ./cmd/...
 
 .PHONY: test
-test: deps ## vet, unit tier under -race, integration tier, VM tier, short fuzzing
+test: deps rackdeps ## vet, unit tier under -race, integration tier (emulated racks), VM tier, short fuzzing
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 10m $(UNIT_PKGS)
 	$(GO) test -count=1 -timeout 10m ./test/...
@@ -42,6 +42,12 @@ test: deps ## vet, unit tier under -race, integration tier, VM tier, short fuzzi
 VM_DEBS := qemu-system-x86 busybox-static kmod cpio
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends
+
+# The emulated rack (internal/rack, test/, make demo) needs iproute2's ip.
+.PHONY: rackdeps
+rackdeps:
+	@command -v ip >/dev/null || { echo "rackdeps: installing iproute2"; \
+		$(APT_INSTALL) iproute2 || { $(SUDO) apt-get update -q && $(APT_INSTALL) iproute2; }; }
 
 .PHONY: vmtest
 vmtest: deps ## boot QEMU guests and test the VFIO path (ivshmem)
@@ -72,8 +78,10 @@ lint: deps ## gofmt, go vet, staticcheck and the project's import and unsafe rul
 	.ci/lint-rules
 
 .PHONY: demo
-demo: ## two endpoints on the emulated fabric: request/response and streaming beside TCP loopback
-	$(GO) run ./cmd/ntbench -transports ntb,ring,tcp -modes pingpong,stream -size 64,65536 -duration 300ms
+demo: build rackdeps ## a 2-host emulated rack running the KV and HTTP workloads beside TCP, then ntbench's transports
+	@if [ "$$(id -u)" = 0 ]; then bin/ntrack demo -bin bin -time 1s; \
+	else echo "demo: the emulated rack needs root (network namespaces); skipping it"; fi
+	bin/ntbench -transports ntb,proxy,ring,tcp -modes pingpong,stream -size 64,65536 -duration 300ms
 
 .PHONY: bench
 bench: ## the full benchmark, table and JSON (out/bench.jsonl), plus go test -bench

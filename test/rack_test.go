@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/net/nettest"
 
 	"github.com/ntstack/ntstack/internal/config"
 	"github.com/ntstack/ntstack/internal/ctlapi"
@@ -263,4 +264,50 @@ func TestRack3(t *testing.T) {
 	_, err = apps["c"].Dial("tcp", "b:7000")
 	require.ErrorIs(t, err, socklike.ErrDenied)
 	t.Logf("denied as expected: %v", err)
+}
+
+// TestRackOffRack: host c has no NTB link, so connections to it leave over
+// TCP between the proxies; they say so and why, carry verified data, and
+// pass the standard library's conformance suite like the NTB path.
+func TestRackOffRack(t *testing.T) {
+	r := startRack(t, rack.Spec{Hosts: []string{"a", "b", "c"}, OffRack: []string{"c"}})
+	srv := attachTo(t, r.Host("c"))
+	ln, err := srv.Listen("tcp", ":7000")
+	require.NoError(t, err)
+	defer ln.Close()
+	go serveEcho(ln)
+	cli := attachTo(t, r.Host("a"))
+	c, err := cli.Dial("tcp", r.Host("c").Address+":7000")
+	require.NoError(t, err)
+	route := c.(*socklike.Conn).Route()
+	t.Logf("a -> c: path %s: %s", route.Path, route.Reason)
+	require.Equal(t, ctlapi.PathTCP, route.Path)
+	require.Contains(t, route.Reason, "no NTB link")
+	for k, n := range []int{1, 4096, 1 << 20, 8 << 20} {
+		require.NoError(t, echoCheck(c, uint64(k), n))
+	}
+	require.NoError(t, c.Close())
+
+	conf, err := srv.Listen("tcp", ":7001")
+	require.NoError(t, err)
+	defer conf.Close()
+	nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) {
+		accepted := make(chan net.Conn, 1)
+		go func() {
+			if c, err := conf.Accept(); err == nil {
+				accepted <- c
+			}
+		}()
+		c1, err := cli.Dial("tcp", "c:7001")
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		select {
+		case c2 := <-accepted:
+			return c1, c2, func() { c1.Close(); c2.Close() }, nil
+		case <-time.After(10 * time.Second):
+			c1.Close()
+			return nil, nil, nil, errors.New("accept timed out")
+		}
+	})
 }

@@ -74,6 +74,10 @@ type Proxy struct {
 	SpinBudget Duration `toml:"spin_budget"`
 	// MaxAppsPerUID bounds attachments per local user.
 	MaxAppsPerUID int `toml:"max_apps_per_uid"`
+	// Fallback is the TCP address this ntproxy accepts connections from
+	// peers that cannot use an NTB link to reach it ("" = none); peers
+	// name it as this host's peers[].fallback.
+	Fallback string `toml:"fallback"`
 }
 
 // Peer is another host of the rack.
@@ -208,6 +212,11 @@ func (c *Config) Validate() error {
 	if c.Monitor.Listen != "" {
 		if _, _, err := net.SplitHostPort(c.Monitor.Listen); err != nil {
 			bad("monitor.listen %q: %v", c.Monitor.Listen, err)
+		}
+	}
+	if c.Proxy.Fallback != "" {
+		if _, _, err := net.SplitHostPort(c.Proxy.Fallback); err != nil {
+			bad("proxy.fallback %q: %v", c.Proxy.Fallback, err)
 		}
 	}
 	if c.Proxy.Window <= 0 || c.Proxy.Window%4096 != 0 {

@@ -293,25 +293,46 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (*p
 			return nil, nil, fabricErr(route.Host, req.Port, err)
 		}
 		pc.partition = fc.Partition()
-		fc.SetDeadline(time.Now().Add(requestTimeout))
-		var reply appproto.DialReply
-		err = appproto.WriteFrame(fc, appproto.RackOpen{From: s.cfg.Host, Port: req.Port})
-		if err == nil {
-			err = appproto.ReadFrame(fc, &reply)
-		}
-		if err == nil && reply.Code != ctlapi.OK {
-			err = &ctlapi.Error{Code: reply.Code, Message: fmt.Sprintf("%s: %s", route.Host, reply.Error)}
-		}
-		if err != nil {
+		if err := s.rackOpen(fc, route.Host, req.Port); err != nil {
 			fc.Close()
-			return nil, nil, fabricErr(route.Host, req.Port, err)
+			return nil, nil, err
 		}
-		fc.SetDeadline(time.Time{})
 		pc.local = hostPort(s.cfg.Host, fc.LocalAddr().(socklike.Addr).Port)
 		return pc, fc, nil
+	case ctlapi.PathTCP:
+		var d net.Dialer
+		tc, err := d.DialContext(ctx, "tcp", route.Addr)
+		if err != nil {
+			return nil, nil, ctlapi.Errorf(ctlapi.CodeNoPath, "connect to %s's fallback %s: %v", route.Host, route.Addr, err)
+		}
+		pc.local = tc.LocalAddr().String()
+		if err := s.rackOpen(tc, route.Host, req.Port); err != nil {
+			tc.Close()
+			return nil, nil, err
+		}
+		return pc, tc, nil
 	default:
-		return nil, nil, ctlapi.Errorf(ctlapi.CodeNoPath, "%s is reachable only over %s (%s): the off-rack path is not built yet", route.Host, route.Path, route.Reason)
+		return nil, nil, ctlapi.Errorf(ctlapi.CodeNoPath, "%s is reachable only over %s (%s), which this ntproxy does not speak", route.Host, route.Path, route.Reason)
 	}
+}
+
+// rackOpen introduces a connection to the peer proxy at its far end and
+// waits for its verdict.
+func (s *Server) rackOpen(c net.Conn, host string, port int) error {
+	c.SetDeadline(time.Now().Add(requestTimeout))
+	var reply appproto.DialReply
+	err := appproto.WriteFrame(c, appproto.RackOpen{From: s.cfg.Host, Port: port})
+	if err == nil {
+		err = appproto.ReadFrame(c, &reply)
+	}
+	if err == nil && reply.Code != ctlapi.OK {
+		err = &ctlapi.Error{Code: reply.Code, Message: fmt.Sprintf("%s: %s", host, reply.Error)}
+	}
+	if err != nil {
+		return fabricErr(host, port, err)
+	}
+	c.SetDeadline(time.Time{})
+	return nil
 }
 
 // fabricErr gives a failed connect over a rack link its code.

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -175,36 +176,67 @@ func (s *Server) runRackAccept(l *listener, link *rackLink, ln *socklike.Listene
 	}
 }
 
-// serveRack admits a connection from a rack peer's proxy and hands it to
-// the listening application.
+// serveRack admits a connection from a rack peer's proxy over the NTB link
+// and hands it to the listening application.
 func (s *Server) serveRack(l *listener, link *rackLink, fc *socklike.Conn) {
+	s.serveInbound(fc, inbound{
+		from: link.peer.Host, listener: l, path: ctlapi.PathNTB, link: link.peer.Link,
+		partition: fc.Partition(), remotePort: fc.RemoteAddr().(socklike.Addr).Port,
+		via: "over NTB link " + link.peer.Link,
+	})
+}
+
+// inbound describes where a connection from another host's proxy came in.
+type inbound struct {
+	from       string    // the peer it must come from ("": any peer, checked)
+	listener   *listener // the listener it arrived for (nil: by its port)
+	path, link string
+	partition  int
+	remotePort int
+	via        string
+}
+
+// serveInbound reads the RackOpen a peer's proxy sends first, admits the
+// connection and hands it to the listening application.
+func (s *Server) serveInbound(fc net.Conn, in inbound) {
 	fc.SetDeadline(time.Now().Add(requestTimeout))
 	var open appproto.RackOpen
 	if err := appproto.ReadFrame(fc, &open); err != nil {
-		s.logf("link %s: open from peer: %v", link.peer.Link, err)
+		s.logf("inbound %s: open from peer: %v", in.via, err)
 		fc.Close()
 		return
 	}
 	refuse := func(err error) {
-		s.logf("link %s: refused %s -> port %d: %v", link.peer.Link, open.From, open.Port, err)
+		s.logf("inbound %s: refused %s -> port %d: %v", in.via, open.From, open.Port, err)
 		appproto.WriteFrame(fc, appproto.DialReply{Code: ctlapi.CodeOf(err), Error: errMessage(err)})
 		fc.Close()
 	}
-	if open.From != link.peer.Host || open.Port != l.port {
-		refuse(ctlapi.Errorf(ctlapi.CodeBadRequest, "open from %q for port %d arrived on link %s to %s, port %d", open.From, open.Port, link.peer.Link, link.peer.Host, l.port))
+	l := in.listener
+	switch {
+	case in.from != "" && open.From != in.from:
+		refuse(ctlapi.Errorf(ctlapi.CodeBadRequest, "open from %q arrived %s, which leads to %s", open.From, in.via, in.from))
 		return
+	case l != nil && open.Port != l.port:
+		refuse(ctlapi.Errorf(ctlapi.CodeBadRequest, "open for port %d arrived on the listener of port %d", open.Port, l.port))
+		return
+	case l == nil:
+		if l = s.listenerOn(open.Port); l == nil {
+			refuse(ctlapi.Errorf(ctlapi.CodeRefused, "nobody listens on %s", hostPort(s.cfg.Host, open.Port)))
+			return
+		}
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, dialTimeout)
 	defer cancel()
+	// Admit also refuses a host that is not a configured peer.
 	if err := s.ctl.Admit(ctx, ctlapi.AdmitRequest{Peer: open.From, Port: l.port}); err != nil {
 		refuse(err)
 		return
 	}
 	pc := &pconn{
-		id: s.nextID.Add(1), dir: "in", path: ctlapi.PathNTB, link: link.peer.Link, partition: fc.Partition(),
-		reason: fmt.Sprintf("from rack peer %s over NTB link %s", open.From, link.peer.Link),
+		id: s.nextID.Add(1), dir: "in", path: in.path, link: in.link, partition: in.partition,
+		reason: fmt.Sprintf("from %s %s", open.From, in.via),
 		local:  hostPort(s.cfg.Host, l.port),
-		remote: hostPort(open.From, fc.RemoteAddr().(socklike.Addr).Port),
+		remote: hostPort(open.From, in.remotePort),
 	}
 	ac, err := s.handoff(ctx, l, appproto.Incoming{Local: pc.local, Remote: pc.remote, Path: pc.path, Reason: pc.reason}, pc)
 	if err != nil {
@@ -217,6 +249,31 @@ func (s *Server) serveRack(l *listener, link *rackLink, fc *socklike.Conn) {
 		fc.Close()
 		return
 	}
-	pc.app = l.app.id
 	s.splice(l.app, pc, ac, fc)
+}
+
+// serveFallback takes connections from peers' proxies over TCP.
+func (s *Server) serveFallback(ln net.Listener) error {
+	if !s.track(ln) {
+		ln.Close()
+		return net.ErrClosed
+	}
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if s.ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("accept fallback: %w", err)
+		}
+		port := 0
+		if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+			port = a.Port
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.serveInbound(c, inbound{path: ctlapi.PathTCP, partition: -1, remotePort: port, via: "over TCP from " + c.RemoteAddr().String()})
+		}()
+	}
 }

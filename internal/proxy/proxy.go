@@ -122,8 +122,9 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 	return s, nil
 }
 
-// ListenAndServe serves applications on cfg's proxy socket and the
-// snapshot API on its admin socket until Close.
+// ListenAndServe serves applications on cfg's proxy socket, the snapshot
+// API on its admin socket and, if configured, peers' proxies on its TCP
+// fallback address, until Close.
 func (s *Server) ListenAndServe() error {
 	if err := os.MkdirAll(s.cfg.StateDir, 0o755); err != nil {
 		return fmt.Errorf("serve: %w", err)
@@ -137,12 +138,27 @@ func (s *Server) ListenAndServe() error {
 		apps.Close()
 		return fmt.Errorf("serve: %w", err)
 	}
-	errc := make(chan error, 2)
-	go func() { errc <- s.Serve(apps) }()
-	go func() { errc <- s.ServeAdmin(admin) }()
+	serve := []func() error{func() error { return s.Serve(apps) }, func() error { return s.ServeAdmin(admin) }}
+	if s.cfg.Proxy.Fallback != "" {
+		tcp, err := net.Listen("tcp", s.cfg.Proxy.Fallback)
+		if err != nil {
+			apps.Close()
+			admin.Close()
+			return fmt.Errorf("serve: fallback: %w", err)
+		}
+		serve = append(serve, func() error { return s.serveFallback(tcp) })
+	}
+	errc := make(chan error, len(serve))
+	for _, f := range serve {
+		go func() { errc <- f() }()
+	}
 	err = <-errc
 	s.Close()
-	return errors.Join(err, <-errc)
+	errs := []error{err}
+	for range len(serve) - 1 {
+		errs = append(errs, <-errc)
+	}
+	return errors.Join(errs...)
 }
 
 // listenUnix listens on path, removing a stale socket file first; anyone

@@ -431,6 +431,7 @@ func plan(spec Spec) (*Rack, error) {
 				FabricDir:  r.fabricDir,
 				Window:     spec.Window,
 				Partitions: spec.Partitions,
+				Fallback:   netip.AddrPortFrom(h.IP, FallbackPort).String(),
 			},
 			ACL: spec.ACL[h.Name],
 		}
