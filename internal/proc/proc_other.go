@@ -4,6 +4,7 @@ package proc
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"runtime"
 	"syscall"
@@ -40,3 +41,26 @@ func ReadHost() Host {
 	h.Hostname, _ = os.Hostname()
 	return h
 }
+
+// Cred is the identity of a Unix socket's peer process.
+type Cred struct {
+	PID, UID, GID int
+}
+
+// PeerCred is not supported on this platform.
+func PeerCred(c *net.UnixConn) (Cred, error) {
+	return Cred{}, fmt.Errorf("peer credentials: %w", ErrNotSupported)
+}
+
+// SendFile is not supported on this platform.
+func SendFile(c *net.UnixConn, msg []byte, f *os.File) error {
+	return fmt.Errorf("send descriptor: %w", ErrNotSupported)
+}
+
+// RecvFile is not supported on this platform.
+func RecvFile(c *net.UnixConn, buf []byte, name string) (int, *os.File, error) {
+	return 0, nil, fmt.Errorf("receive descriptor: %w", ErrNotSupported)
+}
+
+// Yield only yields the goroutine on this platform.
+func Yield() { runtime.Gosched() }
