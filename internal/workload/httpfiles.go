@@ -1,0 +1,270 @@
+package workload
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// FileServer serves deterministic pseudorandom files over net/http: GET
+// (or HEAD, or a Range of) /file/<size> returns FileContent(size, seed)
+// for each size given to NewFileServer, with its SHA-256 in the
+// X-Content-Sha256 header; any other path is 404.
+//
+// The files are generated once, in NewFileServer, and kept in memory
+// until the FileServer is dropped; handlers only read them.
+type FileServer struct {
+	seed  uint64
+	files map[int]servedFile // immutable after NewFileServer
+	srv   *http.Server
+}
+
+type servedFile struct {
+	data []byte
+	sum  string // hex SHA-256 of data
+}
+
+// NewFileServer generates a file of each size (negative sizes panic) from
+// seed; call Serve to start serving them.
+func NewFileServer(sizes []int, seed uint64) *FileServer {
+	fs := &FileServer{seed: seed, files: make(map[int]servedFile, len(sizes))}
+	for _, n := range sizes {
+		if n < 0 {
+			panic(fmt.Sprintf("workload: NewFileServer: negative size %d", n))
+		}
+		data := FileContent(n, seed)
+		sum := sha256.Sum256(data)
+		fs.files[n] = servedFile{data: data, sum: hex.EncodeToString(sum[:])}
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /file/{size}", fs.serveFile)
+	fs.srv = &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}
+	return fs
+}
+
+// FileContent returns the file of size bytes that a FileServer with seed
+// serves: the splitmix64 stream from a hash of (seed, size).
+func FileContent(size int, seed uint64) []byte {
+	b := make([]byte, size)
+	fillStream(b, mix64(seed)^mix64(uint64(size)+1))
+	return b
+}
+
+// FileURLPath is the path of the file of size bytes.
+func FileURLPath(size int) string { return "/file/" + strconv.Itoa(size) }
+
+func (fs *FileServer) serveFile(w http.ResponseWriter, r *http.Request) {
+	size, err := strconv.Atoi(r.PathValue("size"))
+	f, ok := fs.files[size]
+	if err != nil || !ok {
+		http.NotFound(w, r)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("X-Content-Sha256", f.sum)
+	http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(f.data))
+}
+
+// Serve serves HTTP on ln until Close; it returns nil after Close and
+// otherwise the error that stopped it. ln is closed either way.
+func (fs *FileServer) Serve(ln net.Listener) error {
+	if err := fs.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("file server: serve: %w", err)
+	}
+	return nil
+}
+
+// Close closes the listeners and every connection at once, as
+// http.Server.Close does; handlers still running end on their next write.
+func (fs *FileServer) Close() error {
+	if err := fs.srv.Close(); err != nil {
+		return fmt.Errorf("file server: close: %w", err)
+	}
+	return nil
+}
+
+var _ io.Closer = (*FileServer)(nil)
+
+// HTTPConfig configures RunHTTP.
+type HTTPConfig struct {
+	Dial        DialFunc // nil: a plain net.Dialer
+	BaseURL     string   // "http://host:port", the FileServer's root
+	Size        int      // which file to fetch, in bytes
+	Seed        uint64   // the FileServer's seed, to know the expected bytes
+	Requests    int64    // requests in all; 0: until Duration
+	Duration    time.Duration
+	Concurrency int // concurrent clients, each with its own keep-alive connection
+	// Timeout bounds each request, body included; 0 means 60 s.
+	Timeout time.Duration
+}
+
+// HTTPResult is what RunHTTP measured. Requests counts every request sent;
+// Errors and VerifyErrors are those that failed or returned wrong bytes.
+// Bytes counts body bytes received; MBPerSec is Bytes per second of the
+// run, in 10^6 bytes. Latency is from sending a request to the end of its
+// body.
+type HTTPResult struct {
+	Size         int            `json:"size"`
+	Concurrency  int            `json:"concurrency"`
+	Requests     uint64         `json:"requests"`
+	Bytes        uint64         `json:"bytes"`
+	Errors       uint64         `json:"errors"`
+	VerifyErrors uint64         `json:"verify_errors"`
+	Elapsed      time.Duration  `json:"elapsed_ns"`
+	MBPerSec     float64        `json:"mb_per_s"`
+	Latency      LatencySummary `json:"latency"`
+}
+
+const defaultHTTPTimeout = 60 * time.Second
+
+// RunHTTP fetches cfg.BaseURL/file/<cfg.Size> with cfg.Concurrency clients
+// until cfg.Requests requests or cfg.Duration, whichever comes first (at
+// least one must be set), or ctx ends, over an http.Transport that dials
+// with cfg.Dial (keep-alives on, compression off). Every body's length and
+// SHA-256 are checked against FileContent(cfg.Size, cfg.Seed).
+//
+// The result is filled in whenever the run started. The error is non-nil
+// if the configuration is invalid, ctx ended, or any request failed
+// (matching ErrVerify if a body was wrong); it names the first failure of
+// each kind.
+func RunHTTP(ctx context.Context, cfg HTTPConfig) (HTTPResult, error) {
+	res := HTTPResult{Size: cfg.Size, Concurrency: cfg.Concurrency}
+	switch {
+	case cfg.Size < 0:
+		return res, fmt.Errorf("http run: size %d: want at least 0", cfg.Size)
+	case cfg.Concurrency < 1:
+		return res, fmt.Errorf("http run: concurrency %d: want at least 1", cfg.Concurrency)
+	case cfg.Requests <= 0 && cfg.Duration <= 0:
+		return res, errors.New("http run: neither requests nor duration set")
+	case !strings.HasPrefix(cfg.BaseURL, "http://"):
+		return res, fmt.Errorf("http run: base URL %q: want http://host:port", cfg.BaseURL)
+	}
+	url := strings.TrimSuffix(cfg.BaseURL, "/") + FileURLPath(cfg.Size)
+	want := sha256.Sum256(FileContent(cfg.Size, cfg.Seed))
+	dial := cfg.Dial
+	if dial == nil {
+		dial = (&net.Dialer{}).DialContext
+	}
+	timeout := cfg.Timeout
+	if timeout <= 0 {
+		timeout = defaultHTTPTimeout
+	}
+	tr := &http.Transport{
+		DialContext:           dial,
+		DisableCompression:    true,
+		MaxIdleConns:          cfg.Concurrency,
+		MaxIdleConnsPerHost:   cfg.Concurrency,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: timeout,
+	}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: timeout}
+
+	b := &budget{ctx: ctx, ops: cfg.Requests}
+	workers := make([]httpWorker, cfg.Concurrency)
+	var fails failures
+	var wg sync.WaitGroup
+	start := time.Now()
+	if cfg.Duration > 0 {
+		var cancel context.CancelFunc
+		b.ctx, cancel = context.WithDeadline(ctx, start.Add(cfg.Duration))
+		defer cancel()
+	}
+	for i := range workers {
+		w := &workers[i]
+		wg.Go(func() { w.run(ctx, b, client, url, int64(cfg.Size), want, &fails) })
+	}
+	wg.Wait()
+	res.Elapsed = time.Since(start)
+
+	var lat Recorder
+	for i := range workers {
+		w := &workers[i]
+		lat.Merge(&w.lat)
+		res.Bytes += w.bytes
+		res.Errors += w.errors
+		res.VerifyErrors += w.verifyErrors
+	}
+	res.Requests = lat.Count()
+	res.Latency = lat.Summary()
+	if res.Elapsed > 0 {
+		res.MBPerSec = float64(res.Bytes) / res.Elapsed.Seconds() / 1e6
+	}
+	if err := fails.err(ctx, res.Errors, res.VerifyErrors); err != nil {
+		return res, fmt.Errorf("http run: %w", err)
+	}
+	return res, nil
+}
+
+// httpWorker is one client; only its goroutine touches it until RunHTTP's
+// wait returns.
+type httpWorker struct {
+	lat                  Recorder
+	bytes                uint64
+	errors, verifyErrors uint64
+}
+
+// httpCopyBuf is each worker's body read size.
+const httpCopyBuf = 256 << 10
+
+func (w *httpWorker) run(ctx context.Context, b *budget, client *http.Client, url string, size int64, want [sha256.Size]byte, fails *failures) {
+	buf := make([]byte, httpCopyBuf)
+	for b.take() {
+		start := time.Now()
+		n, sum, err := fetch(ctx, client, url, buf)
+		w.lat.Record(time.Since(start))
+		w.bytes += uint64(n)
+		switch {
+		case err != nil:
+			if ctx.Err() != nil {
+				return
+			}
+			w.errors++
+			fails.op(fmt.Errorf("get %s: %w", url, err))
+		case n != size:
+			w.verifyErrors++
+			fails.verify(fmt.Errorf("get %s: body is %d bytes, want %d: %w", url, n, size, ErrVerify))
+		case sum != want:
+			w.verifyErrors++
+			fails.verify(fmt.Errorf("get %s: body SHA-256 %x, want %x: %w", url, sum, want, ErrVerify))
+		}
+	}
+}
+
+// fetch GETs url and returns the body's length and SHA-256.
+func fetch(ctx context.Context, client *http.Client, url string, buf []byte) (int64, [sha256.Size]byte, error) {
+	var sum [sha256.Size]byte
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, sum, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, sum, err
+	}
+	defer resp.Body.Close()
+	h := sha256.New()
+	n, err := io.CopyBuffer(h, resp.Body, buf)
+	if err != nil {
+		return n, sum, fmt.Errorf("read body: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return n, sum, fmt.Errorf("status %s", resp.Status)
+	}
+	h.Sum(sum[:0])
+	return n, sum, nil
+}
