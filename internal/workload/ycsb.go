@@ -38,11 +38,6 @@ type YCSBConfig struct {
 	Seed     uint64 // seeds every client's choice of keys and operations
 	// OpTimeout bounds each command's read and write; 0 means 10 s.
 	OpTimeout time.Duration
-	// SkipLoad skips the load phase, for a second run over the same keys
-	// without restarting the server. The version counters then start
-	// afresh, so run a workload only over keys loaded with the same
-	// Records and no later updates, or verification fails.
-	SkipLoad bool
 }
 
 // YCSBResult is what RunYCSB measured. Ops counts every operation of the
@@ -136,17 +131,11 @@ func RunYCSB(ctx context.Context, cfg YCSBConfig) (YCSBResult, error) {
 	defer client.Close()
 
 	db := &ycsbKeys{versions: make([]atomic.Uint32, cfg.Records)}
-	if !cfg.SkipLoad {
-		start := time.Now()
-		if err := db.load(ctx, client, cfg.Clients); err != nil {
-			return res, fmt.Errorf("ycsb load: %w", err)
-		}
-		res.LoadElapsed = time.Since(start)
-	} else {
-		for i := range db.versions {
-			db.versions[i].Store(1)
-		}
+	loadStart := time.Now()
+	if err := db.load(ctx, client, cfg.Clients); err != nil {
+		return res, fmt.Errorf("ycsb load: %w", err)
 	}
+	res.LoadElapsed = time.Since(loadStart)
 
 	b := &budget{ctx: ctx, ops: cfg.Ops}
 	zipf := NewZipfian(uint64(cfg.Records), ZipfianTheta)
