@@ -1,0 +1,49 @@
+package test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ntstack/ntstack/internal/ctlapi"
+	"github.com/ntstack/ntstack/internal/rack"
+	"github.com/ntstack/ntstack/internal/rackdemo"
+)
+
+// TestRackWorkloads runs the rack-scale workloads between two hosts through
+// their daemons — a RESP key-value server under go-redis and a YCSB load,
+// net/http serving 8 KiB to 32 MiB files — and the same code over TCP
+// loopback, every value and body verified. The figures are the demo's;
+// here only correctness is asserted.
+func TestRackWorkloads(t *testing.T) {
+	r := startRack(t, rack.Spec{Hosts: []string{"a", "b"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := rackdemo.Run(ctx, rackdemo.Options{
+		ServerHost: r.Host("b").Config, ClientHost: r.Host("a").Config,
+		Records: 2000, KVTime: 500 * time.Millisecond, HTTPTime: 500 * time.Millisecond,
+	})
+	var out testWriter
+	res.Print(&out)
+	t.Logf("\n%s", out)
+	require.NoError(t, err)
+	require.Len(t, res.KV, 4)
+	require.Len(t, res.HTTP, 6)
+	for i, k := range res.KV {
+		require.Equal(t, []string{ctlapi.PathNTB, ctlapi.PathTCP}[i/2], k.Path)
+		require.Positive(t, k.Ops, "%s %s", k.Transport, k.Workload)
+		require.Zero(t, k.Errors+k.VerifyErrors, "%s %s", k.Transport, k.Workload)
+	}
+	for i, h := range res.HTTP {
+		require.Equal(t, []string{ctlapi.PathNTB, ctlapi.PathTCP}[i/3], h.Path)
+		require.Positive(t, h.Requests, "%s %d", h.Transport, h.Size)
+		require.Zero(t, h.Errors+h.VerifyErrors, "%s %d", h.Transport, h.Size)
+	}
+}
+
+type testWriter []byte
+
+func (w *testWriter) Write(b []byte) (int, error) { *w = append(*w, b...); return len(b), nil }
+func (w testWriter) String() string               { return string(w) }
