@@ -221,6 +221,17 @@ func (a *attachment) runWatch() {
 	a.ep.closeWith(ErrProxyGone)
 }
 
+// Stats returns the counters of the current attachment's memory link.
+func (p *Proxy) Stats() Stats {
+	p.mu.Lock()
+	a := p.cur
+	p.mu.Unlock()
+	if a == nil {
+		return Stats{}
+	}
+	return a.ep.Stats()
+}
+
 // Close detaches: every connection and listener of the Proxy ends.
 func (p *Proxy) Close() error {
 	p.mu.Lock()

@@ -81,6 +81,9 @@ func clientProxy(sock string, o *options) (*socklike.Proxy, error) {
 		return nil, err
 	}
 	proxyClients[sock] = p
+	if o.stats {
+		statsHooks = append(statsHooks, func() { fmt.Fprintf(os.Stderr, "proxy client app: %+v\n", p.Stats()) })
+	}
 	return p, nil
 }
 
@@ -90,10 +93,11 @@ type proxyRack struct {
 	app    *socklike.Proxy
 	dirs   []string
 	daemon []*exec.Cmd
+	stats  bool
 }
 
 func listenProxy(o *options) (_ net.Listener, _ string, err error) {
-	r := &proxyRack{}
+	r := &proxyRack{stats: o.stats}
 	defer func() {
 		if err != nil {
 			r.Close()
@@ -155,6 +159,9 @@ func listenProxy(o *options) (_ net.Listener, _ string, err error) {
 // files.
 func (r *proxyRack) Close() error {
 	var errs []error
+	if r.app != nil && r.stats {
+		fmt.Fprintf(os.Stderr, "proxy server app: %+v\n", r.app.Stats())
+	}
 	if r.Listener != nil {
 		errs = append(errs, r.Listener.Close())
 	}
@@ -246,6 +253,7 @@ func runProxyd(cfgPath string) int {
 	}()
 	if err := s.ListenAndServe(); err != nil {
 		fmt.Fprintf(os.Stderr, "ntbench proxyd: %v\n", err)
+		return 1
 	}
 	return 0
 }
