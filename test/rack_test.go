@@ -55,7 +55,9 @@ func startRack(t *testing.T, spec rack.Spec) *rack.Rack {
 	if err := rack.Supported(); err != nil {
 		t.Skipf("emulated rack: %v", err)
 	}
-	spec.BinDir = daemons(t)
+	if spec.Daemons == nil {
+		spec.BinDir = daemons(t)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	r, err := rack.Start(ctx, spec)

