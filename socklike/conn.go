@@ -28,7 +28,8 @@ type Conn struct {
 	peerID        uint32 // theirs; frames we send carry it
 	gen, peerGen  uint32 // incarnations of id and peerID
 	local, remote Addr
-	route         Route // set before the Conn is handed out, then read-only
+	route         Route  // set before the Conn is handed out, then read-only
+	onClose       func() // run once by Close (attached mode's direct links)
 
 	rlock, wlock     sync.Mutex    // serialise Read calls and Write calls
 	rnotify, wnotify chan struct{} // cap 1: something changed for readers / writers
@@ -679,6 +680,9 @@ func (c *Conn) Close() error {
 	c.qmu.Lock()
 	c.q = byteQueue{}
 	c.qmu.Unlock()
+	if c.onClose != nil {
+		c.onClose()
+	}
 	return nil
 }
 

@@ -161,6 +161,8 @@ type Dialer struct {
 	Timeout time.Duration
 	// Priority is the class of the connections it dials (default 0).
 	Priority qos.Class
+	// Direct asks ntproxy for direct mode (Proxy.DialDirect).
+	Direct bool
 }
 
 // Dial is DialContext with a background context.
@@ -190,7 +192,7 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 				return nil, &net.OpError{Op: "dial", Net: "ntb", Addr: strAddr(address), Err: err}
 			}
 		}
-		c, err := p.DialClass(ctx, address, d.Priority)
+		c, err := p.dial(ctx, address, d.Priority, d.Direct)
 		if err != nil {
 			return nil, err
 		}

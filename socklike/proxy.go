@@ -266,6 +266,20 @@ func (p *Proxy) DialContext(ctx context.Context, network, address string) (net.C
 
 // DialClass dials address for a connection of priority class.
 func (p *Proxy) DialClass(ctx context.Context, address string, class qos.Class) (*Conn, error) {
+	return p.dial(ctx, address, class, false)
+}
+
+// DialDirect dials address in direct mode: the proxies grant the
+// connection a window slice (a link) of its own and leave the data path,
+// so its bytes move between the two applications with no copy in either
+// proxy. It costs window memory (ntproxy's direct_quota) and, in this
+// process, an endpoint per connection; it needs an NTB link or both ends
+// on this host.
+func (p *Proxy) DialDirect(ctx context.Context, address string, class qos.Class) (*Conn, error) {
+	return p.dial(ctx, address, class, true)
+}
+
+func (p *Proxy) dial(ctx context.Context, address string, class qos.Class, direct bool) (*Conn, error) {
 	opErr := func(err error) error { return &net.OpError{Op: "dial", Net: "ntb", Addr: strAddr(address), Err: err} }
 	host, ps, err := net.SplitHostPort(address)
 	port, perr := strconv.Atoi(ps)
@@ -281,17 +295,85 @@ func (p *Proxy) DialClass(ctx context.Context, address string, class qos.Class) 
 		return nil, opErr(err)
 	}
 	var reply appproto.DialReply
-	err = exchange(ctx, c, appproto.DialRequest{Target: host, Port: port, Priority: int(class)}, &reply)
+	err = exchange(ctx, c, appproto.DialRequest{Target: host, Port: port, Priority: int(class), Direct: direct}, &reply)
 	if err == nil && reply.Code != ctlapi.OK {
 		err = codeErr(reply.Code, reply.Error)
+	}
+	if err == nil && direct != (reply.Direct != nil) {
+		err = fmt.Errorf("%w: direct mode asked %v, granted %v", ErrProxy, direct, reply.Direct != nil)
 	}
 	if err != nil {
 		c.Close()
 		return nil, opErr(err)
 	}
+	if direct {
+		// c stays open as the lease on the link until dc closes.
+		dc, err := p.openDirect(ctx, reply.Direct, 0, c)
+		if err != nil {
+			c.Close()
+			return nil, opErr(err)
+		}
+		c = dc
+	}
 	c.local, c.remote = parseAddr(reply.Local), parseAddr(reply.Remote)
 	c.route = Route{Path: reply.Path, Reason: reply.Reason}
 	return c, nil
+}
+
+// openDirect attaches side (0: dial, 1: listen) of a direct link and
+// returns its connection; closing that connection closes the link's
+// endpoint and the lease once the peer has closed too.
+func (p *Proxy) openDirect(ctx context.Context, dl *appproto.DirectLink, side int, lease *Conn) (*Conn, error) {
+	if dl.Window <= 0 || dl.Name == "" {
+		return nil, fmt.Errorf("%w: direct link %+v", ErrProxy, *dl)
+	}
+	ep, err := Open(dl.Name, Config{SpinBudget: p.cfg.SpinBudget, Window: p.cfg.Window, MTU: p.cfg.MTU,
+		Fabric: shm.Options{Dir: dl.Dir, WindowSize: dl.Window, Side: shm.Side0 + shm.Side(side)}})
+	if err != nil {
+		return nil, fmt.Errorf("direct link %s: %w", dl.Name, err)
+	}
+	var dc *Conn
+	if side == 0 {
+		dc, err = ep.DialContext(ctx, appproto.DirectPort)
+		shm.Remove(dl.Dir, dl.Name) // both ends hold it now
+	} else {
+		var ln *Listener
+		if ln, err = ep.Listen(appproto.DirectPort); err == nil {
+			if _, err = lease.Write([]byte{appproto.DirectReady}); err == nil {
+				dc, err = acceptWithin(ln, 10*time.Second)
+			}
+			ln.Close()
+		}
+	}
+	if err != nil {
+		ep.Close()
+		return nil, fmt.Errorf("direct link %s: %w", dl.Name, err)
+	}
+	dc.onClose = func() { go dc.linger(ep, lease) }
+	return dc, nil
+}
+
+func acceptWithin(ln *Listener, d time.Duration) (*Conn, error) {
+	t := time.AfterFunc(d, func() { ln.Close() })
+	defer t.Stop()
+	return ln.AcceptConn()
+}
+
+// linger waits until the peer has closed its end too (or the link died),
+// so that what was written before Close is delivered, then closes the
+// direct link's endpoint and the lease.
+func (c *Conn) linger(ep *Endpoint, lease *Conn) {
+	for range 60 * 100 { // 60 s at most for the peer to close
+		c.mu.Lock()
+		done := c.closeRecv || c.err != nil
+		c.mu.Unlock()
+		if done {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	ep.Close()
+	lease.Close()
 }
 
 // exchange writes one request frame on c and reads the reply, within ctx.
@@ -469,6 +551,16 @@ func (l *ProxyListener) introduce(c *Conn) {
 		return
 	}
 	c.SetReadDeadline(time.Time{})
+	if in.Direct != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		dc, err := l.p.openDirect(ctx, in.Direct, 1, c)
+		cancel()
+		if err != nil {
+			c.Close()
+			return
+		}
+		c = dc
+	}
 	c.local, c.remote = parseAddr(in.Local), parseAddr(in.Remote)
 	c.route = Route{Path: in.Path, Reason: in.Reason}
 	select {

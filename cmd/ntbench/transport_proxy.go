@@ -32,24 +32,32 @@ import (
 // host's CPU: b's to the server's, a's to another one (the client's under
 // -pin split). The proxies decide routes from their configuration alone
 // (no ntmon: the control plane is not on the data path).
+//
+// direct is the same rack in direct mode (socklike's Dialer.Direct): the
+// proxies grant each connection a link of its own and leave the data path,
+// so its bytes go from application to application.
 func init() {
-	register(transport{
-		name:   "proxy",
-		listen: listenProxy,
-		dial: func(o *options, addr string) (net.Conn, error) {
-			sock, target, ok := strings.Cut(addr, " ")
-			if !ok {
-				return nil, fmt.Errorf("proxy address %q: want \"<socket> <host:port>\"", addr)
-			}
-			p, err := clientProxy(sock, o)
-			if err != nil {
-				return nil, err
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			return p.DialClass(ctx, target, qos.Class(o.priority))
-		},
-	})
+	register(transport{name: "proxy", listen: listenProxy, dial: dialProxy(false)})
+	register(transport{name: "direct", listen: listenProxy, dial: dialProxy(true)})
+}
+
+func dialProxy(direct bool) func(o *options, addr string) (net.Conn, error) {
+	return func(o *options, addr string) (net.Conn, error) {
+		sock, target, ok := strings.Cut(addr, " ")
+		if !ok {
+			return nil, fmt.Errorf("proxy address %q: want \"<socket> <host:port>\"", addr)
+		}
+		p, err := clientProxy(sock, o)
+		if err != nil {
+			return nil, err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if direct {
+			return p.DialDirect(ctx, target, qos.Class(o.priority))
+		}
+		return p.DialClass(ctx, target, qos.Class(o.priority))
+	}
 }
 
 // Environment of a proxy daemon child.

@@ -153,12 +153,33 @@ func DecodeWelcome(b []byte) (Welcome, error) {
 	}, nil
 }
 
-// DialRequest asks the proxy to connect to Target:Port.
+// DialRequest asks the proxy to connect to Target:Port. With Direct the
+// proxies grant the two applications a window slice of their own (a
+// dedicated link) and step off the data path: the reply names the slice,
+// and the request's connection stays open as the lease on it.
 type DialRequest struct {
 	Target   string `json:"target"`
 	Port     int    `json:"port"`
 	Priority int    `json:"priority"`
+	Direct   bool   `json:"direct,omitempty"`
 }
+
+// DirectLink is a window slice granted for one direct connection: in the
+// emulated fabric, a link file Name under Dir with Window bytes per side.
+// The listening application attaches side 1 and listens on DirectPort; the
+// dialing one attaches side 0 and dials it.
+type DirectLink struct {
+	Name   string `json:"name"`
+	Dir    string `json:"dir"`
+	Window int    `json:"window"`
+}
+
+// DirectPort is the port a direct link's connection uses.
+const DirectPort = 1
+
+// DirectReady is the byte a listening application writes on the Incoming
+// connection once it listens on its direct link.
+const DirectReady = 'R'
 
 // DialReply answers a DialRequest. On OK the connection is established.
 type DialReply struct {
@@ -168,6 +189,7 @@ type DialReply struct {
 	Remote string      `json:"remote,omitempty"`
 	Path   string      `json:"path,omitempty"`
 	Reason string      `json:"reason,omitempty"`
+	Direct *DirectLink `json:"direct,omitempty"`
 }
 
 // ListenRequest asks the proxy to accept connections to Port (0: any free
@@ -187,10 +209,11 @@ type ListenReply struct {
 
 // Incoming introduces an accepted connection to the application.
 type Incoming struct {
-	Local  string `json:"local"`
-	Remote string `json:"remote"`
-	Path   string `json:"path"`
-	Reason string `json:"reason"`
+	Local  string      `json:"local"`
+	Remote string      `json:"remote"`
+	Path   string      `json:"path"`
+	Reason string      `json:"reason"`
+	Direct *DirectLink `json:"direct,omitempty"`
 }
 
 // WriteFrame writes v as one frame.
@@ -244,6 +267,7 @@ func DecodeFrame(body []byte, v any) error {
 // answers with a DialReply once the application there has the connection,
 // or with the code that says why not.
 type RackOpen struct {
-	From string `json:"from"`
-	Port int    `json:"port"`
+	From   string `json:"from"`
+	Port   int    `json:"port"`
+	Direct string `json:"direct,omitempty"` // the direct link's name
 }

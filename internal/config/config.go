@@ -30,6 +30,8 @@ const (
 	DefaultPartitions    = 1
 	DefaultControlPort   = 7470
 	DefaultMaxAppsPerUID = 64
+	DefaultDirectWindow  = 2 << 20
+	DefaultDirectQuota   = 256 << 20
 )
 
 // Config is one host's configuration.
@@ -74,6 +76,11 @@ type Proxy struct {
 	SpinBudget Duration `toml:"spin_budget"`
 	// MaxAppsPerUID bounds attachments per local user.
 	MaxAppsPerUID int `toml:"max_apps_per_uid"`
+	// DirectWindow is each side's window of a direct connection's link.
+	DirectWindow int `toml:"direct_window"`
+	// DirectQuota bounds the window memory of one application's direct
+	// connections (both sides of each link count).
+	DirectQuota int64 `toml:"direct_quota"`
 	// Fallback is the TCP address this ntproxy accepts connections from
 	// peers that cannot use an NTB link to reach it ("" = none); peers
 	// name it as this host's peers[].fallback.
@@ -195,6 +202,12 @@ func (c *Config) setDefaults() {
 	if c.Proxy.AppWindow == 0 {
 		c.Proxy.AppWindow = DefaultAppWindow
 	}
+	if c.Proxy.DirectWindow == 0 {
+		c.Proxy.DirectWindow = DefaultDirectWindow
+	}
+	if c.Proxy.DirectQuota == 0 {
+		c.Proxy.DirectQuota = DefaultDirectQuota
+	}
 	if c.Proxy.MaxAppsPerUID == 0 {
 		c.Proxy.MaxAppsPerUID = DefaultMaxAppsPerUID
 	}
@@ -224,6 +237,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Proxy.AppWindow <= 0 || c.Proxy.AppWindow%4096 != 0 {
 		bad("proxy.app_window %d: want a positive multiple of 4096", c.Proxy.AppWindow)
+	}
+	if c.Proxy.DirectWindow <= 0 || c.Proxy.DirectWindow%4096 != 0 {
+		bad("proxy.direct_window %d: want a positive multiple of 4096", c.Proxy.DirectWindow)
 	}
 	if c.Proxy.Partitions < 1 || c.Proxy.Partitions > 30 {
 		bad("proxy.partitions %d outside 1..30", c.Proxy.Partitions)

@@ -26,7 +26,8 @@ type app struct {
 	memfd  *os.File
 	dev    *shm.Device
 	ep     *socklike.Endpoint
-	memory int64
+	memory int64          // bytes of shared memory granted: its link and direct links
+	direct int64          // bytes of direct links, against proxy.direct_quota
 	wg     sync.WaitGroup // its request and splice goroutines
 
 	// Guarded by Server.mu.
@@ -230,6 +231,10 @@ func (s *Server) serveDial(a *app, c *socklike.Conn) {
 	if err := appproto.ReadFrame(c, &req); err != nil {
 		s.logf("app %d: dial request: %v", a.id, err)
 		c.Close()
+		return
+	}
+	if req.Direct {
+		s.serveDirect(a, c, req)
 		return
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, dialTimeout)

@@ -28,6 +28,7 @@ type pconn struct {
 	partition int
 	local     string
 	remote    string
+	direct    bool // direct mode: the proxy holds only the lease
 
 	bytesTX, bytesRX atomic.Uint64 // from / to the application
 	msgsTX, msgsRX   atomic.Uint64

@@ -238,6 +238,14 @@ func (s *Server) serveInbound(fc net.Conn, in inbound) {
 		local:  hostPort(s.cfg.Host, l.port),
 		remote: hostPort(open.From, in.remotePort),
 	}
+	if open.Direct != "" {
+		if in.path != ctlapi.PathNTB {
+			refuse(ctlapi.Errorf(ctlapi.CodeBadRequest, "direct mode needs an NTB link, not %s", in.path))
+			return
+		}
+		s.serveRackDirect(fc, open, l, pc, refuse)
+		return
+	}
 	ac, err := s.handoff(ctx, l, appproto.Incoming{Local: pc.local, Remote: pc.remote, Path: pc.path, Reason: pc.reason}, pc)
 	if err != nil {
 		refuse(err)

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/ntstack/ntstack/internal/appproto"
 	"github.com/ntstack/ntstack/internal/config"
 	"github.com/ntstack/ntstack/internal/ctlapi"
+	"github.com/ntstack/ntstack/qos"
 	"github.com/ntstack/ntstack/socklike"
 )
 
@@ -30,7 +32,7 @@ type rack struct {
 	ca, cb *config.Config
 }
 
-func newRack(t *testing.T, acl string) *rack {
+func newRack(t *testing.T, acl string, proxyKeys ...string) *rack {
 	t.Helper()
 	root := t.TempDir()
 	fabric := filepath.Join("/dev/shm", fmt.Sprintf("ntstack-proxytest-%d-%d", os.Getpid(), rand.Uint32()))
@@ -43,11 +45,12 @@ state_dir = %q
 fabric_dir = %q
 window = 4194304
 app_window = 2097152
+%s
 [[peers]]
 host = %q
 addresses = ["10.77.0.%d"]
 link = "ab"
-%s`, host, host[0], filepath.Join(root, host), fabric, peer, peer[0], acl)
+%s`, host, host[0], filepath.Join(root, host), fabric, strings.Join(proxyKeys, "\n"), peer, peer[0], acl)
 		c, err := config.Parse([]byte(doc))
 		require.NoError(t, err)
 		return c
@@ -279,4 +282,89 @@ func TestNettest(t *testing.T) {
 			return nil, nil, nil, errors.New("accept timed out")
 		}
 	})
+}
+
+// Direct mode: the proxies grant a link of its own and step off the data
+// path; the grant ends with the connection.
+func TestDirect(t *testing.T) {
+	r := newRack(t, "")
+	srvB := attach(t, r.cb)
+	ln, err := srvB.Listen("tcp", ":80")
+	require.NoError(t, err)
+	defer ln.Close()
+	go echo(ln)
+	srvA := attach(t, r.ca)
+	lnA, err := srvA.Listen("tcp", ":81")
+	require.NoError(t, err)
+	defer lnA.Close()
+	go echo(lnA)
+	client := attach(t, r.ca)
+	memory := func(s *Server) (m int64) {
+		for _, a := range s.Snapshot().Apps {
+			m += a.Memory
+		}
+		return m
+	}
+	baseA, baseB := memory(r.a), memory(r.b)
+	for _, target := range []string{"b:80", "a:81"} {
+		c, err := client.DialDirect(context.Background(), target, 0)
+		require.NoError(t, err, target)
+		require.Contains(t, c.Route().Reason, "direct")
+		for i, size := range []int{1, 4096, 1 << 20} {
+			roundTrip(t, c, uint64(i), size)
+		}
+		require.Greater(t, memory(r.a), baseA, "the grant is charged")
+		conns := r.a.Snapshot().Conns
+		require.NotEmpty(t, conns)
+		require.Zero(t, conns[0].BytesTX, "no byte crosses the proxy")
+		require.NoError(t, c.Close())
+		require.Eventually(t, func() bool {
+			return memory(r.a) == baseA && memory(r.b) == baseB && len(r.a.Snapshot().Conns) == 0 && len(r.b.Snapshot().Conns) == 0
+		}, 5*time.Second, 10*time.Millisecond, "%s: the grant outlived the connection", target)
+		files, _ := filepath.Glob(filepath.Join(r.ca.Proxy.FabricDir, directPrefix+"*"))
+		require.Empty(t, files, "direct link files are removed")
+	}
+
+	// The standard library's conformance suite over a direct connection.
+	lnN, err := srvB.Listen("tcp", ":82")
+	require.NoError(t, err)
+	defer lnN.Close()
+	d := &socklike.Dialer{Proxy: client, Direct: true}
+	nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) {
+		accepted := make(chan net.Conn, 1)
+		go func() {
+			if c, err := lnN.Accept(); err == nil {
+				accepted <- c
+			}
+		}()
+		c1, err := d.Dial("tcp", "b:82")
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		select {
+		case c2 := <-accepted:
+			return c1, c2, func() { c1.Close(); c2.Close() }, nil
+		case <-time.After(10 * time.Second):
+			c1.Close()
+			return nil, nil, nil, errors.New("accept timed out")
+		}
+	})
+}
+
+func TestDirectQuota(t *testing.T) {
+	window := 1 << 20
+	r := newRack(t, "", fmt.Sprintf("direct_window = %d\ndirect_quota = %d", window, linkBytes(window))) // room for one
+	srvB := attach(t, r.cb)
+	ln, err := srvB.Listen("tcp", ":80")
+	require.NoError(t, err)
+	defer ln.Close()
+	go echo(ln)
+	client := attach(t, r.ca)
+	c, err := client.DialDirect(context.Background(), "b:80", 0)
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = client.DialDirect(context.Background(), "b:80", 0)
+	require.ErrorIs(t, err, qos.ErrQuota)
+	require.ErrorContains(t, err, "direct_quota")
+	roundTrip(t, c, 1, 1000)
 }
