@@ -29,15 +29,16 @@ func TestRackWorkloads(t *testing.T) {
 	res.Print(&out)
 	t.Logf("\n%s", out)
 	require.NoError(t, err)
-	require.Len(t, res.KV, 4)
-	require.Len(t, res.HTTP, 6)
+	require.Len(t, res.KV, 6)
+	require.Len(t, res.HTTP, 9)
+	paths := []string{ctlapi.PathNTB, ctlapi.PathNTB + "-direct", ctlapi.PathTCP}
 	for i, k := range res.KV {
-		require.Equal(t, []string{ctlapi.PathNTB, ctlapi.PathTCP}[i/2], k.Path)
+		require.Equal(t, paths[i/2], k.Path)
 		require.Positive(t, k.Ops, "%s %s", k.Transport, k.Workload)
 		require.Zero(t, k.Errors+k.VerifyErrors, "%s %s", k.Transport, k.Workload)
 	}
 	for i, h := range res.HTTP {
-		require.Equal(t, []string{ctlapi.PathNTB, ctlapi.PathTCP}[i/3], h.Path)
+		require.Equal(t, paths[i/3], h.Path)
 		require.Positive(t, h.Requests, "%s %d", h.Transport, h.Size)
 		require.Zero(t, h.Errors+h.VerifyErrors, "%s %d", h.Transport, h.Size)
 	}

@@ -30,7 +30,7 @@ const (
 	DefaultPartitions    = 1
 	DefaultControlPort   = 7470
 	DefaultMaxAppsPerUID = 64
-	DefaultDirectWindow  = 2 << 20
+	DefaultDirectWindow  = 4 << 20
 	DefaultDirectQuota   = 256 << 20
 )
 

@@ -6,7 +6,9 @@
 // check it.
 //
 // The server applications attach to host b's ntproxy, the clients to host
-// a's: every byte crosses a's proxy, the NTB link and b's proxy. Both
+// a's. In proxy mode every byte crosses a's proxy, the NTB link and b's
+// proxy; in direct mode the proxies grant each connection a link of its
+// own and the bytes go from application to application. Both
 // applications live in the calling process (attached separately, each
 // with its own memory link); the TCP baseline runs the same server and
 // client code on 127.0.0.1.
@@ -104,8 +106,16 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		return Result{}, fmt.Errorf("client application: %w", err)
 	}
 	defer cli.Close()
+	direct := &socklike.Dialer{Proxy: cli, Direct: true}
+	directT := transport{
+		name:   "ntstack direct (a → NTB → b)",
+		listen: func(port int) (net.Listener, error) { return srv.Listen("tcp", fmt.Sprintf(":%d", port)) },
+		dial:   direct.DialContext,
+		host:   func(port int) string { return fmt.Sprintf("%s:%d", o.ServerHost.Host, port) },
+		path:   func(c net.Conn) string { return c.(*socklike.Conn).Route().Path + "-direct" },
+	}
 	rackT := transport{
-		name:   "ntstack (a → ntproxy → NTB → ntproxy → b)",
+		name:   "ntstack proxy (a → ntproxy → NTB → ntproxy → b)",
 		listen: func(port int) (net.Listener, error) { return srv.Listen("tcp", fmt.Sprintf(":%d", port)) },
 		dial:   cli.DialContext,
 		host:   func(port int) string { return fmt.Sprintf("%s:%d", o.ServerHost.Host, port) },
@@ -126,7 +136,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		path: func(net.Conn) string { return "tcp" },
 	}
 	var res Result
-	for _, t := range []transport{rackT, tcpT} {
+	for _, t := range []transport{rackT, directT, tcpT} {
 		rows, err := runKV(ctx, t, o)
 		res.KV = append(res.KV, rows...)
 		if err != nil {
