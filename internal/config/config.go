@@ -238,7 +238,7 @@ func (c *Config) Validate() error {
 	if c.Proxy.AppWindow <= 0 || c.Proxy.AppWindow%4096 != 0 {
 		bad("proxy.app_window %d: want a positive multiple of 4096", c.Proxy.AppWindow)
 	}
-	if c.Proxy.DirectWindow <= 0 || c.Proxy.DirectWindow%4096 != 0 {
+	if c.Proxy.DirectWindow < 0 || c.Proxy.DirectWindow%4096 != 0 {
 		bad("proxy.direct_window %d: want a positive multiple of 4096", c.Proxy.DirectWindow)
 	}
 	if c.Proxy.Partitions < 1 || c.Proxy.Partitions > 30 {

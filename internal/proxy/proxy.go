@@ -92,6 +92,9 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 	if s.ctl == nil {
 		s.ctl = &StaticControl{Config: cfg}
 	}
+	if cfg.Proxy.DirectWindow == 0 || cfg.Proxy.DirectQuota == 0 {
+		return nil, fmt.Errorf("proxy: configuration without defaults (use config.Load or config.Parse)")
+	}
 	if s.logf == nil {
 		s.logf = func(string, ...any) {}
 	}
