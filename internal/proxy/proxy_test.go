@@ -21,6 +21,8 @@ import (
 	"github.com/ntstack/ntstack/internal/appproto"
 	"github.com/ntstack/ntstack/internal/config"
 	"github.com/ntstack/ntstack/internal/ctlapi"
+	"github.com/ntstack/ntstack/internal/proc"
+	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/qos"
 	"github.com/ntstack/ntstack/socklike"
 )
@@ -367,4 +369,57 @@ func TestDirectQuota(t *testing.T) {
 	require.ErrorIs(t, err, qos.ErrQuota)
 	require.ErrorContains(t, err, "direct_quota")
 	roundTrip(t, c, 1, 1000)
+}
+
+// Garbage on the service ports of an application's memory link: each bad
+// request gets its connection closed; the application and the proxy carry
+// on.
+func TestBadRequests(t *testing.T) {
+	r := newRack(t, "")
+	uc, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: r.ca.Path(config.ProxySocket), Net: "unix"})
+	require.NoError(t, err)
+	defer uc.Close()
+	_, err = uc.Write(appproto.Hello{Version: appproto.Version, Name: "raw"}.Encode())
+	require.NoError(t, err)
+	buf := make([]byte, appproto.MaxDatagram)
+	n, f, err := proc.RecvFile(uc, buf, "link")
+	require.NoError(t, err)
+	require.NotNil(t, f)
+	defer f.Close()
+	w, err := appproto.DecodeWelcome(buf[:n])
+	require.NoError(t, err)
+	dev, err := shm.OpenFile(f, "raw", shm.Options{WindowSize: int(w.Window), Side: shm.Side1})
+	require.NoError(t, err)
+	defer dev.Close()
+	ep, err := socklike.Attach(dev, socklike.Config{})
+	require.NoError(t, err)
+	defer ep.Close()
+
+	rng := rand.New(rand.NewPCG(7, 7))
+	for i := range 40 {
+		port := []int{appproto.PortDial, appproto.PortListen}[i%2]
+		c, err := ep.Dial(port)
+		require.NoError(t, err)
+		junk := make([]byte, 1+rng.IntN(300))
+		for j := range junk {
+			junk[j] = byte(rng.Uint32())
+		}
+		if i%4 < 2 { // a well-framed but wrong body
+			junk = append([]byte{byte(len(junk)), 0, 0, 0}, junk...)
+		}
+		c.Write(junk)
+		c.CloseWrite() // a frame cut short ends at EOF, not at the proxy's timeout
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err = io.ReadAll(c) // a reply with an error code, or nothing; then EOF
+		require.NoError(t, err, "request %d: the proxy must close the connection", i)
+		c.Close()
+	}
+	// Still serving this application, and others.
+	c, err := ep.Dial(appproto.PortDial)
+	require.NoError(t, err)
+	require.NoError(t, appproto.WriteFrame(c, appproto.DialRequest{Target: "nowhere", Port: 1}))
+	var reply appproto.DialReply
+	require.NoError(t, appproto.ReadFrame(c, &reply))
+	require.Equal(t, ctlapi.CodeUnknown, reply.Code)
+	_ = attach(t, r.ca)
 }
