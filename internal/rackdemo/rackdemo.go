@@ -260,7 +260,7 @@ func (r Result) Print(w io.Writer) {
 		}
 		for _, b := range r.KV {
 			if b.Path == "tcp" && b.Workload == k.Workload && b.All.P50 > 0 && k.All.P50 > 0 {
-				fmt.Fprintf(w, "KV workload %s: p50 %.2fx TCP's, throughput %.2fx TCP's\n", k.Workload,
+				fmt.Fprintf(w, "KV workload %s over %s: p50 %.2fx TCP's, throughput %.2fx TCP's\n", k.Workload, k.Path,
 					float64(k.All.P50)/float64(b.All.P50), k.OpsPerSec/b.OpsPerSec)
 			}
 		}
@@ -271,7 +271,7 @@ func (r Result) Print(w io.Writer) {
 		}
 		for _, b := range r.HTTP {
 			if b.Path == "tcp" && b.Size == h.Size && b.Latency.P50 > 0 && h.Latency.P50 > 0 {
-				fmt.Fprintf(w, "HTTP %s: p50 %.2fx TCP's, throughput %.2fx TCP's\n", size(h.Size),
+				fmt.Fprintf(w, "HTTP %s over %s: p50 %.2fx TCP's, throughput %.2fx TCP's\n", size(h.Size), h.Path,
 					float64(h.Latency.P50)/float64(b.Latency.P50), h.MBPerSec/b.MBPerSec)
 			}
 		}
