@@ -163,6 +163,10 @@ type Dialer struct {
 	Priority qos.Class
 	// Direct asks ntproxy for direct mode (Proxy.DialDirect).
 	Direct bool
+	// Transports restricts and orders the paths a connection through
+	// ntproxy may take: "ntb", "rdma", "tcp" (default: the host's order).
+	// A dial none of them can serve fails with ErrNoPath and the reasons.
+	Transports []string
 }
 
 // Dial is DialContext with a background context.
@@ -192,7 +196,7 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 				return nil, &net.OpError{Op: "dial", Net: "ntb", Addr: strAddr(address), Err: err}
 			}
 		}
-		c, err := p.dial(ctx, address, d.Priority, d.Direct)
+		c, err := p.dial(ctx, address, dialOpts{class: d.Priority, direct: d.Direct, transports: d.Transports})
 		if err != nil {
 			return nil, err
 		}

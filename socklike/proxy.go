@@ -266,7 +266,7 @@ func (p *Proxy) DialContext(ctx context.Context, network, address string) (net.C
 
 // DialClass dials address for a connection of priority class.
 func (p *Proxy) DialClass(ctx context.Context, address string, class qos.Class) (*Conn, error) {
-	return p.dial(ctx, address, class, false)
+	return p.dial(ctx, address, dialOpts{class: class})
 }
 
 // DialDirect dials address in direct mode: the proxies grant the
@@ -276,10 +276,18 @@ func (p *Proxy) DialClass(ctx context.Context, address string, class qos.Class) 
 // process, an endpoint per connection; it needs an NTB link or both ends
 // on this host.
 func (p *Proxy) DialDirect(ctx context.Context, address string, class qos.Class) (*Conn, error) {
-	return p.dial(ctx, address, class, true)
+	return p.dial(ctx, address, dialOpts{class: class, direct: true})
 }
 
-func (p *Proxy) dial(ctx context.Context, address string, class qos.Class, direct bool) (*Conn, error) {
+// dialOpts are a Dialer's per-connection choices.
+type dialOpts struct {
+	class      qos.Class
+	direct     bool
+	transports []string
+}
+
+func (p *Proxy) dial(ctx context.Context, address string, o dialOpts) (*Conn, error) {
+	class, direct := o.class, o.direct
 	opErr := func(err error) error { return &net.OpError{Op: "dial", Net: "ntb", Addr: strAddr(address), Err: err} }
 	host, ps, err := net.SplitHostPort(address)
 	port, perr := strconv.Atoi(ps)
@@ -295,7 +303,7 @@ func (p *Proxy) dial(ctx context.Context, address string, class qos.Class, direc
 		return nil, opErr(err)
 	}
 	var reply appproto.DialReply
-	err = exchange(ctx, c, appproto.DialRequest{Target: host, Port: port, Priority: int(class), Direct: direct}, &reply)
+	err = exchange(ctx, c, appproto.DialRequest{Target: host, Port: port, Priority: int(class), Direct: direct, Transports: o.transports}, &reply)
 	if err == nil && reply.Code != ctlapi.OK {
 		err = codeErr(reply.Code, reply.Error)
 	}

@@ -290,6 +290,13 @@ func TestRackOffRack(t *testing.T) {
 	}
 	require.NoError(t, c.Close())
 
+	// Restricted to the NTB and RDMA, c is out of reach, and the error says why.
+	d := &socklike.Dialer{Proxy: cli, Transports: []string{"ntb", "rdma"}}
+	_, err = d.Dial("tcp", "c:7000")
+	require.ErrorIs(t, err, socklike.ErrNoPath)
+	require.ErrorContains(t, err, "no NTB link to c; no RDMA provider on this host; tcp not asked for by the connection")
+	t.Logf("restricted dial: %v", err)
+
 	conf, err := srv.Listen("tcp", ":7001")
 	require.NoError(t, err)
 	defer conf.Close()

@@ -162,6 +162,8 @@ type DialRequest struct {
 	Port     int    `json:"port"`
 	Priority int    `json:"priority"`
 	Direct   bool   `json:"direct,omitempty"`
+	// Transports restricts and orders the paths ("ntb", "rdma", "tcp").
+	Transports []string `json:"transports,omitempty"`
 }
 
 // DirectLink is a window slice granted for one direct connection: in the

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/BurntSushi/toml"
@@ -98,6 +99,44 @@ type Peer struct {
 	Link string `toml:"link"`
 	// Fallback is a TCP address that reaches the peer off the fabric.
 	Fallback string `toml:"fallback"`
+	// Transports restricts and orders the paths to the peer: a subset of
+	// "ntb", "rdma", "tcp" (default: all three, in that order).
+	Transports []string `toml:"transports"`
+}
+
+// Transports, in the default order of preference.
+var Transports = []string{"ntb", "rdma", "tcp"}
+
+// TransportOrder returns the transports a connection to p may try, in
+// order: those the connection asks for (all if none), in its order, that
+// p's Transports allow; and, for each transport left out, why.
+func (p Peer) TransportOrder(asked []string) (order []string, excluded map[string]string) {
+	allowed := p.Transports
+	if len(allowed) == 0 {
+		allowed = Transports
+	}
+	want := asked
+	if len(want) == 0 {
+		want = allowed
+	}
+	excluded = map[string]string{}
+	for _, t := range want {
+		if slices.Contains(allowed, t) {
+			order = append(order, t)
+		} else {
+			excluded[t] = fmt.Sprintf("not allowed for %s (peers.transports = %v)", p.Host, allowed)
+		}
+	}
+	for _, t := range Transports {
+		if _, ok := excluded[t]; !ok && !slices.Contains(order, t) {
+			if slices.Contains(allowed, t) {
+				excluded[t] = "not asked for by the connection"
+			} else {
+				excluded[t] = fmt.Sprintf("not allowed for %s (peers.transports = %v)", p.Host, allowed)
+			}
+		}
+	}
+	return order, excluded
 }
 
 // Rule is one access-control entry. Rules are tried in order and the first
@@ -278,6 +317,11 @@ func (c *Config) Validate() error {
 				bad("peers[%d].link %q: used twice", i, p.Link)
 			}
 			links[p.Link] = true
+		}
+		for _, t := range p.Transports {
+			if !slices.Contains(Transports, t) {
+				bad("peers[%d].transports: %q is none of %v", i, t, Transports)
+			}
 		}
 		claim(p.Host, p.Host)
 		for _, a := range p.Addresses {

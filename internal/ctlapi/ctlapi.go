@@ -112,6 +112,9 @@ type ResolveRequest struct {
 	UID    int    `json:"uid"`
 	Target string `json:"target"` // host name or virtual address
 	Port   int    `json:"port"`
+	// Transports restricts and orders the paths this connection may take
+	// ("ntb", "rdma", "tcp"; empty: the host's configured order).
+	Transports []string `json:"transports,omitempty"`
 }
 
 // Route is how to reach a host, and why that way.

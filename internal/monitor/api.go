@@ -32,25 +32,18 @@ func (m *Monitor) Resolve(req ctlapi.ResolveRequest) (ctlapi.Route, error) {
 	m.mu.Lock()
 	up, why, since, everUp, problem := p.sess != nil, p.why, p.since, p.everUp, p.linkProblem
 	m.mu.Unlock()
-	var reason string
+	ntbWhy := ""
 	switch {
 	case p.cfg.Link == "":
-		reason = "no NTB link to " + host
+		ntbWhy = "no NTB link to " + host
 	case !up && everUp:
-		reason = fmt.Sprintf("peer %s control plane down since %s (%s)", host, since.Format(time.TimeOnly), why)
+		ntbWhy = fmt.Sprintf("peer %s control plane down since %s (%s)", host, since.Format(time.TimeOnly), why)
 	case !up:
-		reason = fmt.Sprintf("peer %s control plane not up yet (%s)", host, why)
+		ntbWhy = fmt.Sprintf("peer %s control plane not up yet (%s)", host, why)
 	case problem != "":
-		reason = "NTB link unusable: " + problem
-	default:
-		return ctlapi.Route{Host: host, Path: ctlapi.PathNTB, Link: p.cfg.Link,
-			Reason: fmt.Sprintf("rack peer %s over NTB link %s", host, p.cfg.Link)}, nil
+		ntbWhy = "NTB link unusable: " + problem
 	}
-	if p.cfg.Fallback == "" {
-		return ctlapi.Route{}, ctlapi.Errorf(ctlapi.CodeNoPath, "no path to %s: %s, and no fallback configured", host, reason)
-	}
-	return ctlapi.Route{Host: host, Path: ctlapi.PathTCP, Addr: p.cfg.Fallback,
-		Reason: fmt.Sprintf("%s: TCP fallback %s", reason, p.cfg.Fallback)}, nil
+	return ctlapi.PickRoute(p.cfg, req.Transports, ntbWhy)
 }
 
 // Admit decides whether a connection from rack peer req.Peer may reach

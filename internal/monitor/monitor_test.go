@@ -167,7 +167,7 @@ func TestPeerDownFallbackAndBack(t *testing.T) {
 	r.c.waitPeer(t, "a", false)
 	_, err = r.c.resolve(t, 0, "a", 80)
 	require.Equal(t, ctlapi.CodeNoPath, ctlapi.CodeOf(err))
-	require.Contains(t, err.Error(), "no path to a: no NTB link to a, and no fallback configured")
+	require.Contains(t, err.Error(), "no path to a: no NTB link to a; no RDMA provider on this host; no TCP fallback configured for a")
 }
 
 func TestPeerReturns(t *testing.T) {

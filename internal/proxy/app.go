@@ -273,7 +273,7 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (*p
 	if req.Port < 1 || req.Port > 65535 {
 		return nil, nil, ctlapi.Errorf(ctlapi.CodeBadRequest, "port %d outside 1..65535", req.Port)
 	}
-	route, err := s.ctl.Resolve(ctx, ctlapi.ResolveRequest{UID: a.cred.UID, Target: req.Target, Port: req.Port})
+	route, err := s.ctl.Resolve(ctx, ctlapi.ResolveRequest{UID: a.cred.UID, Target: req.Target, Port: req.Port, Transports: req.Transports})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"fmt"
 	"sync"
 
 	"github.com/ntstack/ntstack/internal/config"
@@ -77,13 +76,11 @@ func (s *StaticControl) Resolve(_ context.Context, r ctlapi.ResolveRequest) (ctl
 		return ctlapi.Route{Host: host, Path: ctlapi.PathSHM, Reason: "same host: shared memory, never the NTB"}, nil
 	}
 	p, _ := s.Config.Peer(host)
-	if p.Link != "" {
-		return ctlapi.Route{Host: host, Path: ctlapi.PathNTB, Link: p.Link, Reason: fmt.Sprintf("rack peer %s over NTB link %s", host, p.Link)}, nil
+	ntbWhy := ""
+	if p.Link == "" {
+		ntbWhy = "no NTB link to " + host
 	}
-	if p.Fallback != "" {
-		return ctlapi.Route{Host: host, Path: ctlapi.PathTCP, Addr: p.Fallback, Reason: fmt.Sprintf("no NTB link to %s", host)}, nil
-	}
-	return ctlapi.Route{}, ctlapi.Errorf(ctlapi.CodeNoPath, "no NTB link and no fallback to %s", host)
+	return ctlapi.PickRoute(p, r.Transports, ntbWhy)
 }
 
 func (s *StaticControl) Admit(_ context.Context, r ctlapi.AdmitRequest) error {
