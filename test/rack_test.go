@@ -1,6 +1,7 @@
 package test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -251,6 +253,12 @@ func TestRack3(t *testing.T) {
 	require.Equal(t, 2, strings.Count(string(out), "b:7000"), "both connections to b:7000 listed")
 	require.Contains(t, string(out), "ntb")
 	require.Contains(t, string(out), r.Host("b").Config.Peers[0].Link[:3], "links are listed")
+	// Prometheus metrics on a's monitor.metrics address (inside its
+	// namespace) carry the connections with their path.
+	metrics := scrape(t, r, "a")
+	require.Contains(t, metrics, `ntstack_peer_up{peer="b"} 1`)
+	require.Regexp(t, `ntstack_conn_tx_bytes_total\{[^}]*path="ntb"[^}]*\} [1-9]`, metrics)
+	require.Regexp(t, `ntstack_conn_drops_total\{[^}]*\} 0`, metrics)
 	for _, c := range conns {
 		c.Close()
 	}
@@ -319,4 +327,25 @@ func TestRackOffRack(t *testing.T) {
 			return nil, nil, nil, errors.New("accept timed out")
 		}
 	})
+}
+
+// scrape fetches host's Prometheus metrics from inside its namespace.
+func scrape(t *testing.T, r *rack.Rack, host string) string {
+	t.Helper()
+	h := r.Host(host)
+	var c net.Conn
+	require.NoError(t, r.Enter(host, func() (err error) {
+		c, err = net.Dial("tcp", h.Config.Monitor.Metrics) // the socket is made in the namespace
+		return err
+	}))
+	defer c.Close()
+	_, err := fmt.Fprintf(c, "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n", h.Config.Monitor.Metrics)
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(b)
 }
