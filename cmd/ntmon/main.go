@@ -6,6 +6,7 @@
 //	ntmon -config /etc/ntstack/host.toml       # run until SIGINT or SIGTERM (that file is the default)
 //	ntmon status                               # tables: links, partitions, peers, listeners, apps, connections
 //	ntmon status -socket /run/ntstack/a/ntmon.sock -json
+//	ntmon doctor [-config FILE] [-json]        # check and explain the environment; exit 1 if a check failed
 //	ntmon version
 package main
 
@@ -48,6 +49,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		switch args[0] {
 		case "status":
 			return status(ctx, args[1:], stdout, stderr)
+		case "doctor":
+			return doctorCmd(ctx, args[1:], stdout, stderr)
 		case "version":
 			fmt.Fprintf(stdout, "ntmon %s (peer protocol %d)\n", version, monitor.ProtocolVersion)
 			return 0
@@ -58,7 +61,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cfgPath := fs.String("config", defaultConfig, "host configuration file (TOML; see internal/config/example.toml)")
 	debug := fs.Bool("debug", false, "log at debug level")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: ntmon [-config FILE] [-debug]\n       ntmon status [-config FILE | -socket PATH] [-json]\n       ntmon version")
+		fmt.Fprintln(stderr, "usage: ntmon [-config FILE] [-debug]\n       ntmon status [-config FILE | -socket PATH] [-json]\n       ntmon doctor [-config FILE] [-json]\n       ntmon version")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
