@@ -192,6 +192,7 @@ type DialReply struct {
 	Path   string      `json:"path,omitempty"`
 	Reason string      `json:"reason,omitempty"`
 	Direct *DirectLink `json:"direct,omitempty"`
+	RxSeq  uint64      `json:"rx_seq,omitempty"` // answer to a resume
 }
 
 // ListenRequest asks the proxy to accept connections to Port (0: any free
@@ -268,8 +269,17 @@ func DecodeFrame(body []byte, v any) error {
 // over an NTB link: who is connecting, to which port. The listening proxy
 // answers with a DialReply once the application there has the connection,
 // or with the code that says why not.
+//
+// Every proxied connection between two proxies is a leg (internal/proxy):
+// Token names it at both ends. A RackOpen with Resume set instead moves an
+// existing leg (From, Resume) onto this connection — after its transport
+// failed, or back to the NTB link — and RxSeq says how many of its bytes
+// the sender has received; the answer's RxSeq says the same the other way.
 type RackOpen struct {
 	From   string `json:"from"`
 	Port   int    `json:"port"`
 	Direct string `json:"direct,omitempty"` // the direct link's name
+	Token  uint64 `json:"token,omitempty"`
+	Resume uint64 `json:"resume,omitempty"`
+	RxSeq  uint64 `json:"rx_seq,omitempty"`
 }

@@ -252,7 +252,17 @@ func (s *Server) serveDial(a *app, c *socklike.Conn) {
 		c.Close()
 		return
 	}
+	if pc.path == ctlapi.PathNTB || pc.path == ctlapi.PathTCP {
+		peer, _ := s.cfg.Peer(hostOf(pc.remote))
+		s.runLeg(a, s.newLeg(pc, c, peer, legKey{s.cfg.Host, pc.id}, true, other, pc.path))
+		return
+	}
 	s.splice(a, pc, c, other)
+}
+
+func hostOf(hostport string) string {
+	h, _, _ := net.SplitHostPort(hostport)
+	return h
 }
 
 func errMessage(err error) string {
@@ -298,7 +308,7 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (*p
 			return nil, nil, fabricErr(route.Host, req.Port, err)
 		}
 		pc.partition = fc.Partition()
-		if err := s.rackOpen(fc, route.Host, req.Port); err != nil {
+		if err := s.rackOpen(fc, route.Host, req.Port, pc.id); err != nil {
 			fc.Close()
 			return nil, nil, err
 		}
@@ -311,7 +321,7 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (*p
 			return nil, nil, ctlapi.Errorf(ctlapi.CodeNoPath, "connect to %s's fallback %s: %v", route.Host, route.Addr, err)
 		}
 		pc.local = tc.LocalAddr().String()
-		if err := s.rackOpen(tc, route.Host, req.Port); err != nil {
+		if err := s.rackOpen(tc, route.Host, req.Port, pc.id); err != nil {
 			tc.Close()
 			return nil, nil, err
 		}
@@ -323,10 +333,10 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (*p
 
 // rackOpen introduces a connection to the peer proxy at its far end and
 // waits for its verdict.
-func (s *Server) rackOpen(c net.Conn, host string, port int) error {
+func (s *Server) rackOpen(c net.Conn, host string, port int, token uint64) error {
 	c.SetDeadline(time.Now().Add(requestTimeout))
 	var reply appproto.DialReply
-	err := appproto.WriteFrame(c, appproto.RackOpen{From: s.cfg.Host, Port: port})
+	err := appproto.WriteFrame(c, appproto.RackOpen{From: s.cfg.Host, Port: port, Token: token})
 	if err == nil {
 		err = appproto.ReadFrame(c, &reply)
 	}

@@ -29,6 +29,7 @@ type pconn struct {
 	local     string
 	remote    string
 	direct    bool // direct mode: the proxy holds only the lease
+	leg       *leg // the part between this proxy and a peer's, if any
 
 	bytesTX, bytesRX atomic.Uint64 // from / to the application
 	msgsTX, msgsRX   atomic.Uint64
@@ -40,6 +41,10 @@ type pconn struct {
 }
 
 func (pc *pconn) close() {
+	if pc.leg != nil {
+		pc.leg.close(nil)
+		return
+	}
 	pc.closeOnce.Do(func() {
 		for _, c := range pc.ends {
 			if c != nil {

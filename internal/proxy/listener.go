@@ -211,6 +211,22 @@ func (s *Server) serveInbound(fc net.Conn, in inbound) {
 		appproto.WriteFrame(fc, appproto.DialReply{Code: ctlapi.CodeOf(err), Error: errMessage(err)})
 		fc.Close()
 	}
+	if open.Resume != 0 {
+		s.mu.Lock()
+		lg := s.legs[legKey{open.From, open.Resume}]
+		s.mu.Unlock()
+		switch {
+		case in.from != "" && open.From != in.from:
+			refuse(ctlapi.Errorf(ctlapi.CodeBadRequest, "resume from %q arrived %s, which leads to %s", open.From, in.via, in.from))
+		case lg == nil:
+			refuse(ctlapi.Errorf(ctlapi.CodeRefused, "no connection %s/%d to resume", open.From, open.Resume))
+		default:
+			if err := lg.accept(fc, in.path, open.RxSeq); err != nil {
+				refuse(err)
+			}
+		}
+		return
+	}
 	l := in.listener
 	switch {
 	case in.from != "" && open.From != in.from:
@@ -257,7 +273,12 @@ func (s *Server) serveInbound(fc net.Conn, in inbound) {
 		fc.Close()
 		return
 	}
-	s.splice(l.app, pc, ac, fc)
+	peer, _ := s.cfg.Peer(open.From)
+	if open.Token == 0 {
+		refuse(ctlapi.Errorf(ctlapi.CodeBadRequest, "open from %s without a token", open.From))
+		return
+	}
+	s.runLeg(l.app, s.newLeg(pc, ac, peer, legKey{open.From, open.Token}, false, fc, in.path))
 }
 
 // serveFallback takes connections from peers' proxies over TCP.

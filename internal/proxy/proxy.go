@@ -67,6 +67,7 @@ type Server struct {
 	apps      map[uint64]*app
 	listeners map[int]*listener // by port
 	conns     map[uint64]*pconn
+	legs      map[legKey]*leg
 	socks     []net.Listener
 	closed    bool
 }
@@ -88,6 +89,7 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 		apps:      map[uint64]*app{},
 		listeners: map[int]*listener{},
 		conns:     map[uint64]*pconn{},
+		legs:      map[legKey]*leg{},
 	}
 	if s.ctl == nil {
 		s.ctl = &StaticControl{Config: cfg}
@@ -120,7 +122,14 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("open link %s to %s: %w", p.Link, p.Host, err)
 		}
-		s.links[p.Host] = &rackLink{peer: p, ep: ep}
+		link := &rackLink{peer: p, ep: ep}
+		s.links[p.Host] = link
+		ln, err := ep.Listen(resumePort)
+		if err != nil {
+			return nil, fmt.Errorf("link %s: resume port %d: %w", p.Link, resumePort, err)
+		}
+		s.wg.Add(1)
+		go s.runResumeAccept(link, ln)
 	}
 	return s, nil
 }
@@ -256,4 +265,24 @@ func validClass(p int) (qos.Class, error) {
 		return 0, ctlapi.Errorf(ctlapi.CodeBadRequest, "priority %d outside 0..%d", p, qos.Lowest)
 	}
 	return c, nil
+}
+
+// runResumeAccept takes legs moving onto a rack link.
+func (s *Server) runResumeAccept(link *rackLink, ln *socklike.Listener) {
+	defer s.wg.Done()
+	go func() {
+		<-s.ctx.Done()
+		ln.Close()
+	}()
+	for {
+		fc, err := ln.AcceptConn()
+		if err != nil {
+			return
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.serveInbound(fc, inbound{from: link.peer.Host, path: ctlapi.PathNTB, link: link.peer.Link, partition: fc.Partition(), via: "over NTB link " + link.peer.Link})
+		}()
+	}
 }

@@ -1,0 +1,676 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/ntstack/ntstack/internal/appproto"
+	"github.com/ntstack/ntstack/internal/config"
+	"github.com/ntstack/ntstack/internal/ctlapi"
+	"github.com/ntstack/ntstack/ntb"
+)
+
+// A leg is the part of a proxied connection between two proxies. Its bytes
+// are numbered, and the sender keeps what the receiver has not yet
+// acknowledged, so the leg can move from one transport to another — the
+// NTB link, the TCP fallback — without losing, repeating or reordering a
+// byte: when its transport fails the dialing proxy connects again over the
+// next path and both ends resume from what the other has received; when
+// the NTB link is back, it moves back the same way. The applications see at
+// most a pause.
+//
+// Frames on a transport (header little-endian):
+//
+//	off  size  field
+//	  0     1  type: legData, legAck, legFin, legReset
+//	  1     8  seq: the first byte's number (data), the next byte expected
+//	           (ack), the stream's length (fin)
+//	  9     4  payload length (data; 0 otherwise), at most legMaxPayload
+//	 13        payload
+//
+// Memory: at most legMaxUnacked bytes wait for an acknowledgement per
+// direction; a writer beyond that waits (back-pressure, nothing dropped).
+// The receiver acknowledges every legAckEvery bytes and at a FIN.
+const (
+	legData  byte = 1
+	legAck   byte = 2
+	legFin   byte = 3
+	legReset byte = 4 // the sender's end is closed: nothing will be resumed
+
+	legHdr        = 13
+	legMaxPayload = 64 << 10
+	legMaxUnacked = 8 << 20
+	legAckEvery   = 256 << 10
+
+	// resumePort is the port of every rack link on which proxies take
+	// resumed legs.
+	resumePort = 65535
+	// legResumeWait bounds an outage: a leg not resumed by then ends.
+	legResumeWait = 10 * time.Second
+)
+
+var errLegProtocol = errors.New("leg protocol violation")
+
+// legKey names a leg at both proxies: the dialing host and its token.
+type legKey struct {
+	from  string
+	token uint64
+}
+
+type leg struct {
+	s      *Server
+	pc     *pconn
+	app    net.Conn // the application's end
+	peer   config.Peer
+	key    legKey
+	dialer bool // this side reconnects
+
+	dmu sync.Mutex
+	// dmu protects the following fields. The receive loop only queues
+	// (it never blocks, so the peer's frames — acknowledgements too —
+	// always flow); runDeliver writes the queue to the application.
+	dcond       *sync.Cond
+	rxq         []byte // received, not yet delivered (≤ the peer's legMaxUnacked)
+	rxSeq       uint64 // bytes received
+	rxDelivered uint64 // bytes written to the application
+	rxAcked     uint64 // rxDelivered last acknowledged
+	finAt       int64  // the peer's stream length once its FIN came, else -1
+	finDone     bool   // the FIN is passed on to the application
+	dclosed     bool
+
+	mu sync.Mutex
+	// mu protects the following fields.
+	cond      *sync.Cond // transport change, acknowledgement, new data, close
+	cur       net.Conn   // nil between transports
+	ackWanted uint64     // acknowledge this much (runSend sends it)
+	ackSent   uint64
+	path      string     // cur's path: ctlapi.PathNTB or PathTCP
+	gen       uint64     // bumped at every transport change
+	txBase    uint64     // number of unacked[0]
+	unacked   []byte
+	sent      uint64 // bytes written on cur (≥ txBase)
+	finQueued bool   // the application finished writing at txBase+len(unacked)
+	finSent   bool
+	closed    bool
+	down      time.Time // when the current outage began
+	switches  int
+	lastPause time.Duration
+}
+
+// newLeg starts a leg over its first transport c.
+func (s *Server) newLeg(pc *pconn, app net.Conn, peer config.Peer, key legKey, dialer bool, c net.Conn, path string) *leg {
+	l := &leg{s: s, pc: pc, app: app, peer: peer, key: key, dialer: dialer, finAt: -1}
+	l.cond = sync.NewCond(&l.mu)
+	l.dcond = sync.NewCond(&l.dmu)
+	l.cur, l.path, l.gen = c, path, 1
+	pc.leg = l
+	return l
+}
+
+// run registers the leg and moves bytes until both directions finish or
+// it fails for good; then it closes both ends.
+func (s *Server) runLeg(a *app, l *leg) {
+	pc := l.pc
+	pc.ends = [2]net.Conn{l.app, nil}
+	s.mu.Lock()
+	if s.closed || a.gone {
+		s.mu.Unlock()
+		l.close(errors.New("application gone"))
+		return
+	}
+	s.conns[pc.id] = pc
+	a.conns[pc.id] = pc
+	s.legs[l.key] = l
+	s.wg.Add(4)
+	s.mu.Unlock()
+	go func() { defer s.wg.Done(); l.runSend() }()
+	go func() { defer s.wg.Done(); l.runDeliver() }()
+	go func() { defer s.wg.Done(); l.runRecv(l.cur, l.gen) }()
+	if l.dialer {
+		go func() { defer s.wg.Done(); l.runFailForward() }()
+	} else {
+		s.wg.Done()
+	}
+	l.runPump()
+}
+
+// runPump reads the application and queues its bytes for the peer.
+func (l *leg) runPump() {
+	buf := make([]byte, legMaxPayload)
+	for {
+		n, err := l.app.Read(buf)
+		if n > 0 {
+			l.mu.Lock()
+			for len(l.unacked)+n > legMaxUnacked && !l.closed {
+				l.cond.Wait()
+			}
+			if l.closed {
+				l.mu.Unlock()
+				return
+			}
+			l.unacked = append(l.unacked, buf[:n]...)
+			l.pc.inFlight[0].Store(int64(len(l.unacked)))
+			l.cond.Broadcast()
+			l.mu.Unlock()
+			l.pc.bytesTX.Add(uint64(n))
+			l.pc.msgsTX.Add(1)
+		}
+		if errors.Is(err, io.EOF) {
+			l.mu.Lock()
+			l.finQueued = true
+			l.cond.Broadcast()
+			l.mu.Unlock()
+			return
+		}
+		if err != nil {
+			l.close(fmt.Errorf("application: %w", err))
+			return
+		}
+	}
+}
+
+// runSend writes acknowledgements, queued bytes and the FIN on the
+// current transport. It is the transport's only writer.
+func (l *leg) runSend() {
+	frame := make([]byte, legHdr+legMaxPayload)
+	for {
+		l.mu.Lock()
+		for !l.closed && (l.cur == nil || (l.ackWanted == l.ackSent && l.sent == l.txBase+uint64(len(l.unacked)) && !(l.finQueued && !l.finSent))) {
+			l.cond.Wait()
+		}
+		if l.closed {
+			l.mu.Unlock()
+			return
+		}
+		c, gen, seq := l.cur, l.gen, l.sent
+		var b []byte
+		var n uint64
+		ack, fin := false, false
+		switch off := seq - l.txBase; {
+		case l.ackWanted != l.ackSent:
+			ack, seq = true, l.ackWanted
+			b = putLegHdr(frame, legAck, seq, 0)
+		case off < uint64(len(l.unacked)):
+			n = min(uint64(len(l.unacked))-off, legMaxPayload)
+			b = putLegHdr(frame, legData, seq, int(n))
+			copy(b[legHdr:], l.unacked[off:off+n])
+		default:
+			fin = true
+			b = putLegHdr(frame, legFin, seq, 0)
+		}
+		l.mu.Unlock()
+		_, err := c.Write(b)
+		l.mu.Lock()
+		if gen == l.gen && err == nil {
+			switch {
+			case ack:
+				l.ackSent = seq
+			case fin:
+				l.finSent = true
+			default:
+				l.sent = seq + n
+			}
+		}
+		l.mu.Unlock()
+		if err != nil {
+			l.fail(gen, err)
+		}
+		if fin {
+			l.maybeDone()
+		}
+	}
+}
+
+func putLegHdr(frame []byte, typ byte, seq uint64, n int) []byte {
+	frame[0] = typ
+	binary.LittleEndian.PutUint64(frame[1:], seq)
+	binary.LittleEndian.PutUint32(frame[9:], uint32(n))
+	return frame[:legHdr+n]
+}
+
+// runRecv reads transport c (generation gen) until it fails or the leg
+// moves to another one.
+func (l *leg) runRecv(c net.Conn, gen uint64) {
+	br := bufio.NewReaderSize(c, legHdr+legMaxPayload)
+	hdr := make([]byte, legHdr)
+	buf := make([]byte, legMaxPayload)
+	for {
+		if _, err := io.ReadFull(br, hdr); err != nil {
+			l.fail(gen, err)
+			return
+		}
+		typ, seq, n := hdr[0], binary.LittleEndian.Uint64(hdr[1:]), binary.LittleEndian.Uint32(hdr[9:])
+		if n > legMaxPayload || (typ != legData && n != 0) {
+			l.fail(gen, fmt.Errorf("%w: frame type %d, length %d", errLegProtocol, typ, n))
+			return
+		}
+		if _, err := io.ReadFull(br, buf[:n]); err != nil {
+			l.fail(gen, err)
+			return
+		}
+		var err error
+		switch typ {
+		case legData:
+			err = l.deliver(gen, seq, buf[:n])
+		case legAck:
+			err = l.acked(seq)
+		case legFin:
+			err = l.finished(gen, seq)
+		case legReset:
+			l.close(nil)
+			return
+		default:
+			err = fmt.Errorf("%w: frame type %d", errLegProtocol, typ)
+		}
+		if errors.Is(err, errStale) {
+			return
+		}
+		if err != nil {
+			l.fail(gen, err)
+			return
+		}
+	}
+}
+
+var errStale = errors.New("transport replaced")
+
+func (l *leg) generation() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.gen
+}
+
+// deliver queues the part of a data frame not yet received.
+func (l *leg) deliver(gen, seq uint64, p []byte) error {
+	l.dmu.Lock()
+	defer l.dmu.Unlock()
+	if l.generation() != gen {
+		return errStale
+	}
+	switch {
+	case seq > l.rxSeq:
+		return fmt.Errorf("%w: data at %d, expected %d", errLegProtocol, seq, l.rxSeq)
+	case seq+uint64(len(p)) <= l.rxSeq:
+		return nil // all seen before a resume
+	case l.finAt >= 0:
+		return fmt.Errorf("%w: data after the fin", errLegProtocol)
+	}
+	p = p[l.rxSeq-seq:]
+	if len(l.rxq)+len(p) > legMaxUnacked {
+		return fmt.Errorf("%w: the peer sent beyond its window", errLegProtocol)
+	}
+	l.rxq = append(l.rxq, p...)
+	l.rxSeq += uint64(len(p))
+	l.dcond.Signal()
+	return nil
+}
+
+// runDeliver writes what was received to the application, in order, and
+// has it acknowledged every legAckEvery bytes and at the end.
+func (l *leg) runDeliver() {
+	buf := make([]byte, legMaxPayload)
+	for {
+		l.dmu.Lock()
+		for !l.dclosed && len(l.rxq) == 0 && !(l.finAt >= 0 && !l.finDone) {
+			l.dcond.Wait()
+		}
+		if l.dclosed {
+			l.dmu.Unlock()
+			return
+		}
+		n := copy(buf, l.rxq)
+		fin := n == 0
+		l.dmu.Unlock()
+		if fin {
+			cw, ok := l.app.(interface{ CloseWrite() error })
+			if !ok || cw.CloseWrite() != nil {
+				l.close(errors.New("application: half close failed"))
+				return
+			}
+		} else if _, err := l.app.Write(buf[:n]); err != nil {
+			l.close(fmt.Errorf("application: %w", err))
+			return
+		}
+		l.dmu.Lock()
+		l.rxq = l.rxq[:copy(l.rxq, l.rxq[n:])]
+		l.rxDelivered += uint64(n)
+		if fin {
+			l.finDone = true
+		}
+		ack := uint64(0)
+		if fin || l.rxDelivered-l.rxAcked >= legAckEvery {
+			l.rxAcked = l.rxDelivered
+			ack = l.rxDelivered
+		}
+		l.dmu.Unlock()
+		if n > 0 {
+			l.pc.bytesRX.Add(uint64(n))
+			l.pc.msgsRX.Add(1)
+		}
+		if ack > 0 || fin {
+			l.mu.Lock()
+			l.ackWanted = max(l.ackWanted, ack)
+			l.cond.Broadcast()
+			l.mu.Unlock()
+		}
+		if fin {
+			l.maybeDone()
+		}
+	}
+}
+
+// acked drops what the peer has received.
+func (l *leg) acked(seq uint64) error {
+	l.mu.Lock()
+	err := l.trimLocked(seq)
+	l.mu.Unlock()
+	if err == nil {
+		l.maybeDone()
+	}
+	return err
+}
+
+func (l *leg) trimLocked(seq uint64) error {
+	end := l.txBase + uint64(len(l.unacked))
+	if seq < l.txBase || seq > end {
+		return fmt.Errorf("%w: acknowledgement of %d outside %d..%d", errLegProtocol, seq, l.txBase, end)
+	}
+	l.unacked = l.unacked[:copy(l.unacked, l.unacked[seq-l.txBase:])]
+	l.txBase = seq
+	l.sent = max(l.sent, seq)
+	l.pc.inFlight[0].Store(int64(len(l.unacked)))
+	l.cond.Broadcast()
+	return nil
+}
+
+// finished: the peer's application is done writing, at seq.
+func (l *leg) finished(gen, seq uint64) error {
+	l.dmu.Lock()
+	defer l.dmu.Unlock()
+	if l.generation() != gen {
+		return errStale
+	}
+	if seq != l.rxSeq || (l.finAt >= 0 && uint64(l.finAt) != seq) {
+		return fmt.Errorf("%w: fin at %d, received %d", errLegProtocol, seq, l.rxSeq)
+	}
+	l.finAt = int64(seq)
+	l.dcond.Signal()
+	return nil
+}
+
+// maybeDone ends the leg once both directions are finished and
+// acknowledged.
+func (l *leg) maybeDone() {
+	l.dmu.Lock()
+	finDone := l.finDone
+	l.dmu.Unlock()
+	l.mu.Lock()
+	done := finDone && l.finSent && len(l.unacked) == 0 && l.ackWanted == l.ackSent
+	l.mu.Unlock()
+	if done {
+		l.close(nil)
+	}
+}
+
+// close ends the leg: both ends are closed, the peer's leg sees its
+// transport end and, with nothing to resume, ends too.
+func (l *leg) close(cause error) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return
+	}
+	l.closed = true
+	c := l.cur
+	l.cur = nil
+	l.gen++
+	l.cond.Broadcast()
+	l.mu.Unlock()
+	l.dmu.Lock()
+	l.dclosed = true
+	l.dcond.Broadcast()
+	l.dmu.Unlock()
+	if c != nil {
+		// Tell the peer's leg not to wait for a resume (best effort: the
+		// transport may be why we close).
+		c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		var frame [legHdr]byte
+		c.Write(putLegHdr(frame[:], legReset, 0, 0))
+		c.Close()
+	}
+	l.app.Close()
+	if cause != nil {
+		l.s.logf("leg %s/%d: closed: %v", l.key.from, l.key.token, cause)
+	}
+	l.s.mu.Lock()
+	if l.s.legs[l.key] == l {
+		delete(l.s.legs, l.key)
+	}
+	l.s.mu.Unlock()
+	l.s.forget(l.pc)
+}
+
+// fail handles the end of transport generation gen: the dialing side
+// connects again, the other waits to be resumed.
+func (l *leg) fail(gen uint64, err error) {
+	l.mu.Lock()
+	if l.closed || gen != l.gen {
+		l.mu.Unlock()
+		return
+	}
+	c, path := l.cur, l.path
+	l.cur = nil
+	l.gen++
+	l.down = time.Now()
+	l.cond.Broadcast()
+	l.mu.Unlock()
+	c.Close()
+	l.s.logf("leg %s/%d: %s transport failed: %v", l.key.from, l.key.token, path, err)
+	if l.dialer {
+		go l.reconnect()
+		return
+	}
+	time.AfterFunc(legResumeWait, func() {
+		l.mu.Lock()
+		stuck := l.cur == nil && !l.closed
+		l.mu.Unlock()
+		if stuck {
+			l.close(fmt.Errorf("not resumed within %v", legResumeWait))
+		}
+	})
+}
+
+// reconnect finds the leg a new transport: the NTB link if it is up, else
+// the TCP fallback, until legResumeWait has passed.
+func (l *leg) reconnect() {
+	deadline := time.Now().Add(legResumeWait)
+	for attempt := 0; time.Now().Before(deadline); attempt++ {
+		if l.isClosed() {
+			return
+		}
+		for _, path := range l.paths() {
+			if err := l.resume(path, 250*time.Millisecond); err == nil {
+				return
+			} else if attempt == 0 {
+				l.s.logf("leg %s/%d: resume over %s: %v", l.key.from, l.key.token, path, err)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	l.close(fmt.Errorf("no transport to %s within %v", l.peer.Host, legResumeWait))
+}
+
+func (l *leg) isClosed() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closed
+}
+
+// paths lists the transports to try, in order: the NTB link while it is
+// up, then TCP.
+func (l *leg) paths() []string {
+	var ps []string
+	if link := l.s.links[l.peer.Host]; link != nil && link.ep.Device().Link() == ntb.LinkUp {
+		ps = append(ps, ctlapi.PathNTB)
+	}
+	if l.peer.Fallback != "" {
+		ps = append(ps, ctlapi.PathTCP)
+	}
+	return ps
+}
+
+// resume connects over path and moves the leg onto that transport.
+func (l *leg) resume(path string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(l.s.ctx, timeout)
+	defer cancel()
+	var c net.Conn
+	var err error
+	switch path {
+	case ctlapi.PathNTB:
+		c, err = l.s.links[l.peer.Host].ep.DialContext(ctx, resumePort)
+	default:
+		var d net.Dialer
+		c, err = d.DialContext(ctx, "tcp", l.peer.Fallback)
+	}
+	if err != nil {
+		return err
+	}
+	// Stop the current transport, if any (moving back to the NTB link):
+	// from here on only the new one delivers.
+	l.mu.Lock()
+	old := l.cur
+	l.cur = nil
+	l.gen++
+	if l.down.IsZero() {
+		l.down = time.Now()
+	}
+	l.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+	l.dmu.Lock()
+	rx := l.rxSeq
+	l.dmu.Unlock()
+	c.SetDeadline(time.Now().Add(requestTimeout))
+	var reply appproto.DialReply
+	err = appproto.WriteFrame(c, appproto.RackOpen{From: l.s.cfg.Host, Resume: l.key.token, RxSeq: rx})
+	if err == nil {
+		err = appproto.ReadFrame(c, &reply)
+	}
+	if err == nil && reply.Code != ctlapi.OK {
+		err = &ctlapi.Error{Code: reply.Code, Message: reply.Error}
+	}
+	if err != nil {
+		c.Close()
+		if ctlapi.CodeOf(err) == ctlapi.CodeRefused { // the peer has forgotten the leg
+			l.close(err)
+		}
+		return err
+	}
+	c.SetDeadline(time.Time{})
+	return l.install(c, path, reply.RxSeq)
+}
+
+// accept is the other side of resume: c carries a RackOpen resuming this
+// leg, which has received peerRx bytes.
+func (l *leg) accept(c net.Conn, path string, peerRx uint64) error {
+	l.mu.Lock()
+	old := l.cur
+	l.cur = nil
+	l.gen++
+	if l.down.IsZero() {
+		l.down = time.Now()
+	}
+	closed := l.closed
+	l.mu.Unlock()
+	if closed {
+		return ctlapi.Errorf(ctlapi.CodeRefused, "connection %s/%d has ended", l.key.from, l.key.token)
+	}
+	if old != nil {
+		old.Close()
+	}
+	l.dmu.Lock()
+	rx := l.rxSeq
+	l.dmu.Unlock()
+	if err := appproto.WriteFrame(c, appproto.DialReply{RxSeq: rx}); err != nil {
+		return err
+	}
+	c.SetDeadline(time.Time{})
+	return l.install(c, path, peerRx)
+}
+
+// install makes c the transport: what the peer has not received is sent
+// again, from peerRx on.
+func (l *leg) install(c net.Conn, path string, peerRx uint64) error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		c.Close()
+		return net.ErrClosed
+	}
+	if err := l.trimLocked(peerRx); err != nil {
+		l.mu.Unlock()
+		c.Close()
+		l.close(err)
+		return err
+	}
+	l.finSent = false // a FIN is sent again: it may have been lost with the old transport
+	l.sent = l.txBase
+	l.cur, l.path = c, path
+	l.gen++
+	gen := l.gen
+	pause := time.Since(l.down)
+	from := l.pc.path
+	l.pc.path = path
+	l.down = time.Time{}
+	l.switches++
+	l.lastPause = pause
+	l.cond.Broadcast()
+	l.mu.Unlock()
+	l.s.logf("leg %s/%d: moved from %s to %s, paused %v", l.key.from, l.key.token, from, path, pause.Round(time.Microsecond))
+	l.s.wg.Add(1)
+	go func() { defer l.s.wg.Done(); l.runRecv(c, gen) }()
+	return nil
+}
+
+// runFailForward moves a leg that left the NTB link back onto it once the
+// link is up again.
+func (l *leg) runFailForward() {
+	link := l.s.links[l.peer.Host]
+	if link == nil {
+		return
+	}
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		l.mu.Lock()
+		closed, path, cur := l.closed, l.path, l.cur
+		l.mu.Unlock()
+		if closed {
+			return
+		}
+		if cur != nil && path == ctlapi.PathTCP && link.ep.Device().Link() == ntb.LinkUp {
+			if err := l.resume(ctlapi.PathNTB, time.Second); err != nil {
+				l.s.logf("leg %s/%d: back to NTB: %v", l.key.from, l.key.token, err)
+				l.mu.Lock()
+				lost := l.cur == nil && !l.closed
+				l.mu.Unlock()
+				if lost {
+					go l.reconnect()
+				}
+			}
+		}
+	}
+}
