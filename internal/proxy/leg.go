@@ -366,10 +366,14 @@ func (l *leg) runDeliver() {
 	}
 }
 
-// acked drops what the peer has received.
+// acked drops what the peer has delivered. An acknowledgement behind
+// txBase is old news: a resume already trimmed to what the peer received.
 func (l *leg) acked(seq uint64) error {
 	l.mu.Lock()
-	err := l.trimLocked(seq)
+	var err error
+	if seq > l.txBase {
+		err = l.trimLocked(seq)
+	}
 	l.mu.Unlock()
 	if err == nil {
 		l.maybeDone()
@@ -615,14 +619,19 @@ func (l *leg) install(c net.Conn, path string, peerRx uint64) error {
 		c.Close()
 		return net.ErrClosed
 	}
-	if err := l.trimLocked(peerRx); err != nil {
+	// The peer holds what it received (peerRx) but frees our memory only
+	// as it delivers (acknowledgements), so that what waits for its
+	// application never exceeds legMaxUnacked: resend from peerRx, keep
+	// the rest until acknowledged.
+	if end := l.txBase + uint64(len(l.unacked)); peerRx < l.txBase || peerRx > end {
 		l.mu.Unlock()
 		c.Close()
+		err := fmt.Errorf("%w: peer resumes at %d, outside %d..%d", errLegProtocol, peerRx, l.txBase, end)
 		l.close(err)
 		return err
 	}
 	l.finSent = false // a FIN is sent again: it may have been lost with the old transport
-	l.sent = l.txBase
+	l.sent = peerRx
 	l.cur, l.path = c, path
 	l.gen++
 	gen := l.gen

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"crypto/sha256"
 	"bytes"
 	"context"
 	"errors"
@@ -53,6 +54,8 @@ host = %q
 addresses = ["10.77.0.%d"]
 link = "ab"
 %s`, host, host[0], filepath.Join(root, host), fabric, strings.Join(proxyKeys, "\n"), peer, peer[0], acl)
+		// {self} and {peer}: each host's own loopback address, 127.0.0.<its letter>.
+		doc = strings.NewReplacer("{self}", fmt.Sprintf("127.0.0.%d", host[0]), "{peer}", fmt.Sprintf("127.0.0.%d", peer[0])).Replace(doc)
 		c, err := config.Parse([]byte(doc))
 		require.NoError(t, err)
 		return c
@@ -422,4 +425,68 @@ func TestBadRequests(t *testing.T) {
 	require.NoError(t, appproto.ReadFrame(c, &reply))
 	require.Equal(t, ctlapi.CodeUnknown, reply.Code)
 	_ = attach(t, r.ca)
+}
+
+
+// Failover: the NTB link goes down under a stream and comes back; the
+// stream carries on over TCP and returns to the link, every byte in order.
+func TestFailover(t *testing.T) {
+	port := 20000 + rand.IntN(20000)
+	r := newRack(t, fmt.Sprintf(`fallback = "{peer}:%d"`, port), fmt.Sprintf(`fallback = "{self}:%d"`, port))
+	srvB := attach(t, r.cb)
+	ln, err := srvB.Listen("tcp", ":80")
+	require.NoError(t, err)
+	defer ln.Close()
+	go echo(ln)
+	client := attach(t, r.ca)
+	c, err := client.Dial("tcp", "b:80")
+	require.NoError(t, err)
+	defer c.Close()
+	dev := r.a.links["b"].ep.Device().(*shm.Device)
+
+	const total = 48 << 20
+	sum := sha256.New()
+	rng := rand.New(rand.NewPCG(3, 3))
+	written := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 32<<10)
+		for n := 0; n < total; n += len(buf) {
+			for i := range buf {
+				buf[i] = byte(rng.Uint32())
+			}
+			sum.Write(buf)
+			if _, err := c.Write(buf); err != nil {
+				written <- err
+				return
+			}
+		}
+		written <- c.(*socklike.Conn).CloseWrite()
+	}()
+	got := sha256.New()
+	var n int64
+	buf := make([]byte, 64<<10)
+	phase := 0
+	for {
+		k, err := c.Read(buf)
+		got.Write(buf[:k])
+		n += int64(k)
+		if phase == 0 && n > total/4 {
+			t.Logf("link down at %d MiB", n>>20)
+			dev.ForceLinkDown()
+			phase = 1
+		}
+		if phase == 1 && n > total/2 {
+			t.Logf("link up at %d MiB", n>>20)
+			dev.ForceLinkUp()
+			phase = 2
+		}
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err)
+	}
+	require.NoError(t, <-written)
+	require.Equal(t, int64(total), n)
+	require.Equal(t, sum.Sum(nil), got.Sum(nil), "every byte, in order, once")
+	require.Eventually(t, func() bool { return len(r.a.Snapshot().Conns) == 0 }, 5*time.Second, 10*time.Millisecond)
 }
