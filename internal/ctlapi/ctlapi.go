@@ -95,8 +95,9 @@ const (
 	PathListen   = "/v1/listen"
 	PathUnlisten = "/v1/unlisten"
 	PathStatus   = "/v1/status"
-	// PathSnapshot is ntproxy's admin API.
+	// PathSnapshot and PathFault are ntproxy's admin API.
 	PathSnapshot = "/v1/snapshot"
+	PathFault    = "/v1/fault"
 )
 
 // Path names, as reported for every connection.
@@ -235,8 +236,17 @@ type ConnStat struct {
 	BytesRX    uint64 `json:"bytes_rx"`
 	MsgsTX     uint64 `json:"msgs_tx"`
 	MsgsRX     uint64 `json:"msgs_rx"`
-	QueueDepth int    `json:"queue_depth"` // bytes buffered in the proxy
-	Drops      uint64 `json:"drops"`       // always 0: nothing is dropped
+	QueueDepth int    `json:"queue_depth"`        // bytes buffered in the proxy
+	Drops      uint64 `json:"drops"`              // always 0: nothing is dropped
+	Switches   int    `json:"switches,omitempty"` // transport changes of its leg
+	LastPause  string `json:"last_pause,omitempty"`
+}
+
+// FaultRequest injects a fault into one of ntproxy's emulated NTB links:
+// Down pulls it (both ends see it down), !Down restores it.
+type FaultRequest struct {
+	Link string `json:"link"`
+	Down bool   `json:"down"`
 }
 
 // Client calls one daemon's API over its Unix socket.

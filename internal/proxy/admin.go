@@ -38,6 +38,14 @@ func (s *Server) Snapshot() ctlapi.Snapshot {
 			MsgsTX: pc.msgsTX.Load(), MsgsRX: pc.msgsRX.Load(),
 			QueueDepth: int(pc.inFlight[0].Load() + pc.inFlight[1].Load()),
 		}
+		if l := pc.leg; l != nil {
+			l.mu.Lock()
+			cs.Path, cs.Switches = l.path, l.switches
+			if l.switches > 0 {
+				cs.LastPause = l.lastPause.String()
+			}
+			l.mu.Unlock()
+		}
 		snap.Conns = append(snap.Conns, cs)
 		if ps := parts[pc.link]; pc.partition >= 0 && pc.partition < len(ps) {
 			p := &ps[pc.partition]
@@ -72,6 +80,14 @@ func (s *Server) ServeAdmin(ln net.Listener) error {
 	mux.HandleFunc("GET "+ctlapi.PathSnapshot, func(w http.ResponseWriter, r *http.Request) {
 		ctlapi.Reply(w, s.Snapshot(), nil)
 	})
+	mux.HandleFunc("POST "+ctlapi.PathFault, func(w http.ResponseWriter, r *http.Request) {
+		var req ctlapi.FaultRequest
+		if err := ctlapi.Decode(r, &req); err != nil {
+			ctlapi.Reply(w, nil, err)
+			return
+		}
+		ctlapi.Reply(w, struct{}{}, s.Fault(req))
+	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-s.ctx.Done()
@@ -81,4 +97,29 @@ func (s *Server) ServeAdmin(ln net.Listener) error {
 		return err
 	}
 	return nil
+}
+
+// Fault pulls or restores one of the emulated NTB links (fault injection
+// for failover tests and demonstrations).
+func (s *Server) Fault(req ctlapi.FaultRequest) error {
+	for _, l := range s.links {
+		if l.peer.Link != req.Link {
+			continue
+		}
+		d, ok := l.ep.Device().(interface {
+			ForceLinkDown()
+			ForceLinkUp()
+		})
+		if !ok {
+			return ctlapi.Errorf(ctlapi.CodeBadRequest, "link %s is not emulated: no fault injection", req.Link)
+		}
+		if req.Down {
+			d.ForceLinkDown()
+		} else {
+			d.ForceLinkUp()
+		}
+		s.logf("fault: link %s forced %s", req.Link, map[bool]string{true: "down", false: "up"}[req.Down])
+		return nil
+	}
+	return ctlapi.Errorf(ctlapi.CodeUnknown, "no link %q", req.Link)
 }

@@ -91,9 +91,9 @@ type leg struct {
 	cur       net.Conn   // nil between transports
 	ackWanted uint64     // acknowledge this much (runSend sends it)
 	ackSent   uint64
-	path      string     // cur's path: ctlapi.PathNTB or PathTCP
-	gen       uint64     // bumped at every transport change
-	txBase    uint64     // number of unacked[0]
+	path      string // cur's path: ctlapi.PathNTB or PathTCP
+	gen       uint64 // bumped at every transport change
+	txBase    uint64 // number of unacked[0]
 	unacked   []byte
 	sent      uint64 // bytes written on cur (≥ txBase)
 	finQueued bool   // the application finished writing at txBase+len(unacked)

@@ -141,11 +141,11 @@ func (s *Server) ListenAndServe() error {
 	if err := os.MkdirAll(s.cfg.StateDir, 0o755); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	apps, err := listenUnix(s.cfg.Path(config.ProxySocket))
+	apps, err := listenUnix(s.cfg.Path(config.ProxySocket), 0o666)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	admin, err := listenUnix(s.cfg.Path(config.AdminSocket))
+	admin, err := listenUnix(s.cfg.Path(config.AdminSocket), 0o600) // root: it injects faults
 	if err != nil {
 		apps.Close()
 		return fmt.Errorf("serve: %w", err)
@@ -173,9 +173,9 @@ func (s *Server) ListenAndServe() error {
 	return errors.Join(errs...)
 }
 
-// listenUnix listens on path, removing a stale socket file first; anyone
-// may connect (credentials are checked per application).
-func listenUnix(path string) (*net.UnixListener, error) {
+// listenUnix listens on path with the given permissions, removing a stale
+// socket file first.
+func listenUnix(path string, mode os.FileMode) (*net.UnixListener, error) {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
@@ -183,7 +183,7 @@ func listenUnix(path string) (*net.UnixListener, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.Chmod(path, 0o666); err != nil {
+	if err := os.Chmod(path, mode); err != nil {
 		ln.Close()
 		return nil, err
 	}

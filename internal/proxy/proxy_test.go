@@ -1,9 +1,9 @@
 package proxy
 
 import (
-	"crypto/sha256"
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -426,7 +426,6 @@ func TestBadRequests(t *testing.T) {
 	require.Equal(t, ctlapi.CodeUnknown, reply.Code)
 	_ = attach(t, r.ca)
 }
-
 
 // Failover: the NTB link goes down under a stream and comes back; the
 // stream carries on over TCP and returns to the link, every byte in order.
