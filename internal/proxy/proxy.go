@@ -113,6 +113,7 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 		}
 		ep, err := socklike.Open(p.Link, socklike.Config{
 			SpinBudget: cfg.Proxy.SpinBudget.Duration,
+			MTU:        socklike.DefaultMTU + legHdr, // a leg frame of a full record is one record
 			Partitions: cfg.Proxy.Partitions,
 			Fabric:     shm.Options{Dir: cfg.Proxy.FabricDir, WindowSize: cfg.Proxy.Window},
 			Logf: func(format string, args ...any) {
