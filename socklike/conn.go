@@ -499,9 +499,11 @@ func (u *unit) take(slot, n int) time.Duration {
 // what the connection has sent. CLOSE withdraws a write in progress:
 // nothing may follow it.
 func (c *Conn) queueFrame(kind uint32, body []byte) {
-	f := ctlFrame{tag: makeTag(kind, c.peerID), n: len(body)}
+	f := ctlFrame{n: len(body)}
 	if kind == kindOpen {
-		f.tag = makeTag(kind, c.id)
+		f.tag = makeTag(kind, c.id) // peerID is not known yet, and ACCEPT may be writing it
+	} else {
+		f.tag = makeTag(kind, c.peerID)
 	}
 	copy(f.body[:], body)
 	c.smu.Lock()
@@ -760,11 +762,11 @@ func (c *Conn) deliver(part int, kind uint32, payload []byte) error {
 		}
 		c.recvd.Add(int64(len(payload)))
 	}
-	return c.actLocked(kind, payload)
+	return c.actLocked(part, kind, payload)
 }
 
 // actLocked acts on a frame in order (rxmu held); DATA is accounted.
-func (c *Conn) actLocked(kind uint32, payload []byte) error {
+func (c *Conn) actLocked(part int, kind uint32, payload []byte) error {
 	switch kind {
 	case kindData:
 		if c.rbuf != nil && c.rn == 0 && c.queued.Load() == 0 && c.flags.Load()&fClosed == 0 {
@@ -783,7 +785,7 @@ func (c *Conn) actLocked(kind uint32, payload []byte) error {
 		if err != nil {
 			return err
 		}
-		return c.established(m)
+		return c.established(m, part)
 	case kindRefuse:
 		code, err := decodeU32(payload, "refuse")
 		if err != nil {
@@ -812,7 +814,7 @@ func (c *Conn) actLocked(kind uint32, payload []byte) error {
 			}
 			h := c.held[k]
 			c.held = slices.Delete(c.held, k, k+1)
-			if err := c.actLocked(h.kind, h.payload); err != nil {
+			if err := c.actLocked(h.part, h.kind, h.payload); err != nil {
 				return err
 			}
 		}
@@ -870,8 +872,17 @@ func (c *Conn) credit(v uint64) error {
 	return nil
 }
 
-func (c *Conn) established(m acceptMsg) error {
+func (c *Conn) established(m acceptMsg, part int) error {
 	c.mu.Lock()
+	if m.echoed && m.dialGen != c.gen {
+		// A late ACCEPT for an earlier connection with our id, which gave
+		// up dialing: not ours. Its acceptor learns from our CLOSE.
+		c.mu.Unlock()
+		if part >= 0 && part < len(c.st.parts) {
+			c.st.sendLoose(c.st.parts[part], kindClose, m.id, nil)
+		}
+		return nil
+	}
 	if c.state != connDialing {
 		c.mu.Unlock()
 		return fmt.Errorf("accept for connection %d, which is not dialing", c.id)

@@ -75,6 +75,11 @@ type acceptMsg struct {
 	id     uint32
 	window uint32
 	gen    uint32
+	// dialGen echoes the OPEN's gen, so a dialer tells an ACCEPT meant for
+	// an earlier incarnation of its id (echoed is false for a 12-byte
+	// ACCEPT from an older build, which has no echo).
+	dialGen uint32
+	echoed  bool
 }
 
 type creditMsg struct {
@@ -92,7 +97,8 @@ func (m openMsg) encode(b []byte) []byte {
 func (m acceptMsg) encode(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint32(b, m.id)
 	b = binary.LittleEndian.AppendUint32(b, m.window)
-	return binary.LittleEndian.AppendUint32(b, m.gen)
+	b = binary.LittleEndian.AppendUint32(b, m.gen)
+	return binary.LittleEndian.AppendUint32(b, m.dialGen)
 }
 
 func (m creditMsg) encode(b []byte) []byte {
@@ -114,10 +120,13 @@ func decodeOpen(p []byte) (openMsg, error) {
 }
 
 func decodeAccept(p []byte) (acceptMsg, error) {
-	if len(p) != 12 {
-		return acceptMsg{}, fmt.Errorf("accept frame of %d bytes, want 12", len(p))
+	if len(p) != 12 && len(p) != 16 {
+		return acceptMsg{}, fmt.Errorf("accept frame of %d bytes, want 12 or 16", len(p))
 	}
 	m := acceptMsg{id: binary.LittleEndian.Uint32(p), window: binary.LittleEndian.Uint32(p[4:]), gen: binary.LittleEndian.Uint32(p[8:])}
+	if len(p) == 16 {
+		m.dialGen, m.echoed = binary.LittleEndian.Uint32(p[12:]), true
+	}
 	if m.id == 0 || m.id > maxID {
 		return acceptMsg{}, fmt.Errorf("accept frame id %d outside [1, %d]", m.id, maxID)
 	}

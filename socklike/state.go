@@ -39,7 +39,7 @@ type ctlFrame struct {
 	part *partition.Partition
 	tag  uint32
 	n    int
-	body [12]byte
+	body [16]byte // the largest frame body: ACCEPT
 }
 
 // newConn allocates an id and registers a connection in the table.
@@ -296,7 +296,7 @@ func (st *state) accept(part int, peerID uint32, m openMsg) {
 		refuse(refuseBacklog)
 		return
 	}
-	c.queueFrame(kindAccept, acceptMsg{id: c.id, window: uint32(st.ep.cfg.Window), gen: c.gen}.encode(nil))
+	c.queueFrame(kindAccept, acceptMsg{id: c.id, window: uint32(st.ep.cfg.Window), gen: c.gen, dialGen: m.gen}.encode(nil))
 }
 
 func le32(v uint32) []byte { return []byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)} }
