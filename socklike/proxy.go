@@ -195,7 +195,7 @@ func (p *Proxy) attachLocked() (_ *attachment, err error) {
 	if f == nil {
 		return nil, fail(errors.New("welcome came without the memory link"))
 	}
-	dev, err := shm.OpenFile(f, fmt.Sprintf("app-%d", w.AppID), shm.Options{WindowSize: int(w.Window), Side: shm.Side1})
+	dev, err := shm.OpenFile(f, fmt.Sprintf("app-%d", w.AppID), shm.Options{WindowSize: int(w.Window), Side: shm.Side1, HeartbeatTimeout: appproto.LinkHeartbeatTimeout})
 	if err != nil {
 		return nil, fail(err)
 	}
@@ -336,7 +336,7 @@ func (p *Proxy) openDirect(ctx context.Context, dl *appproto.DirectLink, side in
 		return nil, fmt.Errorf("%w: direct link %+v", ErrProxy, *dl)
 	}
 	ep, err := Open(dl.Name, Config{SpinBudget: p.cfg.SpinBudget, Window: p.cfg.Window, MTU: p.cfg.MTU,
-		Fabric: shm.Options{Dir: dl.Dir, WindowSize: dl.Window, Side: shm.Side0 + shm.Side(side)}})
+		Fabric: shm.Options{Dir: dl.Dir, WindowSize: dl.Window, Side: shm.Side0 + shm.Side(side), HeartbeatTimeout: appproto.LinkHeartbeatTimeout}})
 	if err != nil {
 		return nil, fmt.Errorf("direct link %s: %w", dl.Name, err)
 	}

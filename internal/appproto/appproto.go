@@ -30,12 +30,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/ntstack/ntstack/internal/ctlapi"
 )
 
 // Version is the protocol version; a mismatch is refused with CodeVersion.
 const Version = 1
+
+// LinkHeartbeatTimeout is the heartbeat timeout of an application's memory
+// link, at both ends. Its peer's death is known at once from the attach
+// socket and the link file's locks; a short timeout would only declare a
+// busy (not dead) process gone on a loaded machine.
+const LinkHeartbeatTimeout = 10 * time.Second
 
 // Service ports of the proxy's end of an application's memory link.
 const (

@@ -75,6 +75,10 @@ type Proxy struct {
 	AppWindow int `toml:"app_window"`
 	// SpinBudget is socklike's spin-before-park budget ("" = socklike's).
 	SpinBudget Duration `toml:"spin_budget"`
+	// LinkTimeout declares a rack link down when the peer's heartbeat
+	// stops for this long ("" = the fabric's default, 250 ms). A dead
+	// peer process is seen sooner, from its released locks.
+	LinkTimeout Duration `toml:"link_timeout"`
 	// MaxAppsPerUID bounds attachments per local user.
 	MaxAppsPerUID int `toml:"max_apps_per_uid"`
 	// DirectWindow is each side's window of a direct connection's link.

@@ -115,7 +115,7 @@ func (s *Server) attach(c *net.UnixConn) (_ *app, err error) {
 	if a.memfd, err = shm.NewMemLink(fmt.Sprintf("app-%d", a.id)); err != nil {
 		return nil, refuse(ctlapi.CodeInternal, "%v", err)
 	}
-	o := shm.Options{WindowSize: s.cfg.Proxy.AppWindow, Side: shm.Side0}
+	o := shm.Options{WindowSize: s.cfg.Proxy.AppWindow, Side: shm.Side0, HeartbeatTimeout: appproto.LinkHeartbeatTimeout}
 	if a.dev, err = shm.OpenFile(a.memfd, fmt.Sprintf("app-%d", a.id), o); err != nil {
 		return nil, refuse(ctlapi.CodeInternal, "%v", err)
 	}

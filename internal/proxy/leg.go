@@ -130,9 +130,12 @@ func (s *Server) runLeg(a *app, l *leg) {
 	s.legs[l.key] = l
 	s.wg.Add(4)
 	s.mu.Unlock()
+	l.mu.Lock()
+	c, gen := l.cur, l.gen
+	l.mu.Unlock()
 	go func() { defer s.wg.Done(); l.runSend() }()
 	go func() { defer s.wg.Done(); l.runDeliver() }()
-	go func() { defer s.wg.Done(); l.runRecv(l.cur, l.gen) }()
+	go func() { defer s.wg.Done(); l.runRecv(c, gen) }()
 	if l.dialer {
 		go func() { defer s.wg.Done(); l.runFailForward() }()
 	} else {

@@ -115,7 +115,7 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 			SpinBudget: cfg.Proxy.SpinBudget.Duration,
 			MTU:        socklike.DefaultMTU + legHdr, // a leg frame of a full record is one record
 			Partitions: cfg.Proxy.Partitions,
-			Fabric:     shm.Options{Dir: cfg.Proxy.FabricDir, WindowSize: cfg.Proxy.Window},
+			Fabric:     shm.Options{Dir: cfg.Proxy.FabricDir, WindowSize: cfg.Proxy.Window, HeartbeatTimeout: cfg.Proxy.LinkTimeout.Duration},
 			Logf: func(format string, args ...any) {
 				s.logf("link %s: "+format, append([]any{p.Link}, args...)...)
 			},

@@ -48,6 +48,7 @@ state_dir = %q
 fabric_dir = %q
 window = 4194304
 app_window = 2097152
+link_timeout = "2s"
 %s
 [[peers]]
 host = %q
