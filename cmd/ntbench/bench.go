@@ -76,6 +76,11 @@ func benchmark(o *options, fwd []string, stdout, stderr io.Writer) (err error) {
 		}
 	}
 	rep.end()
+	if o.svg != "" && len(rep.results) > 0 { // draw what was measured, even if some runs failed
+		if err := writeChart(o.svg, rep.results, ""); err != nil {
+			return err
+		}
+	}
 	if failed > 0 {
 		return fmt.Errorf("%d of %d transport×mode runs failed", failed, len(o.transports)*len(o.modes))
 	}
@@ -211,11 +216,11 @@ func (r *runner) measure(t transport, m mode, srv *serverProc, size int) (res []
 		return nil, err
 	}
 	if m.client == nil {
-		rr := r.result(t, "mixed-rr", mixedRRSize, samples[:1], wall, cpu1-cpu0)
-		bulk := r.result(t, "mixed-bulk", size, samples[1:], wall, cpu1-cpu0)
+		rr := r.result(t, "mixed-rr", mixedRRSize, samples[:1], start, wall, cpu1-cpu0)
+		bulk := r.result(t, "mixed-bulk", size, samples[1:], start, wall, cpu1-cpu0)
 		return []result{rr, bulk}, nil
 	}
-	return []result{r.result(t, m.name, size, samples, wall, cpu1-cpu0)}, nil
+	return []result{r.result(t, m.name, size, samples, start, wall, cpu1-cpu0)}, nil
 }
 
 // cpuTime returns the CPU time client and server have used so far.
@@ -231,8 +236,9 @@ func (r *runner) cpuTime(srv *serverProc) (time.Duration, error) {
 	return client + server, nil
 }
 
-// result aggregates the samples of all connections of one measurement.
-func (r *runner) result(t transport, mode string, size int, samples []sample, wall, cpu time.Duration) result {
+// result aggregates the samples of all connections of one measurement,
+// which started at start.
+func (r *runner) result(t transport, mode string, size int, samples []sample, start time.Time, wall, cpu time.Duration) result {
 	var rtts []time.Duration
 	msgs := 0
 	for _, s := range samples {
@@ -259,6 +265,7 @@ func (r *runner) result(t transport, mode string, size int, samples []sample, wa
 		DurationNs: wall.Nanoseconds(),
 		GOMAXPROCS: r.procs,
 		Host:       r.host,
+		Time:       start.UTC().Format(time.RFC3339),
 	}
 	if mode == "rate" {
 		res.Window = r.o.window

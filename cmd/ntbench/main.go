@@ -84,11 +84,25 @@
 // verified runs only with verified runs. Stream byte counts are checked
 // always.
 //
+// # Charts
+//
+// -svg FILE draws, after the run, what was measured as an SVG chart: round-trip
+// latency by size (pingpong; p50 solid, p99 dashed, one colour per
+// transport), throughput by size (stream) and, when the rows hold several
+// connection counts, aggregate stream throughput by connection count. The
+// by-size panels show the smallest connection count measured. -plot FILE
+// draws the chart from saved JSON lines instead of measuring (FILE "-" is
+// stdin); JSON lines of several runs may be concatenated, e.g. runs with
+// different -conns, and repeated rows are reduced to their median:
+//
+//	ntbench -json -q > out/bench.jsonl
+//	ntbench -plot out/bench.jsonl -svg out/bench.svg
+//
 // # Adding a transport
 //
 // A transport is one file with an init function calling register; see
 // transport.go. New flags added to newFlagSet reach the server process
-// without further code.
+// without further code, unless listed in clientOnly.
 package main
 
 import (
@@ -136,6 +150,8 @@ type options struct {
 	priority   int           // ntb: class of the bulk flows (mixed) or of every connection
 	cpuprofile string        // CPU profile of the client; the server's gets ".server"
 	stats      bool          // ntb: print socklike's event counters
+	svg        string        // draw the results as an SVG chart into this file
+	plot       string        // draw the chart from these JSON lines instead of measuring
 
 	// Server process only, from hidden flags.
 	transport string // transport to listen on
@@ -174,6 +190,13 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if server {
 		if err := serve(&o, stdin, stdout); err != nil {
 			fmt.Fprintf(stderr, "ntbench server %s %s: %v\n", o.transport, o.mode, err)
+			return 1
+		}
+		return 0
+	}
+	if o.plot != "" {
+		if err := plotResults(&o, stdin); err != nil {
+			fmt.Fprintf(stderr, "ntbench: %v\n", err)
 			return 1
 		}
 		return 0
@@ -225,6 +248,8 @@ Flags:
 	fs.BoolVar(&o.verify, "verify", false, "send a seeded pattern and check every echo and streamed byte (slower)")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object per line instead of a table")
 	fs.BoolVar(&o.quiet, "q", false, "print only result rows: no banner, column header or comparison")
+	fs.StringVar(&o.svg, "svg", "", "after the run, draw the results as an SVG chart into `file`")
+	fs.StringVar(&o.plot, "plot", "", "measure nothing: draw the chart of the JSON lines in `file` (from -json; - for stdin) into the -svg file")
 	return fs
 }
 
@@ -233,6 +258,8 @@ func (o *options) check(extra []string) error {
 	switch {
 	case len(extra) > 0:
 		return fmt.Errorf("unexpected argument %q (flags only; see -h)", extra[0])
+	case o.plot != "" && o.svg == "":
+		return errors.New("-plot needs -svg FILE to draw into")
 	case o.count < 1:
 		return fmt.Errorf("-count %d: need at least 1", o.count)
 	case o.duration <= 0:
@@ -274,12 +301,18 @@ func (o *options) check(extra []string) error {
 	return nil
 }
 
+// clientOnly names the flags that concern the client process alone and are
+// not passed to the server.
+var clientOnly = []string{"svg", "plot"}
+
 // setFlags returns the flags set on the command line as arguments, for the
-// server process.
+// server process, less the client-only ones.
 func setFlags(fs *flag.FlagSet) []string {
 	var args []string
 	fs.Visit(func(f *flag.Flag) {
-		args = append(args, "-"+f.Name+"="+f.Value.String())
+		if !slices.Contains(clientOnly, f.Name) {
+			args = append(args, "-"+f.Name+"="+f.Value.String())
+		}
 	})
 	return args
 }

@@ -31,6 +31,7 @@ type result struct {
 	GOMAXPROCS int       `json:"gomaxprocs"`
 	Window     int       `json:"window,omitempty"` // rate only
 	Host       proc.Host `json:"host"`
+	Time       string    `json:"time,omitempty"` // start of the measurement, RFC 3339, UTC
 }
 
 // report prints results as they arrive, as table rows or JSON lines, and
