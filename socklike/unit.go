@@ -276,9 +276,18 @@ func (u *unit) runWorker(tx, rx bool, cpu int) {
 	}
 }
 
-// sleep waits for a doorbell in bits, or (kickable) a kick, or ctx.
+// workerRecheck bounds a worker's sleep. The worker models lose a wake-up
+// now and then (seen as nettest's PingPong hanging in CoreShared, rarely
+// and on a loaded machine, at least since partitions and workers were
+// built); until that is found a worker looks at its rings again after this
+// long, so a lost wake-up costs milliseconds, not a hang. The default
+// CoreInline does not use workers.
+const workerRecheck = 10 * time.Millisecond
+
+// sleep waits for a doorbell in bits, or (kickable) a kick, or ctx, or
+// workerRecheck.
 func (st *state) sleep(ctx context.Context, bits uint64, kick chan struct{}, kickable bool) {
-	wctx, cancel := context.WithCancel(ctx)
+	wctx, cancel := context.WithTimeout(ctx, workerRecheck)
 	defer cancel()
 	if kickable {
 		stop := make(chan struct{})
