@@ -762,11 +762,11 @@ func (c *Conn) deliver(part int, kind uint32, payload []byte) error {
 		}
 		c.recvd.Add(int64(len(payload)))
 	}
-	return c.actLocked(part, kind, payload)
+	return c.actLocked(kind, payload)
 }
 
 // actLocked acts on a frame in order (rxmu held); DATA is accounted.
-func (c *Conn) actLocked(part int, kind uint32, payload []byte) error {
+func (c *Conn) actLocked(kind uint32, payload []byte) error {
 	switch kind {
 	case kindData:
 		if c.rbuf != nil && c.rn == 0 && c.queued.Load() == 0 && c.flags.Load()&fClosed == 0 {
@@ -785,7 +785,7 @@ func (c *Conn) actLocked(part int, kind uint32, payload []byte) error {
 		if err != nil {
 			return err
 		}
-		return c.established(m, part)
+		return c.established(m)
 	case kindRefuse:
 		code, err := decodeU32(payload, "refuse")
 		if err != nil {
@@ -814,7 +814,7 @@ func (c *Conn) actLocked(part int, kind uint32, payload []byte) error {
 			}
 			h := c.held[k]
 			c.held = slices.Delete(c.held, k, k+1)
-			if err := c.actLocked(h.part, h.kind, h.payload); err != nil {
+			if err := c.actLocked(h.kind, h.payload); err != nil {
 				return err
 			}
 		}
@@ -872,15 +872,13 @@ func (c *Conn) credit(v uint64) error {
 	return nil
 }
 
-func (c *Conn) established(m acceptMsg, part int) error {
+func (c *Conn) established(m acceptMsg) error {
 	c.mu.Lock()
 	if m.echoed && m.dialGen != c.gen {
 		// A late ACCEPT for an earlier connection with our id, which gave
-		// up dialing: not ours. Its acceptor learns from our CLOSE.
+		// up dialing: not ours, ignore it. (Ids are reused oldest-first, so
+		// this takes thousands of connections between the two.)
 		c.mu.Unlock()
-		if part >= 0 && part < len(c.st.parts) {
-			c.st.sendLoose(c.st.parts[part], kindClose, m.id, nil)
-		}
 		return nil
 	}
 	if c.state != connDialing {

@@ -27,7 +27,7 @@ type state struct {
 
 	mu sync.Mutex
 	// mu protects the following fields.
-	free   []uint32 // released ids
+	free   []uint32 // released ids, oldest first
 	nextID uint32   // next never-used id
 	ctlq   []ctlFrame
 
@@ -47,13 +47,16 @@ func (st *state) newConn(c *Conn) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	var id uint32
+	// Fresh ids first, then the longest-free: a late frame for a closed
+	// connection (an ACCEPT for a dial given up, a CREDIT) must not find
+	// its id already reused by the next connection.
 	switch {
-	case len(st.free) > 0:
-		id = st.free[len(st.free)-1]
-		st.free = st.free[:len(st.free)-1]
 	case int(st.nextID) < len(st.conns):
 		id = st.nextID
 		st.nextID++
+	case len(st.free) > 0:
+		id = st.free[0]
+		st.free = st.free[1:]
 	default:
 		return fmt.Errorf("%d connections open: %w", len(st.conns)-1, syscall.EMFILE)
 	}
