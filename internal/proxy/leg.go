@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/ntstack/ntstack/internal/appproto"
@@ -479,6 +480,13 @@ func (l *leg) fail(gen uint64, err error) {
 	l.cond.Broadcast()
 	l.mu.Unlock()
 	c.Close()
+	if closedByPeer(err) {
+		// The peer's proxy closed the transport on purpose (its leg ended,
+		// or it exited): nothing will resume this leg. A failing link or
+		// path shows as ErrLinkDown, a timeout or a reset instead.
+		l.close(fmt.Errorf("%s transport closed by the peer: %w", path, err))
+		return
+	}
 	l.s.logf("leg %s/%d: %s transport failed: %v", l.key.from, l.key.token, path, err)
 	if l.dialer {
 		go l.reconnect()
@@ -492,6 +500,11 @@ func (l *leg) fail(gen uint64, err error) {
 			l.close(fmt.Errorf("not resumed within %v", legResumeWait))
 		}
 	})
+}
+
+// closedByPeer reports whether a transport error means the peer closed it.
+func closedByPeer(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.EPIPE)
 }
 
 // reconnect finds the leg a new transport: the NTB link if it is up, else
@@ -549,8 +562,10 @@ func (l *leg) resume(path string, timeout time.Duration) error {
 	if err != nil {
 		return err
 	}
-	// Stop the current transport, if any (moving back to the NTB link):
-	// from here on only the new one delivers.
+	// Stop using the current transport, if any (moving back to the NTB
+	// link): from here on only the new one delivers. It is closed once the
+	// peer has answered, so that the peer does not take its end for a
+	// deliberate close first.
 	l.mu.Lock()
 	old := l.cur
 	l.cur = nil
@@ -560,7 +575,7 @@ func (l *leg) resume(path string, timeout time.Duration) error {
 	}
 	l.mu.Unlock()
 	if old != nil {
-		old.Close()
+		defer old.Close()
 	}
 	l.dmu.Lock()
 	rx := l.rxSeq

@@ -54,7 +54,8 @@ func (s *Server) serveListen(a *app, c *socklike.Conn) {
 	}
 	s.logf("app %d listens on port %d (backlog %d)", a.id, l.port, l.backlog)
 	var b [1]byte
-	c.Read(b[:]) // returns when the application closes the listener or goes
+	_, err = c.Read(b[:]) // returns when the application closes the listener or goes
+	s.logf("app %d: listen on port %d ends: %v", a.id, l.port, errOrEOF(err))
 	s.unlisten(l)
 }
 
