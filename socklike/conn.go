@@ -546,7 +546,7 @@ func (c *Conn) releaseLocal() {
 	if held {
 		c.ep.quota.Release(int64(c.ep.cfg.Window))
 	}
-	c.st.releaseID(c.id)
+	c.st.releaseID(c)
 }
 
 func (c *Conn) class() qos.Class { return qos.Class(c.prio.Load()) }

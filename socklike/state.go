@@ -67,10 +67,15 @@ func (st *state) newConn(c *Conn) error {
 	return nil
 }
 
-func (st *state) releaseID(id uint32) {
-	st.conns[id].Store(nil)
+// releaseID frees c's id. Only the connection that holds an id frees it:
+// a second release (two teardown paths racing) must not free the id of the
+// connection that reused it, nor list the id twice.
+func (st *state) releaseID(c *Conn) {
+	if !st.conns[c.id].CompareAndSwap(c, nil) {
+		return
+	}
 	st.mu.Lock()
-	st.free = append(st.free, id)
+	st.free = append(st.free, c.id)
 	st.mu.Unlock()
 }
 
@@ -258,7 +263,21 @@ func (st *state) dispatch(part int, kind, id uint32, payload []byte) error {
 	}
 	c := st.lookup(id)
 	if c == nil {
-		return fmt.Errorf("frame kind %d for connection %d, which does not exist", kind, id)
+		if id == 0 || int(id) >= len(st.conns) {
+			return fmt.Errorf("frame kind %d for connection %d, outside the table", kind, id)
+		}
+		// A frame for a connection that has ended — the peer sent it
+		// before learning that, as with a dial given up while its ACCEPT
+		// was in flight. It concerns no live connection: drop it (an
+		// ACCEPT is answered with CLOSE, so its sender does not wait for
+		// a dialer that is gone), and keep the session for the others.
+		st.ep.counters.staleFrames.Add(1)
+		if kind == kindAccept {
+			if m, err := decodeAccept(payload); err == nil {
+				st.sendLoose(st.parts[part], kindClose, m.id, nil)
+			}
+		}
+		return nil
 	}
 	return c.deliver(part, kind, payload)
 }

@@ -10,11 +10,12 @@ type Stats struct {
 	RingFull     int64 // sends that found a data ring full
 	CreditWaits  int64 // sends that found the peer's window used up
 	Migrations   int64 // connections moved to another partition
+	StaleFrames  int64 // frames for connections that had ended, dropped
 }
 
 // counters backs Stats.
 type counters struct {
-	parks, pollerSleeps, ringFull, creditWaits, migrations atomic.Int64
+	parks, pollerSleeps, ringFull, creditWaits, migrations, staleFrames atomic.Int64
 }
 
 // Stats returns the endpoint's counters.
@@ -26,5 +27,6 @@ func (ep *Endpoint) Stats() Stats {
 		RingFull:     c.ringFull.Load(),
 		CreditWaits:  c.creditWaits.Load(),
 		Migrations:   c.migrations.Load(),
+		StaleFrames:  c.staleFrames.Load(),
 	}
 }
