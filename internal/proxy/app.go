@@ -308,7 +308,7 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (*p
 			return nil, nil, fabricErr(route.Host, req.Port, err)
 		}
 		pc.partition = fc.Partition()
-		if err := s.rackOpen(fc, route.Host, req.Port, pc.id); err != nil {
+		if err := s.rackOpen(fc, route.Host, appproto.RackOpen{Port: req.Port, Token: pc.id}); err != nil {
 			fc.Close()
 			return nil, nil, err
 		}
@@ -321,7 +321,7 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (*p
 			return nil, nil, ctlapi.Errorf(ctlapi.CodeNoPath, "connect to %s's fallback %s: %v", route.Host, route.Addr, err)
 		}
 		pc.local = tc.LocalAddr().String()
-		if err := s.rackOpen(tc, route.Host, req.Port, pc.id); err != nil {
+		if err := s.rackOpen(tc, route.Host, appproto.RackOpen{Port: req.Port, Token: pc.id}); err != nil {
 			tc.Close()
 			return nil, nil, err
 		}
@@ -331,12 +331,14 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (*p
 	}
 }
 
-// rackOpen introduces a connection to the peer proxy at its far end and
-// waits for its verdict.
-func (s *Server) rackOpen(c net.Conn, host string, port int, token uint64) error {
+// rackOpen introduces a connection (open, From filled in here) to the peer
+// proxy at its far end and waits for its verdict.
+func (s *Server) rackOpen(c net.Conn, host string, open appproto.RackOpen) error {
+	open.From = s.cfg.Host
+	port := open.Port
 	c.SetDeadline(time.Now().Add(requestTimeout))
 	var reply appproto.DialReply
-	err := appproto.WriteFrame(c, appproto.RackOpen{From: s.cfg.Host, Port: port, Token: token})
+	err := appproto.WriteFrame(c, open)
 	if err == nil {
 		err = appproto.ReadFrame(c, &reply)
 	}

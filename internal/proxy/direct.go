@@ -97,7 +97,7 @@ func (s *Server) dialDirect(ctx context.Context, a *app, req appproto.DialReques
 			err = fabricErr(route.Host, req.Port, err)
 			break
 		}
-		err = s.rackOpenDirect(fc, route.Host, req.Port, dl.Name)
+		err = s.rackOpen(fc, route.Host, appproto.RackOpen{Port: req.Port, Direct: dl.Name})
 		fc.Close() // the far proxy holds its application's lease
 	}
 	if err != nil {
@@ -105,22 +105,6 @@ func (s *Server) dialDirect(ctx context.Context, a *app, req appproto.DialReques
 		return nil, nil, err
 	}
 	return pc, dl, nil
-}
-
-func (s *Server) rackOpenDirect(c net.Conn, host string, port int, name string) error {
-	c.SetDeadline(time.Now().Add(requestTimeout))
-	var reply appproto.DialReply
-	err := appproto.WriteFrame(c, appproto.RackOpen{From: s.cfg.Host, Port: port, Direct: name})
-	if err == nil {
-		err = appproto.ReadFrame(c, &reply)
-	}
-	if err == nil && reply.Code != ctlapi.OK {
-		err = &ctlapi.Error{Code: reply.Code, Message: fmt.Sprintf("%s: %s", host, reply.Error)}
-	}
-	if err != nil {
-		return fabricErr(host, port, err)
-	}
-	return nil
 }
 
 // handoffDirect introduces a direct connection to l's application and
