@@ -251,14 +251,32 @@ func newPingpong(c net.Conn, size int, o *options) client {
 	return &pingpong{c: c, o: o, size: size, pat: newPattern(size), buf: make([]byte, size)}
 }
 
+// concurrentAbove: a message larger than this is written while its echo is
+// read. Written whole first, it would deadlock on transports whose buffers
+// hold less than two messages (Unix sockets at 1 MiB): the server's echo
+// blocks on a full socket while the client still writes.
+const concurrentAbove = 64 << 10
+
 func (p *pingpong) roundTrip() error {
 	msg := p.pat.at(p.seq*int64(p.size), p.size)
 	p.seq++
-	if _, err := p.c.Write(msg); err != nil {
-		return fmt.Errorf("write message %d: %w", p.seq-1, err)
-	}
-	if _, err := io.ReadFull(p.c, p.buf); err != nil {
-		return fmt.Errorf("read echo %d: %w", p.seq-1, err)
+	if len(msg) > concurrentAbove {
+		werr := make(chan error, 1)
+		go func() { _, err := p.c.Write(msg); werr <- err }()
+		_, err := io.ReadFull(p.c, p.buf)
+		if e := <-werr; e != nil {
+			return fmt.Errorf("write message %d: %w", p.seq-1, e)
+		}
+		if err != nil {
+			return fmt.Errorf("read echo %d: %w", p.seq-1, err)
+		}
+	} else {
+		if _, err := p.c.Write(msg); err != nil {
+			return fmt.Errorf("write message %d: %w", p.seq-1, err)
+		}
+		if _, err := io.ReadFull(p.c, p.buf); err != nil {
+			return fmt.Errorf("read echo %d: %w", p.seq-1, err)
+		}
 	}
 	if p.o.verify && !bytes.Equal(p.buf, msg) {
 		return fmt.Errorf("verify: echo %d differs from the message sent", p.seq-1)
