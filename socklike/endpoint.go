@@ -3,7 +3,10 @@
 // (net/http, gRPC, Redis clients) runs over the fabric unchanged.
 //
 // An Endpoint is this process's end of one link (embedded mode: the
-// process maps the fabric itself). It multiplexes any number of
+// process maps the fabric itself). A Proxy is the other way in (attached
+// mode): the process attaches to its host's ntproxy, which owns the links,
+// and dials or listens by host name or virtual address across the rack;
+// its connections are Conns too, each reporting its path (Conn.Route). It multiplexes any number of
 // connections over the link's rings. Semantics follow the standard
 // library's TCP connections exactly: io.EOF at the end of the stream,
 // net.ErrClosed after Close, deadlines that wake blocked calls with errors
