@@ -43,11 +43,18 @@ VM_DEBS := qemu-system-x86 busybox-static kmod cpio
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends
 
-# The emulated rack (internal/rack, test/, make demo) needs iproute2's ip.
+# The integration tier's Debian packages: iproute2's ip for the emulated
+# rack (internal/rack, test/, make demo); unmodified servers and load
+# generators for the TCP gateway tests (redis-server, redis-benchmark,
+# nginx, wrk); tshark to open packet captures. None starts a service.
+RACK_DEBS := iproute2 redis-server redis-tools nginx-light wrk tshark
 .PHONY: rackdeps
 rackdeps:
-	@command -v ip >/dev/null || { echo "rackdeps: installing iproute2"; \
-		$(APT_INSTALL) iproute2 || { $(SUDO) apt-get update -q && $(APT_INSTALL) iproute2; }; }
+	@missing=$$(for p in $(RACK_DEBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "rackdeps: installing" $$missing; \
+		$(APT_INSTALL) $$missing || { $(SUDO) apt-get update -q && $(APT_INSTALL) $$missing; }; \
+	fi
 
 .PHONY: vmtest
 vmtest: deps ## boot QEMU guests and test the VFIO path (ivshmem)
