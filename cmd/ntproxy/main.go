@@ -9,16 +9,23 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log"
 	"os"
 	"os/signal"
 	"runtime"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/ntstack/ntstack/internal/config"
+	"github.com/ntstack/ntstack/internal/ctlapi"
+	"github.com/ntstack/ntstack/internal/gateway"
 	"github.com/ntstack/ntstack/internal/proxy"
+	"github.com/ntstack/ntstack/socklike"
 )
 
 func main() {
@@ -47,7 +54,13 @@ func run(cfgPath string, standalone, quiet bool) error {
 	if err != nil {
 		return err
 	}
-	o := proxy.Options{Logf: log.Printf}
+	var gw atomic.Pointer[gateway.Gateway]
+	o := proxy.Options{Logf: log.Printf, Gateway: func() []ctlapi.GatewayStat {
+		if g := gw.Load(); g != nil {
+			return g.Stats()
+		}
+		return nil
+	}}
 	if quiet {
 		o.Logf = nil
 	}
@@ -65,5 +78,44 @@ func run(cfgPath string, standalone, quiet bool) error {
 		s.Close()
 	}()
 	log.Printf("host %s: applications attach at %s", cfg.Host, cfg.Path(config.ProxySocket))
-	return s.ListenAndServe()
+	if len(cfg.Gateway.Forward)+len(cfg.Gateway.Export) == 0 {
+		return s.ListenAndServe()
+	}
+	// The gateway is an application of this ntproxy: it stops it if it
+	// cannot serve, and stops with it.
+	ctx, cancel := context.WithCancel(context.Background())
+	gwErr := make(chan error, 1)
+	go func() {
+		err := runGateway(ctx, cfg, o.Logf, &gw)
+		if err != nil {
+			s.Close()
+		}
+		gwErr <- err
+	}()
+	err = s.ListenAndServe()
+	cancel()
+	return errors.Join(err, <-gwErr)
+}
+
+// runGateway serves the TCP gateway as an application of this ntproxy,
+// once its socket answers, until ctx ends.
+func runGateway(ctx context.Context, cfg *config.Config, logf func(string, ...any), gw *atomic.Pointer[gateway.Gateway]) error {
+	var p *socklike.Proxy
+	var err error
+	for range 100 { // ListenAndServe is starting
+		if p, err = socklike.AttachProxy(cfg.Path(config.ProxySocket), socklike.Config{SpinBudget: cfg.Proxy.SpinBudget.Duration}); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	defer p.Close()
+	g, err := gateway.New(cfg, p, logf)
+	if err != nil {
+		return err
+	}
+	gw.Store(g)
+	return g.Run(ctx)
 }

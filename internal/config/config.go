@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/BurntSushi/toml"
@@ -47,9 +48,47 @@ type Config struct {
 
 	Monitor Monitor `toml:"monitor"`
 	Proxy   Proxy   `toml:"proxy"`
+	Gateway Gateway `toml:"gateway"`
 	Peers   []Peer  `toml:"peers"`
 	ACL     []Rule  `toml:"acl"`
 }
+
+// Gateway configures ntproxy's TCP gateway, which carries the connections
+// of unmodified TCP clients and servers over the fabric.
+type Gateway struct {
+	// Mode is how forwarded connections cross the fabric: "direct" (the
+	// default: a granted link of their own) or "proxy" (through ntproxy).
+	Mode string `toml:"mode"`
+	// RedirectCgroup is a cgroup2 directory: connects from its processes
+	// to a forward's rack addresses are rewritten, by an eBPF program, to
+	// the forward's listen address ("" = no redirect).
+	RedirectCgroup string    `toml:"redirect_cgroup"`
+	Forward        []Forward `toml:"forward"`
+	Export         []Export  `toml:"export"`
+}
+
+// Forward is a local TCP port whose connections the gateway carries to a
+// rack address.
+type Forward struct {
+	// Listen is the local TCP address ("127.0.0.1:16379").
+	Listen string `toml:"listen"`
+	// To is the rack address ("b:6379" or "10.77.0.2:6379").
+	To string `toml:"to"`
+}
+
+// Export is a rack port of this host whose connections the gateway
+// carries to a local TCP server.
+type Export struct {
+	Port int `toml:"port"`
+	// Target is the TCP server's address ("127.0.0.1:6379").
+	Target string `toml:"target"`
+}
+
+// Gateway modes.
+const (
+	GatewayDirect = "direct"
+	GatewayProxy  = "proxy"
+)
 
 // Monitor configures ntmon.
 type Monitor struct {
@@ -254,6 +293,9 @@ func (c *Config) setDefaults() {
 	if c.Proxy.MaxAppsPerUID == 0 {
 		c.Proxy.MaxAppsPerUID = DefaultMaxAppsPerUID
 	}
+	if c.Gateway.Mode == "" {
+		c.Gateway.Mode = GatewayDirect
+	}
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
@@ -343,7 +385,39 @@ func (c *Config) Validate() error {
 			bad("acl[%d].port %d outside 0..65535", i, r.Port)
 		}
 	}
+	c.validateGateway(bad)
 	return errors.Join(errs...)
+}
+
+func (c *Config) validateGateway(bad func(string, ...any)) {
+	g := c.Gateway
+	if g.Mode != GatewayDirect && g.Mode != GatewayProxy {
+		bad("gateway.mode %q: want %s or %s", g.Mode, GatewayDirect, GatewayProxy)
+	}
+	for i, f := range g.Forward {
+		if _, _, err := net.SplitHostPort(f.Listen); err != nil {
+			bad("gateway.forward[%d].listen %q: %v", i, f.Listen, err)
+		}
+		host, port, err := net.SplitHostPort(f.To)
+		if err != nil {
+			bad("gateway.forward[%d].to %q: %v", i, f.To, err)
+			continue
+		}
+		if h, ok := c.HostOf(host); !ok || h == c.Host {
+			bad("gateway.forward[%d].to %q: %s is not a rack peer", i, f.To, host)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			bad("gateway.forward[%d].to %q: bad port", i, f.To)
+		}
+	}
+	for i, e := range g.Export {
+		if e.Port < 1 || e.Port > 65534 {
+			bad("gateway.export[%d].port %d outside 1..65534", i, e.Port)
+		}
+		if _, _, err := net.SplitHostPort(e.Target); err != nil {
+			bad("gateway.export[%d].target %q: %v", i, e.Target, err)
+		}
+	}
 }
 
 // HostOf returns the host that owns a dial target (a host name or a

@@ -178,11 +178,30 @@ type ListenEntry struct {
 
 // Snapshot is ntproxy's live state.
 type Snapshot struct {
-	Host      string       `json:"host"`
-	Links     []LinkStat   `json:"links"`
-	Apps      []AppStat    `json:"apps"`
-	Listeners []ListenStat `json:"listeners"`
-	Conns     []ConnStat   `json:"conns"`
+	Host      string        `json:"host"`
+	Links     []LinkStat    `json:"links"`
+	Apps      []AppStat     `json:"apps"`
+	Listeners []ListenStat  `json:"listeners"`
+	Conns     []ConnStat    `json:"conns"`
+	Gateway   []GatewayStat `json:"gateway,omitempty"`
+}
+
+// GatewayStat is one service of ntproxy's TCP gateway: a forward (local
+// TCP port to a rack address) or an export (rack port to a local TCP
+// server).
+type GatewayStat struct {
+	Kind      string `json:"kind"`           // "forward" or "export"
+	Listen    string `json:"listen"`         // TCP address (forward) or ":port" (export)
+	To        string `json:"to"`             // rack address (forward) or TCP server (export)
+	Mode      string `json:"mode,omitempty"` // forward: "direct" or "proxy"
+	Active    int64  `json:"active"`
+	Total     int64  `json:"total"`     // connections accepted
+	Failed    int64  `json:"failed"`    // ... whose other side could not be reached
+	BytesIn   uint64 `json:"bytes_in"`  // from the TCP side onto the fabric
+	BytesOut  uint64 `json:"bytes_out"` // from the fabric to the TCP side
+	LastError string `json:"last_error,omitempty"`
+	// Redirects counts connects the eBPF redirect sent to a forward.
+	Redirects uint64 `json:"redirects,omitempty"`
 }
 
 // LinkStat is one NTB link owned by ntproxy.

@@ -13,6 +13,9 @@ import (
 // totals, applications, listeners and connections with their paths.
 func (s *Server) Snapshot() ctlapi.Snapshot {
 	snap := ctlapi.Snapshot{Host: s.cfg.Host, Apps: s.appStats()}
+	if s.gwStat != nil {
+		snap.Gateway = s.gwStat()
+	}
 	s.mu.Lock()
 	conns := make([]*pconn, 0, len(s.conns))
 	for _, pc := range s.conns {

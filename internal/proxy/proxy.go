@@ -48,6 +48,9 @@ type Options struct {
 	Control Control
 	// Logf receives events (default: none).
 	Logf func(format string, args ...any)
+	// Gateway reports the TCP gateway's services for the snapshot (nil:
+	// no gateway).
+	Gateway func() []ctlapi.GatewayStat
 }
 
 // Server is a host's ntproxy.
@@ -55,6 +58,7 @@ type Server struct {
 	cfg    *config.Config
 	ctl    Control
 	logf   func(string, ...any)
+	gwStat func() []ctlapi.GatewayStat
 	appCfg socklike.Config
 	links  map[string]*rackLink // by peer host; fixed after New
 	ctx    context.Context
@@ -85,6 +89,7 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 		cfg:       cfg,
 		ctl:       o.Control,
 		logf:      o.Logf,
+		gwStat:    o.Gateway,
 		links:     map[string]*rackLink{},
 		apps:      map[uint64]*app{},
 		listeners: map[int]*listener{},

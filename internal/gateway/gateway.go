@@ -1,0 +1,277 @@
+// Package gateway is ntproxy's TCP gateway: it carries the connections of
+// unmodified TCP programs — redis-server and redis-benchmark, nginx and
+// wrk — over the fabric.
+//
+//	host a                                             host b
+//	client ──TCP──▶ forward 127.0.0.1:16379            export :6379 ──TCP──▶ server
+//	                  │ socklike Dial "b:6379"           ▲ socklike Listen :6379
+//	                  └──────── NTB link (direct or proxied) ─┘
+//
+// A forward is a local TCP listener: each accepted connection is dialed,
+// through the host's ntproxy, to a rack address. An export is a rack
+// listener: each connection it accepts is carried to a local TCP server.
+// Bytes are copied between the two sides with half closes passed on, so
+// request/response protocols and streams both work unchanged.
+//
+// The gateway is an application of its own ntproxy (socklike attached
+// mode): routing, access control, ports and reclaim are ntproxy's, and its
+// connections show in `ntmon status` like any other. In direct mode (the
+// default) each forwarded connection gets a link of its own and the
+// proxies leave the data path.
+//
+// Concurrency: Stats is safe at any time. Lifetime: Run serves until its
+// context ends, then closes its listeners and every carried connection.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ntstack/ntstack/internal/config"
+	"github.com/ntstack/ntstack/internal/ctlapi"
+	"github.com/ntstack/ntstack/qos"
+	"github.com/ntstack/ntstack/socklike"
+)
+
+// copyBuf is the copy buffer of one direction of a carried connection: a
+// socklike record, so a bulk transfer moves one record per call.
+const copyBuf = socklike.DefaultMTU
+
+// dialTimeout bounds the setup of one carried connection.
+const dialTimeout = 10 * time.Second
+
+// Gateway serves a host's forwards and exports.
+type Gateway struct {
+	cfg      *config.Config
+	proxy    *socklike.Proxy
+	logf     func(string, ...any)
+	services []*service
+
+	wg sync.WaitGroup
+
+	mu sync.Mutex
+	// mu protects the following fields.
+	conns   map[*carried]struct{}
+	closing bool          // Run is ending: carry nothing more
+	ready   chan struct{} // closed once every listener is up
+}
+
+// service is one forward or export with its counters.
+type service struct {
+	stat ctlapi.GatewayStat // the fixed fields; Gateway.mu guards Listen
+
+	active, total, failed atomic.Int64
+	bytesIn, bytesOut     atomic.Uint64 // from the TCP side, to the TCP side
+	lastErr               atomic.Pointer[string]
+}
+
+// carried is one connection the gateway carries.
+type carried struct {
+	tcp, fabric net.Conn
+	once        sync.Once
+}
+
+func (c *carried) close() {
+	c.once.Do(func() {
+		c.tcp.Close()
+		c.fabric.Close()
+	})
+}
+
+// New prepares the gateway of cfg's host, whose connections go through p.
+// logf receives events (nil: none).
+func New(cfg *config.Config, p *socklike.Proxy, logf func(string, ...any)) (*Gateway, error) {
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	g := &Gateway{cfg: cfg, proxy: p, logf: logf, conns: map[*carried]struct{}{}, ready: make(chan struct{})}
+	for _, f := range cfg.Gateway.Forward {
+		g.services = append(g.services, &service{stat: ctlapi.GatewayStat{Kind: "forward", Listen: f.Listen, To: f.To, Mode: cfg.Gateway.Mode}})
+	}
+	for _, e := range cfg.Gateway.Export {
+		g.services = append(g.services, &service{stat: ctlapi.GatewayStat{Kind: "export", Listen: ":" + strconv.Itoa(e.Port), To: e.Target}})
+	}
+	return g, nil
+}
+
+// Ready is closed once every forward and export listens.
+func (g *Gateway) Ready() <-chan struct{} { return g.ready }
+
+// Run listens on every forward and export and carries their connections
+// until ctx ends. It fails at once if a listener cannot be set up.
+func (g *Gateway) Run(ctx context.Context) error {
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	for _, svc := range g.services {
+		var ln net.Listener
+		var err error
+		if svc.stat.Kind == "forward" {
+			ln, err = net.Listen("tcp", svc.stat.Listen)
+		} else {
+			ln, err = g.proxy.Listen("ntb", svc.stat.Listen)
+		}
+		if err != nil {
+			return fmt.Errorf("gateway %s %s: %w", svc.stat.Kind, svc.stat.Listen, err)
+		}
+		lns = append(lns, ln)
+		if svc.stat.Kind == "forward" {
+			g.mu.Lock()
+			svc.stat.Listen = ln.Addr().String() // the port, if the configuration left it to the kernel
+			g.mu.Unlock()
+		}
+		g.logf("gateway: %s %s -> %s", svc.stat.Kind, svc.stat.Listen, svc.stat.To)
+	}
+	close(g.ready)
+	errc := make(chan error, len(lns))
+	for i, ln := range lns {
+		go func() { errc <- g.serve(ctx, ln, g.services[i]) }()
+	}
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	for _, ln := range lns {
+		ln.Close()
+	}
+	lns = nil
+	g.mu.Lock()
+	g.closing = true
+	for c := range g.conns {
+		c.close()
+	}
+	g.mu.Unlock()
+	g.wg.Wait()
+	return err
+}
+
+// serve accepts on ln until it closes.
+func (g *Gateway) serve(ctx context.Context, ln net.Listener, svc *service) error {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("gateway %s %s: accept: %w", svc.stat.Kind, svc.stat.Listen, err)
+		}
+		g.wg.Add(1)
+		go func() {
+			defer g.wg.Done()
+			g.carry(ctx, svc, c)
+		}()
+	}
+}
+
+// carry connects c's other side and copies between them.
+func (g *Gateway) carry(ctx context.Context, svc *service, c net.Conn) {
+	svc.total.Add(1)
+	dctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	other, err := g.dial(dctx, svc)
+	cancel()
+	if err != nil {
+		c.Close()
+		svc.failed.Add(1)
+		msg := err.Error()
+		svc.lastErr.Store(&msg)
+		g.logf("gateway: %s %s -> %s: %v", svc.stat.Kind, svc.stat.Listen, svc.stat.To, err)
+		return
+	}
+	cc := &carried{fabric: other, tcp: c}
+	if svc.stat.Kind == "export" {
+		cc.fabric, cc.tcp = c, other
+	}
+	g.mu.Lock()
+	if g.closing {
+		g.mu.Unlock()
+		cc.close()
+		return
+	}
+	g.conns[cc] = struct{}{}
+	g.mu.Unlock()
+	svc.active.Add(1)
+	defer func() {
+		svc.active.Add(-1)
+		g.mu.Lock()
+		delete(g.conns, cc)
+		g.mu.Unlock()
+	}()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		pipe(cc, cc.fabric, cc.tcp, &svc.bytesOut)
+	}()
+	pipe(cc, cc.tcp, cc.fabric, &svc.bytesIn)
+	<-done
+	cc.close()
+}
+
+// dial opens the other side of a connection accepted by svc.
+func (g *Gateway) dial(ctx context.Context, svc *service) (net.Conn, error) {
+	if svc.stat.Kind == "export" {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", svc.stat.To)
+	}
+	if g.cfg.Gateway.Mode == config.GatewayDirect {
+		return g.proxy.DialDirect(ctx, svc.stat.To, qos.Default)
+	}
+	return g.proxy.DialContext(ctx, "ntb", svc.stat.To)
+}
+
+// pipe copies src to dst until src ends; it passes EOF on as a half close
+// and any error as a close of the whole connection.
+func pipe(cc *carried, dst, src net.Conn, n *atomic.Uint64) {
+	buf := make([]byte, copyBuf)
+	for {
+		k, err := src.Read(buf)
+		if k > 0 {
+			if _, werr := dst.Write(buf[:k]); werr != nil {
+				cc.close()
+				return
+			}
+			n.Add(uint64(k))
+		}
+		if err != nil {
+			cw, ok := dst.(interface{ CloseWrite() error })
+			if !errors.Is(err, io.EOF) || !ok || cw.CloseWrite() != nil {
+				cc.close()
+			}
+			return
+		}
+	}
+}
+
+// Stats returns each service's counters.
+func (g *Gateway) Stats() []ctlapi.GatewayStat {
+	out := make([]ctlapi.GatewayStat, 0, len(g.services))
+	for _, svc := range g.services {
+		g.mu.Lock()
+		st := svc.stat
+		g.mu.Unlock()
+		st.Active = svc.active.Load()
+		st.Total = svc.total.Load()
+		st.Failed = svc.failed.Load()
+		st.BytesIn = svc.bytesIn.Load()
+		st.BytesOut = svc.bytesOut.Load()
+		if e := svc.lastErr.Load(); e != nil {
+			st.LastError = *e
+		}
+		out = append(out, st)
+	}
+	return out
+}
