@@ -281,7 +281,7 @@ func (c *Conn) consumed(n int) {
 		live := c.state == connEstablished && !c.closeSent
 		c.mu.Unlock()
 		if live {
-			c.st.sendLoose(c.st.control, kindCredit, c.peerID, creditMsg{consumed: uint64(total), gen: c.peerGen}.encode(nil))
+			c.st.sendLoose(c.st.control, kindCredit, c.peerID, c.id, creditMsg{consumed: uint64(total), gen: c.peerGen}.encode(nil))
 		}
 	}
 }
@@ -406,7 +406,13 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wa
 			p.BeginTX()
 			*open |= 1 << slot
 		}
-		return p.Send(tag, body, nil)
+		if err := p.Send(tag, body, nil); err != nil {
+			return err
+		}
+		if ts := c.ep.taps.Load(); ts != nil {
+			ts.emit(c.st, TapTX, p.Index, tag, c.id, body)
+		}
+		return nil
 	}
 	failed := func(err error) (bool, time.Duration, bool) {
 		if errors.Is(err, ring.ErrFull) {

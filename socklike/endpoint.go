@@ -35,6 +35,10 @@
 // ring — one slow reader slows only its own writer, and memory stays
 // bounded by connections × window.
 //
+// Capture: Endpoint.AddTap shows every frame sent or received to a hook
+// (tap.go; internal/capture writes them as pcapng for Wireshark); with no
+// tap the data path pays one atomic load per frame.
+//
 // Concurrency: Endpoint, Conn and Listener methods are safe for concurrent
 // use. Lifetime: closing the Endpoint ends every connection on it; the
 // Endpoint owns the device only when it opened it (Open, not Attach).
@@ -175,6 +179,8 @@ type Endpoint struct {
 	parked      atomic.Int32  // goroutines parked, waiting for the poller
 	calls       atomic.Uint64 // Read and Write calls: the poller stays off while they come
 	kick        chan struct{} // wakes the poller when it waits for work
+
+	taps atomic.Pointer[tapSet] // frame taps, nil when none (tap.go)
 
 	mu sync.Mutex
 	// mu protects the following fields.

@@ -36,10 +36,11 @@ type state struct {
 
 // ctlFrame is a frame waiting for room in its ring.
 type ctlFrame struct {
-	part *partition.Partition
-	tag  uint32
-	n    int
-	body [16]byte // the largest frame body: ACCEPT
+	part  *partition.Partition
+	tag   uint32
+	local uint32 // loose frames: our connection's id, for taps (0: none)
+	n     int
+	body  [16]byte // the largest frame body: ACCEPT
 }
 
 // newConn allocates an id and registers a connection in the table.
@@ -88,12 +89,16 @@ func (st *state) lookup(id uint32) *Conn {
 
 // sendLoose sends a frame that belongs to no connection's stream (REFUSE,
 // CREDIT) without blocking: if its ring is full it is queued, in order,
-// and the poller sends it later.
-func (st *state) sendLoose(p *partition.Partition, kind, id uint32, body []byte) {
+// and the poller sends it later. local is our connection's id (0: none),
+// for taps.
+func (st *state) sendLoose(p *partition.Partition, kind, id, local uint32, body []byte) {
 	if !st.ctlPending.Load() && p.TrySend(makeTag(kind, id), body, nil) == nil {
+		if ts := st.ep.taps.Load(); ts != nil {
+			ts.emit(st, TapTX, p.Index, makeTag(kind, id), local, body)
+		}
 		return
 	}
-	f := ctlFrame{part: p, tag: makeTag(kind, id), n: len(body)}
+	f := ctlFrame{part: p, tag: makeTag(kind, id), local: local, n: len(body)}
 	copy(f.body[:], body)
 	st.mu.Lock()
 	st.ctlq = append(st.ctlq, f)
@@ -116,6 +121,9 @@ func (st *state) flushCtl() bool {
 	for _, f := range st.ctlq {
 		if err := f.part.TrySend(f.tag, f.body[:f.n], nil); err != nil {
 			break
+		}
+		if ts := st.ep.taps.Load(); ts != nil {
+			ts.emit(st, TapTX, f.part.Index, f.tag, f.local, f.body[:f.n])
 		}
 		sent++
 	}
@@ -209,6 +217,13 @@ func (st *state) pollLocked(p *partition.Partition, self *Conn, b []byte) (n, re
 		}
 		records++
 		kind, id := splitTag(tag)
+		if ts := st.ep.taps.Load(); ts != nil {
+			local := id
+			if kind == kindOpen {
+				local = 0 // the dialer's id; ours does not exist yet
+			}
+			ts.emit(st, TapRX, part, tag, local, payload)
+		}
 		if kind == kindData && self != nil && id == self.id && b != nil && self.takeDirect(part, len(payload)) {
 			n = copy(b, payload)
 			if n < len(payload) {
@@ -274,7 +289,7 @@ func (st *state) dispatch(part int, kind, id uint32, payload []byte) error {
 		st.ep.counters.staleFrames.Add(1)
 		if kind == kindAccept {
 			if m, err := decodeAccept(payload); err == nil {
-				st.sendLoose(st.parts[part], kindClose, m.id, nil)
+				st.sendLoose(st.parts[part], kindClose, m.id, 0, nil)
 			}
 		}
 		return nil
@@ -285,7 +300,7 @@ func (st *state) dispatch(part int, kind, id uint32, payload []byte) error {
 // accept handles OPEN: a connection is established as soon as a listener
 // has room for it in its backlog, as with TCP.
 func (st *state) accept(part int, peerID uint32, m openMsg) {
-	refuse := func(code uint32) { st.sendLoose(st.parts[part], kindRefuse, peerID, le32(code)) }
+	refuse := func(code uint32) { st.sendLoose(st.parts[part], kindRefuse, peerID, 0, le32(code)) }
 	st.ep.mu.Lock()
 	ln := st.ep.listeners[m.port]
 	st.ep.mu.Unlock()
