@@ -7,6 +7,8 @@
 //	ntmon status                               # tables: links, partitions, peers, listeners, apps, connections
 //	ntmon status -socket /run/ntstack/a/ntmon.sock -json
 //	ntmon doctor [-config FILE] [-json]        # check and explain the environment; exit 1 if a check failed
+//	ntmon capture -link b -count 500 -w kv.pcapng  # ntproxy's frames on a rack link, for Wireshark (see -h)
+//	ntmon capture -lua ntstack.lua             # the Wireshark dissector for those files
 //	ntmon version
 package main
 
@@ -51,6 +53,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return status(ctx, args[1:], stdout, stderr)
 		case "doctor":
 			return doctorCmd(ctx, args[1:], stdout, stderr)
+		case "capture":
+			return captureCmd(ctx, args[1:], stdout, stderr)
 		case "version":
 			fmt.Fprintf(stdout, "ntmon %s (peer protocol %d)\n", version, monitor.ProtocolVersion)
 			return 0
@@ -61,7 +65,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cfgPath := fs.String("config", defaultConfig, "host configuration file (TOML; see internal/config/example.toml)")
 	debug := fs.Bool("debug", false, "log at debug level")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: ntmon [-config FILE] [-debug]\n       ntmon status [-config FILE | -socket PATH] [-json]\n       ntmon doctor [-config FILE] [-json]\n       ntmon version")
+		fmt.Fprintln(stderr, "usage: ntmon [-config FILE] [-debug]\n       ntmon status [-config FILE | -socket PATH] [-json]\n       ntmon doctor [-config FILE] [-json]\n       ntmon capture -link LINK [-conn ID] [-count N | -duration D] -w FILE | -lua FILE\n       ntmon version")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

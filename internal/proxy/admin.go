@@ -6,6 +6,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/ntstack/ntstack/internal/capture"
 	"github.com/ntstack/ntstack/internal/ctlapi"
 )
 
@@ -72,8 +73,9 @@ func (s *Server) Snapshot() ctlapi.Snapshot {
 	return snap
 }
 
-// ServeAdmin serves the snapshot API (ctlapi.PathSnapshot) on ln until ln
-// or the Server closes.
+// ServeAdmin serves the snapshot API (ctlapi.PathSnapshot), fault injection
+// (ctlapi.PathFault) and packet capture (capture.Path, see capture.go) on
+// ln until ln or the Server closes.
 func (s *Server) ServeAdmin(ln net.Listener) error {
 	if !s.track(ln) {
 		ln.Close()
@@ -91,6 +93,7 @@ func (s *Server) ServeAdmin(ln net.Listener) error {
 		}
 		ctlapi.Reply(w, struct{}{}, s.Fault(req))
 	})
+	mux.HandleFunc("GET "+capture.Path, s.serveCapture)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-s.ctx.Done()
