@@ -1,0 +1,108 @@
+package rdma
+
+import (
+	"context"
+	"net"
+	"sync"
+	"time"
+)
+
+// listener is both providers' net.Listener: a TCP listener for the
+// bootstrap sockets, and one goroutine per accepted socket running the
+// provider's handshake, so a slow or silent client never holds up
+// Accept. Connections that finish their handshake queue for Accept; the
+// queue is bounded (acceptBacklog), and a full queue holds up handshakes.
+type listener struct {
+	tcp       net.Listener
+	addr      *Addr
+	timeout   time.Duration
+	handshake func(ctx context.Context, c *net.TCPConn) (net.Conn, error)
+
+	ready  chan net.Conn
+	ctx    context.Context // cancelled by Close: ends handshakes
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // runAccept and the handshakes
+
+	closeOnce sync.Once
+}
+
+const acceptBacklog = 16
+
+var _ net.Listener = (*listener)(nil)
+
+func newListener(provider, addr string, timeout time.Duration, handshake func(context.Context, *net.TCPConn) (net.Conn, error)) (*listener, error) {
+	tl, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &listener{
+		tcp:       tl,
+		addr:      &Addr{Provider: provider, TCP: tl.Addr()},
+		timeout:   timeout,
+		handshake: handshake,
+		ready:     make(chan net.Conn, acceptBacklog),
+		ctx:       ctx,
+		cancel:    cancel,
+	}
+	l.wg.Go(l.runAccept)
+	return l, nil
+}
+
+func (l *listener) runAccept() {
+	for {
+		c, err := l.tcp.Accept()
+		if err != nil {
+			return // closed; a transient error on a live listener is rare and ends it too
+		}
+		l.wg.Go(func() {
+			ctx, cancel := context.WithTimeout(l.ctx, l.timeout)
+			defer cancel()
+			conn, err := l.handshake(ctx, c.(*net.TCPConn))
+			if err != nil {
+				c.Close()
+				return
+			}
+			select {
+			case l.ready <- conn:
+			case <-l.ctx.Done():
+				conn.Close()
+			}
+		})
+	}
+}
+
+// Accept returns the next connection whose handshake completed.
+func (l *listener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ready:
+		return c, nil
+	case <-l.ctx.Done():
+		return nil, &net.OpError{Op: "accept", Net: l.addr.Network(), Addr: l.addr, Err: net.ErrClosed}
+	}
+}
+
+// Close stops accepting, ends handshakes in progress and closes the
+// connections that were not yet accepted.
+func (l *listener) Close() error {
+	err := net.ErrClosed
+	l.closeOnce.Do(func() {
+		l.cancel()
+		err = l.tcp.Close()
+		l.wg.Wait()
+		for {
+			select {
+			case c := <-l.ready:
+				c.Close()
+			default:
+				return
+			}
+		}
+	})
+	if err == net.ErrClosed {
+		return &net.OpError{Op: "close", Net: l.addr.Network(), Addr: l.addr, Err: net.ErrClosed}
+	}
+	return err
+}
+
+func (l *listener) Addr() net.Addr { return l.addr }
