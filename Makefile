@@ -35,11 +35,14 @@ test: deps rackdeps ## vet, unit tier under -race, integration tier (emulated ra
 	$(MAKE) --no-print-directory fuzz FUZZTIME=$(SHORT_FUZZTIME)
 
 # The VM tier's Debian packages: QEMU, a static busybox for the guests'
-# initramfs, kmod and cpio. apt-get install is retried once, after an
-# apt-get update (a transient failure has been seen). The guests' kernel
-# comes from apt too (test/vm fetches it): without package lists, make
-# vmtest fetches them; offline, a kernel cached under out/vm still serves.
-VM_DEBS := qemu-system-x86 busybox-static kmod cpio
+# initramfs, kmod and cpio; for the RDMA scenario a C toolchain and
+# libibverbs-dev (the verbs provider is cgo), ibverbs-providers (the rxe
+# provider copied into the guests) and iproute2 (its rdma tool). apt-get
+# install is retried once, after an apt-get update (a transient failure
+# has been seen). The guests' kernels come from apt too (test/vm fetches
+# them): without package lists, make vmtest fetches them; offline, kernels
+# cached under out/vm still serve.
+VM_DEBS := qemu-system-x86 busybox-static kmod cpio gcc libc6-dev libibverbs-dev ibverbs-providers iproute2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends
 
@@ -57,13 +60,13 @@ rackdeps:
 	fi
 
 .PHONY: vmtest
-vmtest: deps ## boot QEMU guests and test the VFIO path (ivshmem)
+vmtest: deps ## boot QEMU guests: the VFIO path (ivshmem) and the verbs provider (Soft-RoCE)
 	@missing=$$(for p in $(VM_DEBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "vmtest: installing" $$missing; \
 		$(APT_INSTALL) $$missing || { $(SUDO) apt-get update -q && $(APT_INSTALL) $$missing; }; \
 	fi
-	@apt-cache show linux-image-cloud-amd64 >/dev/null 2>&1 || $(SUDO) apt-get update -q || true
+	@apt-cache show linux-image-cloud-amd64 linux-image-amd64 >/dev/null 2>&1 || $(SUDO) apt-get update -q || true
 	NTSTACK_VMTEST=1 NTSTACK_VM_CACHE=$(CURDIR)/out/vm NTSTACK_VM_LOGS=$(CURDIR)/out/vm/logs \
 		$(GO) test -count=1 -timeout 15m -v ./test/vm/...
 

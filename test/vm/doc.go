@@ -33,6 +33,17 @@
 // byte for byte) and TestConn (one guest with two ivshmem devices on one
 // server, nettest.TestConn over the real device path).
 //
+// TestRDMA boots a second lab (rdma_test.go): the generic kernel
+// (linux-image-amd64's; the cloud kernel lacks rdma_rxe), rdma_rxe and its
+// dependencies plus crc32_generic and e1000, test binaries built with the
+// verbs tag and cgo, and a third cpio with their shared libraries,
+// libibverbs' rxe provider, iproute2's rdma tool and a /setup script that
+// /init runs after the modules (address on eth0, `rdma link add`, wait
+// for the port to turn ACTIVE). Two guests joined by a QEMU UDP socket
+// netdev exchange messages over the verbs provider (package rdmaguest),
+// then run the rdma package's nettest and semantics tests on their rxe
+// device.
+//
 // The tests boot guests only with NTSTACK_VMTEST=1 (make vmtest sets it):
 // each guest keeps a core busy for seconds, so `go test ./...` skips them
 // and says so. With NTSTACK_VMTEST=1 a missing tool is a failure, not a

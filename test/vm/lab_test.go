@@ -36,18 +36,20 @@ const (
 const (
 	qemuBinary  = "qemu-system-x86_64"
 	busyboxPath = "/bin/busybox" // Debian's busybox-static
-	kernelMeta  = "linux-image-cloud-amd64"
 	guestMemory = "512M"
 	// Grace between SIGTERM and SIGKILL for a QEMU that overstays.
 	killGrace = 5 * time.Second
 )
 
-// vfioModules are the modules /init loads, in dependency order. optional
-// ones may be absent: vfio_virqfd was merged into vfio in Linux 6.2.
-var vfioModules = []struct {
+// module is a kernel module /init loads; an optional one may be absent.
+type module struct {
 	name     string
 	optional bool
-}{
+}
+
+// vfioModules are the modules /init loads, in dependency order. optional
+// ones may be absent: vfio_virqfd was merged into vfio in Linux 6.2.
+var vfioModules = []module{
 	{"irqbypass", false},
 	{"vfio", false},
 	{"vfio_iommu_type1", false},
@@ -67,6 +69,9 @@ export PATH=/bin HOME=/tmp TMPDIR=/tmp
 for m in /mods/*.ko; do
 	insmod "$m" || echo "` + guest.MarkerResult + ` insmod:${m##*/} FAIL"
 done
+if [ -x /setup ]; then
+	/setup || echo "` + guest.MarkerResult + ` setup FAIL"
+fi
 for d in /sys/bus/pci/devices/*; do
 	if [ "$(cat $d/vendor):$(cat $d/device)" = "0x1af4:0x1110" ]; then
 		export NTSTACK_VFIO_DEVICE=${d##*/}
@@ -89,15 +94,48 @@ poweroff -f
 // lab is what every scenario boots: a kernel and an initramfs.
 type lab struct {
 	kernel string // vmlinuz
-	initrd string // base cpio + test-binary cpio
+	initrd string // base cpio + test-binary cpio (+ the variant's extra cpio)
 	logs   string // directory for console logs
 }
 
+// labVariant is what one lab differs in from another: the kernel, the
+// modules /init loads, the test binaries and any further files.
+type labVariant struct {
+	name       string
+	kernelMeta string // the Debian metapackage whose kernel the guests boot
+	modules    func(k kernel) ([]module, error)
+	binaries   map[string]testBinary
+	// extra, if set, writes a further cpio: files /init or the binaries
+	// need (a /setup script runs after the modules are loaded).
+	extra func(w io.Writer, dir string, bins map[string][]byte) error
+}
+
+// testBinary is a package whose test binary goes into the guests.
+type testBinary struct {
+	pkg  string
+	tags string // build tags, comma-separated
+	cgo  bool   // dynamically linked against the host's libraries
+}
+
+// vfioLab is the VFIO scenarios' lab: the cloud kernel, static binaries.
+var vfioLab = labVariant{
+	name:       "vfio",
+	kernelMeta: "linux-image-cloud-amd64",
+	modules:    func(kernel) ([]module, error) { return vfioModules, nil },
+	binaries:   testBinaries,
+}
+
+// labState is one variant's lab, prepared once per run.
+type labState struct {
+	once sync.Once
+	lab  *lab
+	err  error
+}
+
 var (
-	labOnce sync.Once
-	theLab  *lab
-	labErr  error
-	labDir  string // temporary files of this run, removed by TestMain
+	labsMu sync.Mutex
+	labs   = map[string]*labState{}
+	labDir string // temporary files of this run, removed by TestMain
 )
 
 func TestMain(m *testing.M) {
@@ -109,26 +147,36 @@ func TestMain(m *testing.M) {
 }
 
 // getLab skips the test unless the VM tier was asked for, and otherwise
-// prepares the lab once per run.
-func getLab(t *testing.T) *lab {
+// prepares the VFIO lab once per run.
+func getLab(t *testing.T) *lab { return getVariantLab(t, vfioLab) }
+
+// getVariantLab is getLab for any variant.
+func getVariantLab(t *testing.T, v labVariant) *lab {
 	t.Helper()
 	if os.Getenv(envRun) != "1" {
 		t.Skipf("%s unset: the VM tier boots QEMU guests under TCG, seconds of a busy core each; run it with make vmtest", envRun)
 	}
-	labOnce.Do(func() {
+	labsMu.Lock()
+	st := labs[v.name]
+	if st == nil {
+		st = &labState{}
+		labs[v.name] = st
+	}
+	labsMu.Unlock()
+	st.once.Do(func() {
 		start := time.Now()
-		theLab, labErr = setupLab(t)
-		if labErr == nil {
-			t.Logf("lab ready in %v: kernel %s", time.Since(start).Round(10*time.Millisecond), theLab.kernel)
+		st.lab, st.err = setupLab(t, v)
+		if st.err == nil {
+			t.Logf("%s lab ready in %v: kernel %s", v.name, time.Since(start).Round(10*time.Millisecond), st.lab.kernel)
 		}
 	})
-	if labErr != nil {
-		t.Fatalf("prepare the VM lab: %v", labErr)
+	if st.err != nil {
+		t.Fatalf("prepare the %s VM lab: %v", v.name, st.err)
 	}
-	return theLab
+	return st.lab
 }
 
-func setupLab(t *testing.T) (*lab, error) {
+func setupLab(t *testing.T, v labVariant) (*lab, error) {
 	for _, tool := range []string{qemuBinary, "timeout"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			return nil, fmt.Errorf("%s: %w (make vmtest installs qemu-system-x86)", tool, err)
@@ -138,7 +186,16 @@ func setupLab(t *testing.T) (*lab, error) {
 		return nil, err
 	}
 	var err error
-	if labDir, err = os.MkdirTemp("", "ntstack-vm-"); err != nil {
+	labsMu.Lock()
+	if labDir == "" {
+		labDir, err = os.MkdirTemp("", "ntstack-vm-")
+	}
+	labsMu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(labDir, v.name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
 	cache := os.Getenv(envCache)
@@ -168,11 +225,11 @@ func setupLab(t *testing.T) (*lab, error) {
 		kernelStarted = time.Now()
 	)
 	wg.Go(func() {
-		kern, kernErr = fetchKernel(cache)
+		kern, kernErr = fetchKernel(cache, v.kernelMeta)
 		kernTime = time.Since(kernelStarted)
 	})
 	wg.Go(func() {
-		bins, binErr = buildTestBinaries(labDir)
+		bins, binErr = buildTestBinaries(dir, v.binaries)
 		binTime = time.Since(kernelStarted)
 	})
 	wg.Wait()
@@ -181,14 +238,23 @@ func setupLab(t *testing.T) (*lab, error) {
 	}
 	t.Logf("kernel %s in %v; test binaries in %v", kern.version, kernTime.Round(10*time.Millisecond), binTime.Round(10*time.Millisecond))
 
+	mods, err := v.modules(kern)
+	if err != nil {
+		return nil, fmt.Errorf("build initramfs: %w", err)
+	}
 	var img bytes.Buffer
-	if err := writeBaseCPIO(&img, kern); err != nil {
+	if err := writeBaseCPIO(&img, kern, mods); err != nil {
 		return nil, fmt.Errorf("build initramfs: %w", err)
 	}
 	if err := writeBinCPIO(&img, bins); err != nil {
 		return nil, fmt.Errorf("build initramfs: %w", err)
 	}
-	initrd := filepath.Join(labDir, "initrd.cpio")
+	if v.extra != nil {
+		if err := v.extra(&img, dir, bins); err != nil {
+			return nil, fmt.Errorf("build initramfs: %w", err)
+		}
+	}
+	initrd := filepath.Join(dir, "initrd.cpio")
 	if err := os.WriteFile(initrd, img.Bytes(), 0o644); err != nil {
 		return nil, err
 	}
@@ -218,13 +284,20 @@ type kernel struct {
 	modules string // lib/modules/<version>
 }
 
-// fetchKernel returns the kernel linux-image-cloud-amd64 depends on,
+// fetchKernel returns the kernel the metapackage meta depends on,
 // downloading and unpacking it into cache unless it is there already.
-// Offline, with apt's lists gone, it settles for the newest cached one.
-func fetchKernel(cache string) (kernel, error) {
-	pkg, resolveErr := resolveKernelPackage()
+// Offline, with apt's lists gone, it settles for the newest cached one of
+// the same flavour.
+func fetchKernel(cache, meta string) (kernel, error) {
+	pkg, resolveErr := resolveKernelPackage(meta)
 	if resolveErr != nil {
-		cached, _ := filepath.Glob(filepath.Join(cache, "linux-image-*", "root"))
+		var cached []string
+		all, _ := filepath.Glob(filepath.Join(cache, "linux-image-*", "root"))
+		for _, c := range all {
+			if kernelFlavour(filepath.Base(filepath.Dir(c))) == strings.TrimPrefix(meta, "linux-image-") {
+				cached = append(cached, c)
+			}
+		}
 		if len(cached) == 0 {
 			return kernel{}, fmt.Errorf("fetch kernel: %w", resolveErr)
 		}
@@ -262,9 +335,20 @@ func fetchKernel(cache string) (kernel, error) {
 	return unpackedKernel(dir)
 }
 
-// resolveKernelPackage asks apt which versioned package the cloud kernel
+// kernelFlavour returns the flavour of a versioned kernel package name:
+// "cloud-amd64" for linux-image-6.1.0-48-cloud-amd64.
+func kernelFlavour(pkg string) string {
+	rest := strings.TrimPrefix(pkg, "linux-image-")
+	// Skip the version: dotted numbers, then the ABI number.
+	for range 2 {
+		_, rest, _ = strings.Cut(rest, "-")
+	}
+	return rest
+}
+
+// resolveKernelPackage asks apt which versioned package a kernel
 // metapackage depends on.
-func resolveKernelPackage() (string, error) {
+func resolveKernelPackage(kernelMeta string) (string, error) {
 	out, err := run("", "apt-cache", "depends", kernelMeta)
 	if err != nil {
 		return "", fmt.Errorf("resolve %s (apt-get update?): %w", kernelMeta, err)
@@ -304,23 +388,32 @@ func run(dir, name string, args ...string) ([]byte, error) {
 	return out, nil
 }
 
-// testBinaries are the packages whose test binaries go into the guests,
-// by the name /init runs them under (/<name>.test).
-var testBinaries = map[string]string{
-	"guest": "github.com/ntstack/ntstack/test/vm/guest",
-	"vfio":  "github.com/ntstack/ntstack/vfio",
+// testBinaries are the packages whose test binaries go into the VFIO
+// guests, by the name /init runs them under (/<name>.test).
+var testBinaries = map[string]testBinary{
+	"guest": {pkg: "github.com/ntstack/ntstack/test/vm/guest"},
+	"vfio":  {pkg: "github.com/ntstack/ntstack/vfio"},
 }
 
-func buildTestBinaries(dir string) (map[string][]byte, error) {
+func buildTestBinaries(dir string, binaries map[string]testBinary) (map[string][]byte, error) {
 	gobin, err := exec.LookPath("go")
 	if err != nil {
 		return nil, fmt.Errorf("build test binaries: %w", err)
 	}
 	bins := make(map[string][]byte)
-	for name, pkg := range testBinaries {
+	for name, b := range binaries {
+		pkg := b.pkg
 		out := filepath.Join(dir, name+".test")
-		cmd := exec.Command(gobin, "test", "-c", "-o", out, pkg)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
+		args := []string{"test", "-c", "-o", out}
+		if b.tags != "" {
+			args = append(args, "-tags", b.tags)
+		}
+		cmd := exec.Command(gobin, append(args, pkg)...)
+		cgo := "CGO_ENABLED=0"
+		if b.cgo {
+			cgo = "CGO_ENABLED=1"
+		}
+		cmd.Env = append(os.Environ(), cgo, "GOOS=linux", "GOARCH=amd64")
 		if msg, err := cmd.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("build %s test binary: %w\n%s", pkg, err, msg)
 		}
@@ -331,9 +424,9 @@ func buildTestBinaries(dir string) (map[string][]byte, error) {
 	return bins, nil
 }
 
-// writeBaseCPIO writes the first archive: busybox, /init and the VFIO
+// writeBaseCPIO writes the first archive: busybox, /init and the
 // modules.
-func writeBaseCPIO(w io.Writer, k kernel) error {
+func writeBaseCPIO(w io.Writer, k kernel, modules []module) error {
 	c := newCPIOWriter(w)
 	for _, d := range []string{"bin", "dev", "proc", "sys", "tmp", "mods"} {
 		c.dir(d)
@@ -346,7 +439,7 @@ func writeBaseCPIO(w io.Writer, k kernel) error {
 	c.file("bin/busybox", 0o755, bb)
 	c.file("init", 0o755, []byte(initScript))
 	builtin, _ := os.ReadFile(filepath.Join(k.modules, "modules.builtin"))
-	for i, m := range vfioModules {
+	for i, m := range modules {
 		ko, err := loadModule(k.modules, m.name)
 		if errors.Is(err, os.ErrNotExist) && (m.optional || isBuiltin(builtin, m.name)) {
 			continue
@@ -354,7 +447,7 @@ func writeBaseCPIO(w io.Writer, k kernel) error {
 		if err != nil {
 			return err
 		}
-		c.file(fmt.Sprintf("mods/%d-%s.ko", i, m.name), 0o644, ko)
+		c.file(fmt.Sprintf("mods/%02d-%s.ko", i, m.name), 0o644, ko)
 	}
 	return c.close()
 }
@@ -540,6 +633,10 @@ type guestSpec struct {
 	run     []string         // bin:TestName, in order
 	params  []string         // more ntvm.* parameters, "name=value"
 	timeout time.Duration
+	// machine replaces the machine arguments (default: q35 with an
+	// emulated Intel IOMMU); qemu adds arguments (a NIC).
+	machine []string
+	qemu    []string
 }
 
 // guestRun is a guest's outcome.
@@ -600,12 +697,16 @@ func runQEMU(ctx context.Context, l *lab, test string, spec guestSpec) (string, 
 		cmdline = append(cmdline, "ntvm."+p)
 	}
 	secs := int(spec.timeout / time.Second)
-	args := []string{"-k", fmt.Sprint(int(killGrace / time.Second)), fmt.Sprint(secs),
-		qemuBinary,
-		"-machine", "q35", "-device", "intel-iommu,intremap=on", "-accel", "tcg",
-		"-m", guestMemory, "-smp", "1", "-nographic", "-vga", "none", "-no-reboot", "-nic", "none",
-		"-kernel", l.kernel, "-initrd", l.initrd, "-append", strings.Join(cmdline, " "),
+	machine := spec.machine
+	if machine == nil {
+		machine = []string{"-machine", "q35", "-device", "intel-iommu,intremap=on"}
 	}
+	args := []string{"-k", fmt.Sprint(int(killGrace / time.Second)), fmt.Sprint(secs), qemuBinary}
+	args = append(args, machine...)
+	args = append(args, "-accel", "tcg",
+		"-m", guestMemory, "-smp", "1", "-nographic", "-vga", "none", "-no-reboot", "-nic", "none",
+		"-kernel", l.kernel, "-initrd", l.initrd, "-append", strings.Join(cmdline, " "))
+	args = append(args, spec.qemu...)
 	for i, s := range spec.servers {
 		id := fmt.Sprintf("ivs%d", i)
 		args = append(args,
@@ -655,6 +756,9 @@ func checkResults(console string, tests []string) error {
 	}
 	if strings.Contains(console, guest.MarkerResult+" insmod:") {
 		errs = append(errs, errors.New("a module failed to load"))
+	}
+	if strings.Contains(console, guest.MarkerResult+" setup FAIL") {
+		errs = append(errs, errors.New("/setup failed"))
 	}
 	if !strings.Contains(console, guest.MarkerEnd) {
 		errs = append(errs, fmt.Errorf("no %s line: the guest did not finish", guest.MarkerEnd))
