@@ -133,96 +133,91 @@ func TestSemantics(t *testing.T) {
 }
 
 func testSemantics(t *testing.T, makePipe pipeMaker) {
-	p := struct{ make pipeMaker }{makePipe}
-	{
-		{
-			t.Run("ReadDeadline", func(t *testing.T) {
-				checkGoroutines(t)
-				a, _ := p.make(t)
-				errc := make(chan error, 1)
-				go func() { _, err := a.Read(make([]byte, 10)); errc <- err }()
-				time.Sleep(20 * time.Millisecond)
-				a.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
-				if err := <-errc; !isTimeout(err) {
-					t.Fatalf("blocked Read after its deadline: %v, want a timeout matching os.ErrDeadlineExceeded", err)
-				}
-				a.SetReadDeadline(time.Now().Add(-time.Second))
-				if _, err := a.Read(make([]byte, 10)); !isTimeout(err) {
-					t.Fatalf("Read past the deadline: %v", err)
-				}
-			})
-			t.Run("WriteDeadline", func(t *testing.T) {
-				checkGoroutines(t)
-				a, _ := p.make(t)
-				a.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-				big := make([]byte, 64<<20) // more than any ring or socket buffer
-				n, err := a.Write(big)
-				if !isTimeout(err) || n == len(big) {
-					t.Fatalf("Write to a peer that does not read: %d, %v; want a timeout", n, err)
-				}
-			})
-			t.Run("CloseUnblocks", func(t *testing.T) {
-				checkGoroutines(t)
-				a, _ := p.make(t)
-				b, _ := p.make(t)
-				rerr, werr := make(chan error, 1), make(chan error, 1)
-				go func() { _, err := a.Read(make([]byte, 10)); rerr <- err }()
-				go func() { _, err := b.Write(make([]byte, 64<<20)); werr <- err }()
-				time.Sleep(50 * time.Millisecond)
-				a.Close()
-				b.Close()
-				for _, err := range []error{<-rerr, <-werr} {
-					if !errors.Is(err, net.ErrClosed) {
-						t.Errorf("blocked call after Close: %v, want net.ErrClosed", err)
-					}
-				}
-				if _, err := a.Write([]byte("x")); !errors.Is(err, net.ErrClosed) {
-					t.Errorf("Write after Close: %v", err)
-				}
-			})
-			t.Run("CloseWrite", func(t *testing.T) {
-				checkGoroutines(t)
-				a, b := p.make(t)
-				if _, err := a.Write([]byte("last words")); err != nil {
-					t.Fatal(err)
-				}
-				if err := a.CloseWrite(); err != nil {
-					t.Fatal(err)
-				}
-				got, err := io.ReadAll(b)
-				if err != nil || string(got) != "last words" {
-					t.Fatalf("peer read %q, %v; want the data, then io.EOF", got, err)
-				}
-				if _, err := a.Write([]byte("more")); !errors.Is(err, syscall.EPIPE) {
-					t.Errorf("Write after CloseWrite: %v, want EPIPE", err)
-				}
-				// The other direction still works.
-				if _, err := b.Write([]byte("reply")); err != nil {
-					t.Fatal(err)
-				}
-				b.Close()
-				got, err = io.ReadAll(a)
-				if err != nil || string(got) != "reply" {
-					t.Fatalf("read %q, %v after the peer's close", got, err)
-				}
-			})
-			t.Run("CloseDeliversEverything", func(t *testing.T) {
-				checkGoroutines(t)
-				a, b := p.make(t)
-				want := bytes.Repeat([]byte("0123456789abcdef"), 20000)
-				done := make(chan error, 1)
-				go func() {
-					_, err := a.Write(want)
-					done <- errors.Join(err, a.Close())
-				}()
-				got, err := io.ReadAll(b)
-				if err := <-done; err != nil {
-					t.Fatal(err)
-				}
-				if err != nil || !bytes.Equal(got, want) {
-					t.Fatalf("read %d bytes (%v), want %d then io.EOF", len(got), err, len(want))
-				}
-			})
+	t.Run("ReadDeadline", func(t *testing.T) {
+		checkGoroutines(t)
+		a, _ := makePipe(t)
+		errc := make(chan error, 1)
+		go func() { _, err := a.Read(make([]byte, 10)); errc <- err }()
+		time.Sleep(20 * time.Millisecond)
+		a.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+		if err := <-errc; !isTimeout(err) {
+			t.Fatalf("blocked Read after its deadline: %v, want a timeout matching os.ErrDeadlineExceeded", err)
 		}
-	}
+		a.SetReadDeadline(time.Now().Add(-time.Second))
+		if _, err := a.Read(make([]byte, 10)); !isTimeout(err) {
+			t.Fatalf("Read past the deadline: %v", err)
+		}
+	})
+	t.Run("WriteDeadline", func(t *testing.T) {
+		checkGoroutines(t)
+		a, _ := makePipe(t)
+		a.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		big := make([]byte, 64<<20) // more than any ring or socket buffer
+		n, err := a.Write(big)
+		if !isTimeout(err) || n == len(big) {
+			t.Fatalf("Write to a peer that does not read: %d, %v; want a timeout", n, err)
+		}
+	})
+	t.Run("CloseUnblocks", func(t *testing.T) {
+		checkGoroutines(t)
+		a, _ := makePipe(t)
+		b, _ := makePipe(t)
+		rerr, werr := make(chan error, 1), make(chan error, 1)
+		go func() { _, err := a.Read(make([]byte, 10)); rerr <- err }()
+		go func() { _, err := b.Write(make([]byte, 64<<20)); werr <- err }()
+		time.Sleep(50 * time.Millisecond)
+		a.Close()
+		b.Close()
+		for _, err := range []error{<-rerr, <-werr} {
+			if !errors.Is(err, net.ErrClosed) {
+				t.Errorf("blocked call after Close: %v, want net.ErrClosed", err)
+			}
+		}
+		if _, err := a.Write([]byte("x")); !errors.Is(err, net.ErrClosed) {
+			t.Errorf("Write after Close: %v", err)
+		}
+	})
+	t.Run("CloseWrite", func(t *testing.T) {
+		checkGoroutines(t)
+		a, b := makePipe(t)
+		if _, err := a.Write([]byte("last words")); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(b)
+		if err != nil || string(got) != "last words" {
+			t.Fatalf("peer read %q, %v; want the data, then io.EOF", got, err)
+		}
+		if _, err := a.Write([]byte("more")); !errors.Is(err, syscall.EPIPE) {
+			t.Errorf("Write after CloseWrite: %v, want EPIPE", err)
+		}
+		// The other direction still works.
+		if _, err := b.Write([]byte("reply")); err != nil {
+			t.Fatal(err)
+		}
+		b.Close()
+		got, err = io.ReadAll(a)
+		if err != nil || string(got) != "reply" {
+			t.Fatalf("read %q, %v after the peer's close", got, err)
+		}
+	})
+	t.Run("CloseDeliversEverything", func(t *testing.T) {
+		checkGoroutines(t)
+		a, b := makePipe(t)
+		want := bytes.Repeat([]byte("0123456789abcdef"), 20000)
+		done := make(chan error, 1)
+		go func() {
+			_, err := a.Write(want)
+			done <- errors.Join(err, a.Close())
+		}()
+		got, err := io.ReadAll(b)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("read %d bytes (%v), want %d then io.EOF", len(got), err, len(want))
+		}
+	})
 }

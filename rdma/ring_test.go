@@ -29,16 +29,15 @@ func moveRange(t *testing.T, tx *txRing, rx *rxRing) bool {
 func TestRingRoundTrip(t *testing.T) {
 	const size = MinRingSize
 	rng := rand.New(rand.NewPCG(1, 2))
+	fill := rand.NewChaCha8([32]byte{1})
 	tx := newTxRing(make([]byte, size))
 	rx := newRxRing(make([]byte, size))
 	var sent, got bytes.Buffer
 	pads := 0
 	buf := make([]byte, 3000)
-	for round := 0; round < 5000; round++ {
+	for range 2000 {
 		p := make([]byte, 1+rng.IntN(2*size))
-		for i := range p {
-			p[i] = byte(rng.Uint32())
-		}
+		fill.Read(p)
 		for len(p) > 0 {
 			before := tx.prod
 			k := tx.placeData(p)

@@ -17,11 +17,11 @@ import (
 func TestTCPWriteCutShort(t *testing.T) {
 	checkGoroutines(t)
 	a, b := tcpPipe(t)
-	rng := rand.New(rand.NewPCG(3, 4))
-	want := make([]byte, 48<<20)
-	for i := range want {
-		want[i] = byte(rng.Uint32())
-	}
+	// Small socket buffers, so a few MiB are enough to block.
+	a.(*tcpConn).tcp.SetWriteBuffer(64 << 10)
+	b.(*tcpConn).tcp.SetReadBuffer(64 << 10)
+	want := make([]byte, 4<<20)
+	rand.NewChaCha8([32]byte{3}).Read(want)
 	a.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
 	n, err := a.Write(want)
 	if !isTimeout(err) {

@@ -112,12 +112,11 @@ func (v *Verbs) Listen(addr string) (net.Listener, error) {
 }
 
 // handshake sets up a connection's queue pair over the bootstrap socket
-// c; the link holds dev's reference (released when it closes, or here on
-// failure).
+// c. It consumes the caller's reference to dev: the link holds it until
+// it closes, and a failed setup drops it.
 func (v *Verbs) handshake(ctx context.Context, dev *device, c *net.TCPConn) (net.Conn, error) {
 	l, err := dev.connect(ctx, c, v.cfg)
 	if err != nil {
-		dev.unref()
 		return nil, fmt.Errorf("verbs handshake: %w", err)
 	}
 	return newRingConn(l, c, "verbs", v.cfg.Linger), nil

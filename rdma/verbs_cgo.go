@@ -529,16 +529,20 @@ func (d *device) putBufs(b *C.struct_ntv_bufs) {
 }
 
 // connect builds a connection's queue pair and runs the handshake on
-// side (hello.go). The returned link holds the caller's device reference.
+// side (hello.go). It consumes the caller's device reference: the
+// returned link holds it, and on failure it is dropped (by the link's
+// close once the link exists).
 func (d *device) connect(ctx context.Context, side *net.TCPConn, cfg Config) (link, error) {
 	bufs, err := d.getBufs()
 	if err != nil {
+		d.unref()
 		return nil, err
 	}
 	var c *C.struct_ntv_conn
 	var step C.int
 	if rc := C.ntv_conn_new(d.d, bufs, sqDepth, rqDepth, &c, &step); rc != 0 {
 		d.putBufs(bufs)
+		d.unref()
 		return nil, fmt.Errorf("create queue pair (step %d): %w", step, syscall.Errno(rc))
 	}
 	l := &verbsLink{dev: d, c: c, bufs: bufs, wcs: make([]C.struct_ntv_wc, pollBatch)}

@@ -3,11 +3,14 @@
 package rdma
 
 import (
+	"context"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/net/nettest"
 )
@@ -63,4 +66,62 @@ func TestVerbsSemantics(t *testing.T) {
 		t.Cleanup(stop)
 		return a.(Conn), b.(Conn)
 	})
+}
+
+// TestVerbsHandshake: dials that cannot work fail with
+// ErrProviderMismatch on real queue pairs — to a TCP-provider listener,
+// and between rings of different sizes — and leave no device reference
+// behind: afterwards a connection works and only the provider's own
+// reference remains.
+func TestVerbsHandshake(t *testing.T) {
+	v := verbsOrSkip(t)
+	checkGoroutines(t)
+	ctx := context.Background()
+
+	tcpLn, err := NewTCP(Config{}).Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcpLn.Close()
+	if _, err := v.Dial(ctx, tcpLn.Addr().String()); !errors.Is(err, ErrProviderMismatch) {
+		t.Errorf("verbs dial to a tcp listener: %v, want ErrProviderMismatch", err)
+	}
+
+	small := NewVerbs(Config{RingSize: MinRingSize})
+	defer small.Close()
+	ln, err := v.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if _, err := small.Dial(ctx, ln.Addr().String()); !errors.Is(err, ErrProviderMismatch) {
+		t.Errorf("dial with a %d-byte ring to a %d-byte one: %v, want ErrProviderMismatch", MinRingSize, DefaultRingSize, err)
+	}
+
+	a, b, stop, err := providerPipe(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Write([]byte("still works")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 11)
+	if _, err := io.ReadFull(b, buf); err != nil || string(buf) != "still works" {
+		t.Fatalf("read %q, %v", buf, err)
+	}
+	stop()
+	ln.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		v.dev.mu.Lock()
+		refs := v.dev.refs
+		v.dev.mu.Unlock()
+		if refs == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("device references: %d, want the provider's 1", refs)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

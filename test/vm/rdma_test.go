@@ -66,8 +66,8 @@ echo "rdma setup: eth0 $addr, rxe0 port 1 $(cat /sys/class/infiniband/rxe0/ports
 // TestRDMA: the verbs provider for real. Guest a serves an echo, guest b
 // connects over Soft-RoCE, times round trips and streams rdmaMsgs
 // messages pipelined, checking every echo byte for byte; then a runs
-// nettest.TestConn and b the provider's semantics tests, each over
-// loopback through its own rxe device.
+// nettest.TestConn and b the provider's semantics and handshake tests,
+// each over loopback through its own rxe device.
 func TestRDMA(t *testing.T) {
 	l := getVariantLab(t, rdmaLab)
 	portA, portB := freeUDPPort(t), freeUDPPort(t)
@@ -89,7 +89,7 @@ func TestRDMA(t *testing.T) {
 	start := time.Now()
 	runs := boot(t, l,
 		spec("a", 1, portA, portB, []string{"rdmaguest:TestRDMAExchange", "rdma:TestVerbsNettest"}, "role=server"),
-		spec("b", 2, portB, portA, []string{"rdmaguest:TestRDMAExchange", "rdma:TestVerbsSemantics"},
+		spec("b", 2, portB, portA, []string{"rdmaguest:TestRDMAExchange", "rdma:TestVerbsSemantics", "rdma:TestVerbsHandshake"},
 			"role=client", fmt.Sprintf("peer=%s1:%d", rdmaNet, rdmaguest.Port), fmt.Sprintf("msgs=%d", rdmaMsgs)))
 	t.Logf("two RDMA guests in %v", time.Since(start).Round(100*time.Millisecond))
 	if want := fmt.Sprintf("pipelined_msgs=%d ", rdmaMsgs); !strings.Contains(runs[1].console, want) {

@@ -130,10 +130,10 @@ func client(t *testing.T, v *rdma.Verbs, peer string, msgs int) {
 		if err == nil {
 			break
 		}
-		if time.Since(start) > 60*time.Second || !errors.Is(err, syscall.ECONNREFUSED) {
+		if time.Since(start) > 60*time.Second || !notUpYet(err) {
 			t.Fatalf("dial %s: %v", peer, err)
 		}
-		time.Sleep(200 * time.Millisecond) // the server guest is still booting
+		time.Sleep(200 * time.Millisecond)
 	}
 	defer c.Close()
 	metric("role", "client", "connect_ms", time.Since(start).Milliseconds())
@@ -191,6 +191,17 @@ func client(t *testing.T, v *rdma.Verbs, peer string, msgs int) {
 	el := time.Since(t0)
 	metric("pipelined_msgs", msgs, "bytes_each_way", total, "seconds", fmt.Sprintf("%.2f", el.Seconds()),
 		"msgs_per_s", fmt.Sprintf("%.0f", float64(msgs)/el.Seconds()), "MB_per_s", fmt.Sprintf("%.2f", float64(total)/el.Seconds()/1e6))
+}
+
+// notUpYet reports whether a dial failed because the server guest is
+// still booting: no answer to ARP yet, or nobody listening yet.
+func notUpYet(err error) bool {
+	for _, e := range []error{syscall.ECONNREFUSED, syscall.EHOSTUNREACH, syscall.ENETUNREACH, syscall.ETIMEDOUT, context.DeadlineExceeded} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond)) }
