@@ -391,7 +391,7 @@ func (c *Config) Validate() error {
 
 func (c *Config) validateGateway(bad func(string, ...any)) {
 	g := c.Gateway
-	if g.Mode != GatewayDirect && g.Mode != GatewayProxy {
+	if g.Mode != "" && g.Mode != GatewayDirect && g.Mode != GatewayProxy {
 		bad("gateway.mode %q: want %s or %s", g.Mode, GatewayDirect, GatewayProxy)
 	}
 	for i, f := range g.Forward {

@@ -23,11 +23,12 @@ const MetricsNamespace = "ntstack"
 type collector struct {
 	m *Monitor
 
-	info, peerUp, peerLastSeen, proxyUp, listening      *prometheus.Desc
-	linkUp, linkWindow                                  *prometheus.Desc
-	partConns, partTXBytes, partRXBytes, partTX, partRX *prometheus.Desc
-	connTXBytes, connRXBytes, connTX, connRX            *prometheus.Desc
-	connQueue, connDrops                                *prometheus.Desc
+	info, peerUp, peerLastSeen, proxyUp, listening        *prometheus.Desc
+	linkUp, linkWindow                                    *prometheus.Desc
+	partConns, partTXBytes, partRXBytes, partTX, partRX   *prometheus.Desc
+	connTXBytes, connRXBytes, connTX, connRX              *prometheus.Desc
+	connQueue, connDrops                                  *prometheus.Desc
+	gwActive, gwTotal, gwFailed, gwIn, gwOut, gwRedirects *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*collector)(nil)
@@ -38,6 +39,7 @@ func newCollector(m *Monitor) *collector {
 	}
 	link := []string{"link", "partition"}
 	conn := []string{"id", "app", "remote", "path"}
+	gw := []string{"kind", "listen", "to"}
 	return &collector{
 		m:            m,
 		info:         d("monitor", "info", "ntmon build and peer protocol version (always 1).", "host", "version", "protocol"),
@@ -58,6 +60,12 @@ func newCollector(m *Monitor) *collector {
 		connRX:       d("conn", "rx_messages_total", "Messages received on the connection.", conn...),
 		connQueue:    d("conn", "queue_bytes", "Bytes buffered for the connection in ntproxy.", conn...),
 		connDrops:    d("conn", "drops_total", "Bytes dropped on the connection: always 0, ntstack never drops.", conn...),
+		gwActive:     d("gateway", "conns", "Connections the TCP gateway service carries now.", gw...),
+		gwTotal:      d("gateway", "conns_total", "Connections the TCP gateway service accepted.", gw...),
+		gwFailed:     d("gateway", "failed_total", "Accepted connections whose other side could not be reached.", gw...),
+		gwIn:         d("gateway", "in_bytes_total", "Bytes from the TCP side onto the fabric.", gw...),
+		gwOut:        d("gateway", "out_bytes_total", "Bytes from the fabric to the TCP side.", gw...),
+		gwRedirects:  d("gateway", "redirects_total", "Connects the eBPF redirect sent to the forward.", gw...),
 	}
 }
 
@@ -67,6 +75,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		c.info, c.peerUp, c.peerLastSeen, c.proxyUp, c.listening, c.linkUp, c.linkWindow,
 		c.partConns, c.partTXBytes, c.partRXBytes, c.partTX, c.partRX,
 		c.connTXBytes, c.connRXBytes, c.connTX, c.connRX, c.connQueue, c.connDrops,
+		c.gwActive, c.gwTotal, c.gwFailed, c.gwIn, c.gwOut, c.gwRedirects,
 	} {
 		ch <- d
 	}
@@ -122,6 +131,15 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		emit(c.connRX, prometheus.CounterValue, float64(cs.MsgsRX), lv...)
 		emit(c.connQueue, prometheus.GaugeValue, float64(cs.QueueDepth), lv...)
 		emit(c.connDrops, prometheus.CounterValue, float64(cs.Drops), lv...)
+	}
+	for _, g := range snap.Gateway {
+		lv := []string{g.Kind, g.Listen, g.To}
+		emit(c.gwActive, prometheus.GaugeValue, float64(g.Active), lv...)
+		emit(c.gwTotal, prometheus.CounterValue, float64(g.Total), lv...)
+		emit(c.gwFailed, prometheus.CounterValue, float64(g.Failed), lv...)
+		emit(c.gwIn, prometheus.CounterValue, float64(g.BytesIn), lv...)
+		emit(c.gwOut, prometheus.CounterValue, float64(g.BytesOut), lv...)
+		emit(c.gwRedirects, prometheus.CounterValue, float64(g.Redirects), lv...)
 	}
 }
 

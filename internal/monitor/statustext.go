@@ -132,6 +132,13 @@ func WriteStatus(w io.Writer, st *ctlapi.Status) error {
 			row(c.ID, appName(c.App), c.Local, c.Remote, c.Dir, path, c.Reason, c.BytesTX, c.BytesRX)
 		}
 	}
+
+	if snap != nil && len(snap.Gateway) > 0 {
+		section("GATEWAY", "KIND", "LISTEN", "TO", "MODE", "ACTIVE", "TOTAL", "FAILED", "REDIRECTS", "BYTES-IN", "BYTES-OUT", "LAST-ERROR")
+		for _, g := range snap.Gateway {
+			row(g.Kind, g.Listen, g.To, g.Mode, g.Active, g.Total, g.Failed, g.Redirects, g.BytesIn, g.BytesOut, g.LastError)
+		}
+	}
 	return tw.Flush()
 }
 
