@@ -19,6 +19,12 @@
 // default) each forwarded connection gets a link of its own and the
 // proxies leave the data path.
 //
+// With gateway.redirect_cgroup set, a cgroup/connect4 and connect6 eBPF
+// program (internal/redirect) rewrites connects from that cgroup's
+// processes to a forward's rack addresses — every virtual address of the
+// forward's host, at its port — to the forward's listen address: the
+// client needs no configuration change at all.
+//
 // Concurrency: Stats is safe at any time. Lifetime: Run serves until its
 // context ends, then closes its listeners and every carried connection.
 package gateway
@@ -29,6 +35,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -36,6 +43,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/config"
 	"github.com/ntstack/ntstack/internal/ctlapi"
+	"github.com/ntstack/ntstack/internal/redirect"
 	"github.com/ntstack/ntstack/qos"
 	"github.com/ntstack/ntstack/socklike"
 )
@@ -53,6 +61,7 @@ type Gateway struct {
 	proxy    *socklike.Proxy
 	logf     func(string, ...any)
 	services []*service
+	redirect *redirect.Redirect // nil without gateway.redirect_cgroup
 
 	wg sync.WaitGroup
 
@@ -66,6 +75,9 @@ type Gateway struct {
 // service is one forward or export with its counters.
 type service struct {
 	stat ctlapi.GatewayStat // the fixed fields; Gateway.mu guards Listen
+	// redirected are the rack addresses the eBPF redirect sends here
+	// (guarded by Gateway.mu).
+	redirected []netip.AddrPort
 
 	active, total, failed atomic.Int64
 	bytesIn, bytesOut     atomic.Uint64 // from the TCP side, to the TCP side
@@ -94,6 +106,13 @@ func New(cfg *config.Config, p *socklike.Proxy, logf func(string, ...any)) (*Gat
 	g := &Gateway{cfg: cfg, proxy: p, logf: logf, conns: map[*carried]struct{}{}, ready: make(chan struct{})}
 	for _, f := range cfg.Gateway.Forward {
 		g.services = append(g.services, &service{stat: ctlapi.GatewayStat{Kind: "forward", Listen: f.Listen, To: f.To, Mode: cfg.Gateway.Mode}})
+	}
+	if cfg.Gateway.RedirectCgroup != "" {
+		r, err := redirect.Attach(cfg.Gateway.RedirectCgroup)
+		if err != nil {
+			return nil, fmt.Errorf("gateway: redirect: %w", err)
+		}
+		g.redirect = r
 	}
 	for _, e := range cfg.Gateway.Export {
 		g.services = append(g.services, &service{stat: ctlapi.GatewayStat{Kind: "export", Listen: ":" + strconv.Itoa(e.Port), To: e.Target}})
@@ -129,6 +148,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 			g.mu.Lock()
 			svc.stat.Listen = ln.Addr().String() // the port, if the configuration left it to the kernel
 			g.mu.Unlock()
+			if err := g.redirectTo(svc, ln.Addr()); err != nil {
+				return err
+			}
 		}
 		g.logf("gateway: %s %s -> %s", svc.stat.Kind, svc.stat.Listen, svc.stat.To)
 	}
@@ -153,7 +175,47 @@ func (g *Gateway) Run(ctx context.Context) error {
 	}
 	g.mu.Unlock()
 	g.wg.Wait()
+	if g.redirect != nil {
+		err = errors.Join(err, g.redirect.Close())
+	}
 	return err
+}
+
+// redirectTo has the eBPF redirect send connects to svc's rack addresses
+// (every virtual address of its host, at its port) to addr.
+func (g *Gateway) redirectTo(svc *service, addr net.Addr) error {
+	if g.redirect == nil {
+		return nil
+	}
+	to, err := netip.ParseAddrPort(addr.String())
+	if err != nil {
+		return fmt.Errorf("gateway: redirect to %s: %w", addr, err)
+	}
+	if to.Addr().IsUnspecified() { // a wildcard listen: loopback reaches it
+		to = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), to.Port())
+	}
+	host, port, _ := net.SplitHostPort(svc.stat.To)
+	name, _ := g.cfg.HostOf(host)
+	addrs := []string{host}
+	if p, ok := g.cfg.Peer(name); ok {
+		addrs = append(addrs, p.Addresses...)
+	}
+	var set []netip.AddrPort
+	for _, a := range addrs {
+		from, err := netip.ParseAddrPort(net.JoinHostPort(a, port))
+		if err != nil {
+			continue // a host name: programs connect to addresses
+		}
+		if err := g.redirect.Set(from, to); err != nil {
+			return fmt.Errorf("gateway: redirect %s to %s: %w", from, to, err)
+		}
+		set = append(set, from)
+		g.logf("gateway: connects from %s to %s go to %s", g.redirect.Cgroup(), from, to)
+	}
+	g.mu.Lock()
+	svc.redirected = set
+	g.mu.Unlock()
+	return nil
 }
 
 // serve accepts on ln until it closes.
@@ -261,7 +323,7 @@ func (g *Gateway) Stats() []ctlapi.GatewayStat {
 	out := make([]ctlapi.GatewayStat, 0, len(g.services))
 	for _, svc := range g.services {
 		g.mu.Lock()
-		st := svc.stat
+		st, redirected := svc.stat, svc.redirected
 		g.mu.Unlock()
 		st.Active = svc.active.Load()
 		st.Total = svc.total.Load()
@@ -270,6 +332,11 @@ func (g *Gateway) Stats() []ctlapi.GatewayStat {
 		st.BytesOut = svc.bytesOut.Load()
 		if e := svc.lastErr.Load(); e != nil {
 			st.LastError = *e
+		}
+		for _, from := range redirected {
+			if n, err := g.redirect.Count(from); err == nil {
+				st.Redirects += n
+			}
 		}
 		out = append(out, st)
 	}
