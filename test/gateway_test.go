@@ -3,7 +3,9 @@ package test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -46,8 +48,9 @@ func TestRackGateway(t *testing.T) {
 			return strings.TrimSpace(string(b))
 		}
 		addr := r.Host("b").Address
-		require.Equal(t, "carried", inCgroup("redis-cli", "-h", addr, "-p", "6379", "GET", "ntstack:gateway"))
-		require.Equal(t, "4096", inCgroup("curl", "-sS", "-o", "/dev/null", "-w", "%{size_download}", "http://"+addr+"/4k"))
+		require.Equal(t, "carried", inCgroup("redis-cli", "-h", addr, "-p", strconv.Itoa(rackdemo.RedisRackPort), "GET", "ntstack:gateway"))
+		url := fmt.Sprintf("http://%s:%d/4k", addr, rackdemo.HTTPRackPort)
+		require.Equal(t, "4096", inCgroup("curl", "-sS", "-o", "/dev/null", "-w", "%{size_download}", url))
 		return nil
 	}
 	rows, err := rackdemo.RunGateway(ctx, r, rackdemo.GatewayOptions{Client: "a", Server: "b", Requests: 10000, WrkTime: time.Second, Then: then})

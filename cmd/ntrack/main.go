@@ -15,7 +15,9 @@
 // left behind (namespaces, veths, bridges, default directories) when their
 // ntrack or test was killed. demo starts a 2-host rack, runs the KV (YCSB
 // over RESP) and HTTP workloads between the hosts through their ntproxy
-// daemons and over TCP loopback, prints both, and tears the rack down.
+// daemons and over TCP loopback, prints both, then unmodified redis-server
+// and nginx under redis-benchmark and wrk through the TCP gateway and over
+// TCP, and tears the rack down.
 package main
 
 import (
@@ -134,7 +136,7 @@ func demo(args []string, out io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	r, err := rack.Start(ctx, rack.Spec{Hosts: []string{"a", "b"}, BinDir: *bin})
+	r, err := rack.Start(ctx, rack.Spec{Hosts: []string{"a", "b"}, BinDir: *bin, Configure: rackdemo.GatewayConfigure("a", "b", "")})
 	if err != nil {
 		return err
 	}
@@ -145,5 +147,11 @@ func demo(args []string, out io.Writer) error {
 	fmt.Fprintf(out, "KV server and HTTP file server attached to b's ntproxy, clients to a's; baseline: the same code over TCP loopback\n\n")
 	res, err := rackdemo.Run(ctx, rackdemo.Options{ServerHost: b.Config, ClientHost: a.Config, KVTime: *per, HTTPTime: *per})
 	res.Print(out)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "\nunmodified redis-server and nginx on b; redis-benchmark and wrk on a through ntproxy's TCP gateway (NTB link), then over TCP to %s\n\n", b.IP)
+	rows, err := rackdemo.RunGateway(ctx, r, rackdemo.GatewayOptions{Client: "a", Server: "b", WrkTime: *per})
+	rackdemo.PrintGateway(out, rows)
 	return err
 }

@@ -26,11 +26,12 @@ import (
 // these local TCP ports to the server host's exported rack ports, which
 // lead to redis-server and nginx on the server host.
 const (
-	RedisForward = "127.0.0.1:16379"
-	RedisPort    = 6379 // redis-server's TCP port and the exported rack port
-	HTTPForward  = "127.0.0.1:18080"
-	HTTPPort     = 80   // the exported rack port
-	nginxPort    = 8080 // nginx's TCP port on the server host
+	RedisForward  = "127.0.0.1:16379"
+	RedisRackPort = 7379 // the exported rack port leading to redis-server
+	HTTPForward   = "127.0.0.1:18080"
+	HTTPRackPort  = 7080 // the exported rack port leading to nginx
+	redisPort     = 6379 // redis-server's TCP port on the server host
+	nginxPort     = 8080 // nginx's TCP port on the server host
 )
 
 // GatewayTools are the unmodified programs RunGateway drives, from
@@ -46,12 +47,12 @@ func GatewayConfigure(client, server, mode string) func(*config.Config) {
 		switch c.Host {
 		case client:
 			c.Gateway.Forward = append(c.Gateway.Forward,
-				config.Forward{Listen: RedisForward, To: net.JoinHostPort(server, strconv.Itoa(RedisPort))},
-				config.Forward{Listen: HTTPForward, To: net.JoinHostPort(server, strconv.Itoa(HTTPPort))})
+				config.Forward{Listen: RedisForward, To: net.JoinHostPort(server, strconv.Itoa(RedisRackPort))},
+				config.Forward{Listen: HTTPForward, To: net.JoinHostPort(server, strconv.Itoa(HTTPRackPort))})
 		case server:
 			c.Gateway.Export = append(c.Gateway.Export,
-				config.Export{Port: RedisPort, Target: net.JoinHostPort("127.0.0.1", strconv.Itoa(RedisPort))},
-				config.Export{Port: HTTPPort, Target: net.JoinHostPort("127.0.0.1", strconv.Itoa(nginxPort))})
+				config.Export{Port: RedisRackPort, Target: net.JoinHostPort("127.0.0.1", strconv.Itoa(redisPort))},
+				config.Export{Port: HTTPRackPort, Target: net.JoinHostPort("127.0.0.1", strconv.Itoa(nginxPort))})
 		}
 	}
 }
@@ -119,7 +120,7 @@ func RunGateway(ctx context.Context, r *rack.Rack, o GatewayOptions) (rows []Gat
 	}
 	for _, path := range []struct{ name, redis, http string }{
 		{"gateway", RedisForward, HTTPForward},
-		{"tcp", net.JoinHostPort(srv.IP.String(), strconv.Itoa(RedisPort)), net.JoinHostPort(srv.IP.String(), strconv.Itoa(nginxPort))},
+		{"tcp", net.JoinHostPort(srv.IP.String(), strconv.Itoa(redisPort)), net.JoinHostPort(srv.IP.String(), strconv.Itoa(nginxPort))},
 	} {
 		rb, err := redisBenchmark(ctx, r, o, path.redis)
 		if err != nil {
@@ -185,7 +186,7 @@ http {
 		return nil
 	}
 	for _, argv := range [][]string{
-		{"redis-server", "--port", strconv.Itoa(RedisPort), "--bind", "0.0.0.0", "--protected-mode", "no",
+		{"redis-server", "--port", strconv.Itoa(redisPort), "--bind", "0.0.0.0", "--protected-mode", "no",
 			"--save", "", "--appendonly", "no", "--daemonize", "no", "--dir", dir},
 		{"nginx", "-p", dir, "-c", filepath.Join(dir, "nginx.conf")},
 	} {
@@ -198,7 +199,7 @@ http {
 		}
 		cmds = append(cmds, c)
 	}
-	for _, port := range []int{RedisPort, nginxPort} {
+	for _, port := range []int{redisPort, nginxPort} {
 		if err := waitTCP(ctx, r, host, port); err != nil {
 			return stop, err
 		}
