@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -18,7 +19,8 @@ const (
 	idleConns   = 4
 	idlePort    = 300
 	idleSettle  = 500 * time.Millisecond
-	idleWindow  = 3 * time.Second
+	idleWindow  = time.Second
+	idleWindows = 3
 	idleMaxCPU  = 2.0 // percent of one core, both processes together (DESIGN.md §4)
 	pingMessage = "ping %d from the test"
 	pongMessage = "pong %d from the child"
@@ -27,7 +29,8 @@ const (
 // TestIdleCPU checks DESIGN.md's "a connected but idle pair uses < 2% CPU":
 // two processes joined by four connections, each with a Read blocked on
 // every connection and nothing sent, use less than 2% of one core between
-// them (user + system time, both processes) over three seconds. Then one
+// them (user + system time, both processes) in the median of three
+// one-second windows. Then one
 // message each way on every connection shows that the blocked Reads still
 // wake up.
 func TestIdleCPU(t *testing.T) {
@@ -70,26 +73,35 @@ func TestIdleCPU(t *testing.T) {
 		ch.command("cpu")
 		return ch.next(10 * time.Second).CPU
 	}
-	child0 := childCPU()
-	parent0, err := proc.CPUTime()
-	require.NoError(t, err)
-	start := time.Now()
-	time.Sleep(idleWindow)
-	parent1, err := proc.CPUTime()
-	require.NoError(t, err)
-	elapsed := time.Since(start)
-	child1 := childCPU()
-
+	// Three windows, judged by their median: on a shared machine a window
+	// can catch a burst that is not the stack's (the runtime's scavenger,
+	// a neighbour), while a stack that burns CPU idle does so in every one.
+	var windows []float64
+	for w := range idleWindows {
+		child0 := childCPU()
+		parent0, err := proc.CPUTime()
+		require.NoError(t, err)
+		start := time.Now()
+		time.Sleep(idleWindow)
+		parent1, err := proc.CPUTime()
+		require.NoError(t, err)
+		elapsed := time.Since(start)
+		child1 := childCPU()
+		pct := func(d time.Duration) float64 { return 100 * d.Seconds() / elapsed.Seconds() }
+		parent, child := parent1-parent0, child1-child0
+		t.Logf("window %d: idle for %v with %d connections and a Read blocked on each, both ends: parent %v (%.2f%%), child %v (%.2f%%), pair %.2f%% of one core",
+			w, elapsed.Round(time.Millisecond), idleConns, parent, pct(parent), child, pct(child), pct(parent+child))
+		windows = append(windows, pct(parent+child))
+	}
 	select {
 	case r := <-reads:
 		t.Fatalf("read on connection %d returned while idle: %q, %v", r.conn, r.got, r.err)
 	default:
 	}
-	pct := func(d time.Duration) float64 { return 100 * d.Seconds() / elapsed.Seconds() }
-	parent, child := parent1-parent0, child1-child0
-	t.Logf("idle for %v with %d connections and a Read blocked on each, both ends: parent %v (%.2f%%), child %v (%.2f%%), pair %.2f%% of one core",
-		elapsed.Round(time.Millisecond), idleConns, parent, pct(parent), child, pct(child), pct(parent+child))
-	require.Less(t, pct(parent+child), idleMaxCPU, "CPU of the idle pair, percent of one core")
+	slices.Sort(windows)
+	median := windows[len(windows)/2]
+	t.Logf("median of %d windows: %.2f%% of one core", len(windows), median)
+	require.Less(t, median, idleMaxCPU, "CPU of the idle pair, percent of one core (median window)")
 
 	// The parked Reads wake: one message each way on every connection.
 	for i, c := range conns {
