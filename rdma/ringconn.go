@@ -9,6 +9,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/ntstack/ntstack/internal/deadline"
 )
 
 // link is the seam between the ring protocol (ringConn) and the verbs
@@ -82,7 +84,7 @@ type ringConn struct {
 	linger       time.Duration
 	readMu       sync.Mutex
 	writeMu      sync.Mutex
-	rdl, wdl     *deadline
+	rdl, wdl     *deadline.Deadline
 	readWake     chan struct{} // signalled (non-blocking, cap 1) when the state changes
 	writeWake    chan struct{}
 	closeWake    chan struct{}
@@ -119,8 +121,8 @@ func newRingConn(l link, side net.Conn, provider string, linger time.Duration) *
 		laddr:      &Addr{Provider: provider, TCP: side.LocalAddr()},
 		raddr:      &Addr{Provider: provider, TCP: side.RemoteAddr()},
 		linger:     linger,
-		rdl:        newDeadline(),
-		wdl:        newDeadline(),
+		rdl:        deadline.New(),
+		wdl:        deadline.New(),
 		readWake:   make(chan struct{}, 1),
 		writeWake:  make(chan struct{}, 1),
 		closeWake:  make(chan struct{}, 1),
@@ -150,11 +152,11 @@ func (c *ringConn) wakeAll() {
 
 // wait blocks, with mu released, until woken, the deadline passes or
 // the connection is closed.
-func (c *ringConn) waitLocked(wake chan struct{}, dl *deadline) {
+func (c *ringConn) waitLocked(wake chan struct{}, dl *deadline.Deadline) {
 	c.mu.Unlock()
 	select {
 	case <-wake:
-	case <-dl.wait():
+	case <-dl.Wait():
 	case <-c.done:
 	}
 	c.mu.Lock()
@@ -332,7 +334,7 @@ func (c *ringConn) Read(p []byte) (int, error) {
 			return 0, c.opErr("read", c.linkErr)
 		case c.peerGone:
 			return 0, c.opErr("read", syscall.ECONNRESET)
-		case c.rdl.passed():
+		case c.rdl.Passed():
 			return 0, c.opErr("read", os.ErrDeadlineExceeded)
 		}
 		c.waitLocked(c.readWake, c.rdl)
@@ -361,7 +363,7 @@ func (c *ringConn) Write(p []byte) (int, error) {
 			return n, c.opErr("write", syscall.ECONNRESET)
 		case n == len(p):
 			return n, nil
-		case c.wdl.passed():
+		case c.wdl.Passed():
 			return n, c.opErr("write", os.ErrDeadlineExceeded)
 		}
 		placed := 0
@@ -447,10 +449,10 @@ func (c *ringConn) LocalAddr() net.Addr  { return c.laddr }
 func (c *ringConn) RemoteAddr() net.Addr { return c.raddr }
 
 func (c *ringConn) SetDeadline(t time.Time) error {
-	c.rdl.set(t)
-	c.wdl.set(t)
+	c.rdl.Set(t)
+	c.wdl.Set(t)
 	return nil
 }
 
-func (c *ringConn) SetReadDeadline(t time.Time) error  { c.rdl.set(t); return nil }
-func (c *ringConn) SetWriteDeadline(t time.Time) error { c.wdl.set(t); return nil }
+func (c *ringConn) SetReadDeadline(t time.Time) error  { c.rdl.Set(t); return nil }
+func (c *ringConn) SetWriteDeadline(t time.Time) error { c.wdl.Set(t); return nil }

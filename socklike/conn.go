@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ntstack/ntstack/internal/deadline"
 	"github.com/ntstack/ntstack/internal/proc"
 	"io"
 	"net"
@@ -34,7 +35,7 @@ type Conn struct {
 	rlock, wlock     sync.Mutex    // serialise Read calls and Write calls
 	rnotify, wnotify chan struct{} // cap 1: something changed for readers / writers
 	closedCh         chan struct{} // closed by Close
-	rdl, wdl         *deadline
+	rdl, wdl         *deadline.Deadline
 
 	// Receive side. recvd counts bytes taken off the ring for us; read
 	// counts bytes the application has read; recvd-read ≤ our window.
@@ -124,8 +125,8 @@ func newConn(ep *Endpoint, local, remote Addr) *Conn {
 		rnotify:  make(chan struct{}, 1),
 		wnotify:  make(chan struct{}, 1),
 		closedCh: make(chan struct{}),
-		rdl:      newDeadline(),
-		wdl:      newDeadline(),
+		rdl:      deadline.New(),
+		wdl:      deadline.New(),
 	}
 	c.rxPart.Store(-1)
 	c.route = Route{Path: "ntb", Reason: "embedded endpoint on link " + ep.dev.Name()}
@@ -155,13 +156,13 @@ func (c *Conn) LocalAddr() net.Addr  { return c.local }
 func (c *Conn) RemoteAddr() net.Addr { return c.remote }
 
 func (c *Conn) SetDeadline(t time.Time) error {
-	c.rdl.set(t)
-	c.wdl.set(t)
+	c.rdl.Set(t)
+	c.wdl.Set(t)
 	return nil
 }
 
-func (c *Conn) SetReadDeadline(t time.Time) error  { c.rdl.set(t); return nil }
-func (c *Conn) SetWriteDeadline(t time.Time) error { c.wdl.set(t); return nil }
+func (c *Conn) SetReadDeadline(t time.Time) error  { c.rdl.Set(t); return nil }
+func (c *Conn) SetWriteDeadline(t time.Time) error { c.wdl.Set(t); return nil }
 
 func (c *Conn) opErr(op string, err error) error {
 	return &net.OpError{Op: op, Net: "ntb", Source: c.local, Addr: c.remote, Err: err}
@@ -206,7 +207,7 @@ func (c *Conn) readLoop(b []byte, sp *spinner) (int, error) {
 		if f := c.flags.Load(); f&fClosed != 0 {
 			return 0, c.opErr("read", net.ErrClosed)
 		}
-		if c.rdl.passed() {
+		if c.rdl.Passed() {
 			return 0, c.opErr("read", os.ErrDeadlineExceeded)
 		}
 		if len(b) == 0 {
@@ -623,7 +624,7 @@ func (c *Conn) writeErr() error {
 	switch {
 	case f&fClosed != 0:
 		return c.opErr("write", net.ErrClosed)
-	case c.wdl.passed():
+	case c.wdl.Passed():
 		return c.opErr("write", os.ErrDeadlineExceeded)
 	case f&fWriteShut != 0:
 		return c.opErr("write", syscall.EPIPE)
@@ -643,7 +644,7 @@ func (c *Conn) failure() error {
 
 // park gives up the CPU until notify, the deadline, Close, the end of the
 // session or extra; the poller watches the ring meanwhile.
-func (c *Conn) park(sp *spinner, notify chan struct{}, dl *deadline, extra <-chan struct{}) {
+func (c *Conn) park(sp *spinner, notify chan struct{}, dl *deadline.Deadline, extra <-chan struct{}) {
 	sp.stop()
 	c.ep.parked.Add(1)
 	c.sleepers.Add(1)
@@ -657,7 +658,7 @@ func (c *Conn) park(sp *spinner, notify chan struct{}, dl *deadline, extra <-cha
 	}
 	select {
 	case <-notify:
-	case <-dl.wait():
+	case <-dl.Wait():
 	case <-c.closedCh:
 	case <-c.st.sess.Done():
 	case <-extra:
