@@ -125,11 +125,14 @@ func (g *Gateway) Ready() <-chan struct{} { return g.ready }
 
 // Run listens on every forward and export and carries their connections
 // until ctx ends. It fails at once if a listener cannot be set up.
-func (g *Gateway) Run(ctx context.Context) error {
+func (g *Gateway) Run(ctx context.Context) (err error) {
 	var lns []net.Listener
 	defer func() {
 		for _, ln := range lns {
 			ln.Close()
+		}
+		if g.redirect != nil {
+			err = errors.Join(err, g.redirect.Close())
 		}
 	}()
 	for _, svc := range g.services {
@@ -155,11 +158,16 @@ func (g *Gateway) Run(ctx context.Context) error {
 		g.logf("gateway: %s %s -> %s", svc.stat.Kind, svc.stat.Listen, svc.stat.To)
 	}
 	close(g.ready)
+	// The accept loops count in wg too, so that a connection they accept
+	// while Run stops is added before wg reaches zero.
 	errc := make(chan error, len(lns))
+	g.wg.Add(len(lns))
 	for i, ln := range lns {
-		go func() { errc <- g.serve(ctx, ln, g.services[i]) }()
+		go func() {
+			defer g.wg.Done()
+			errc <- g.serve(ctx, ln, g.services[i])
+		}()
 	}
-	var err error
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
@@ -175,9 +183,6 @@ func (g *Gateway) Run(ctx context.Context) error {
 	}
 	g.mu.Unlock()
 	g.wg.Wait()
-	if g.redirect != nil {
-		err = errors.Join(err, g.redirect.Close())
-	}
 	return err
 }
 
