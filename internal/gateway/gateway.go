@@ -252,10 +252,11 @@ func (g *Gateway) carry(ctx context.Context, svc *service, c net.Conn) {
 	other, err := g.dial(dctx, svc)
 	cancel()
 	if err != nil {
-		c.Close()
+		// Counted before the close, which the client sees.
 		svc.failed.Add(1)
 		msg := err.Error()
 		svc.lastErr.Store(&msg)
+		c.Close()
 		g.logf("gateway: %s %s -> %s: %v", svc.stat.Kind, svc.stat.Listen, svc.stat.To, err)
 		return
 	}
