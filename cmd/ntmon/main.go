@@ -28,6 +28,7 @@ import (
 	"github.com/ntstack/ntstack/internal/config"
 	"github.com/ntstack/ntstack/internal/ctlapi"
 	"github.com/ntstack/ntstack/internal/monitor"
+	"github.com/ntstack/ntstack/internal/proxy"
 )
 
 // version is the build's version; set with -ldflags "-X main.version=…".
@@ -92,7 +93,16 @@ func serve(ctx context.Context, path string, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	m, err := monitor.New(cfg, monitor.Options{Logger: log, Version: version})
+	opts := monitor.Options{Logger: log, Version: version}
+	// The RDMA capability peers learn: ntproxy, built alike, listens there.
+	if v, err := proxy.OpenRDMA(cfg.Proxy.RDMA); err != nil {
+		opts.RDMA.Why = err.Error()
+	} else {
+		v.Close()
+		opts.RDMA.Addr = cfg.Proxy.RDMA.Listen
+	}
+	log.Info("rdma capability", "addr", opts.RDMA.Addr, "why_none", opts.RDMA.Why)
+	m, err := monitor.New(cfg, opts)
 	if err != nil {
 		return err
 	}

@@ -67,6 +67,13 @@ func run(cfgPath string, standalone, quiet bool) error {
 	if !standalone {
 		o.Control = proxy.NewMonitorControl(cfg.Path(config.MonitorSocket))
 	}
+	if v, err := proxy.OpenRDMA(cfg.Proxy.RDMA); err != nil {
+		log.Printf("no RDMA path: %v", err)
+	} else {
+		defer v.Close()
+		o.RDMA = v
+		log.Printf("RDMA path: listening on %s (verbs)", cfg.Proxy.RDMA.Listen)
+	}
 	s, err := proxy.New(cfg, o)
 	if err != nil {
 		return err

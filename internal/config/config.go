@@ -129,6 +129,23 @@ type Proxy struct {
 	// peers that cannot use an NTB link to reach it ("" = none); peers
 	// name it as this host's peers[].fallback.
 	Fallback string `toml:"fallback"`
+	// RDMA is this ntproxy's RDMA listener, the path to and from hosts off
+	// the NTB fabric that have an RDMA device too.
+	RDMA RDMA `toml:"rdma"`
+}
+
+// RDMA configures the verbs provider of ntproxy's RDMA path (rdma.Verbs;
+// the daemons must be built with -tags verbs). The peers learn the
+// listener's address from ntmon's capability exchange, and only while
+// this host has a usable RDMA device.
+type RDMA struct {
+	// Listen is the TCP address of the connection bootstrap, on the
+	// RDMA-capable interface ("" = no RDMA path).
+	Listen string `toml:"listen"`
+	// Device names the RDMA device ("rxe0", "mlx5_0"; "" = the first).
+	Device string `toml:"device"`
+	// Port is the device's port (0 = 1).
+	Port int `toml:"port"`
 }
 
 // Peer is another host of the rack.
@@ -316,6 +333,14 @@ func (c *Config) Validate() error {
 		if _, _, err := net.SplitHostPort(c.Proxy.Fallback); err != nil {
 			bad("proxy.fallback %q: %v", c.Proxy.Fallback, err)
 		}
+	}
+	if c.Proxy.RDMA.Listen != "" {
+		if _, _, err := net.SplitHostPort(c.Proxy.RDMA.Listen); err != nil {
+			bad("proxy.rdma.listen %q: %v", c.Proxy.RDMA.Listen, err)
+		}
+	}
+	if c.Proxy.RDMA.Port < 0 || c.Proxy.RDMA.Port > 255 {
+		bad("proxy.rdma.port %d outside 0..255", c.Proxy.RDMA.Port)
 	}
 	if c.Proxy.Window <= 0 || c.Proxy.Window%4096 != 0 {
 		bad("proxy.window %d: want a positive multiple of 4096", c.Proxy.Window)

@@ -123,8 +123,18 @@ type Route struct {
 	Host   string `json:"host"`   // the host that owns the target
 	Path   string `json:"path"`   // PathSHM, PathNTB, ...
 	Link   string `json:"link"`   // NTB link name, for PathNTB
-	Addr   string `json:"addr"`   // fallback TCP address, for PathTCP
+	Addr   string `json:"addr"`   // the peer ntproxy's listener, for PathRDMA and PathTCP
 	Reason string `json:"reason"` // why this path, in words
+	// Hops are the transports the connection may use, in order (Path
+	// among them): where it moves when its transport fails, and back.
+	Hops []Hop `json:"hops,omitempty"`
+}
+
+// Hop is one transport to a peer: an NTB link (Addr names it) or the peer
+// ntproxy's RDMA or TCP listener.
+type Hop struct {
+	Path string `json:"path"`
+	Addr string `json:"addr"`
 }
 
 // AdmitRequest asks whether a connection from a rack peer may reach port.
@@ -149,6 +159,7 @@ type ListenReply struct {
 type Status struct {
 	Host      string        `json:"host"`
 	Version   string        `json:"version"`
+	RDMA      string        `json:"rdma"` // this host's RDMA listener, or "none: " and why
 	Peers     []PeerStatus  `json:"peers"`
 	Listening []ListenEntry `json:"listening"`
 	Proxy     *Snapshot     `json:"proxy,omitempty"`
@@ -166,6 +177,7 @@ type PeerStatus struct {
 	Window     int       `json:"window,omitempty"`     // the peer's advertised window
 	Partitions int       `json:"partitions,omitempty"` // the peer's advertised partitions
 	Caps       []string  `json:"caps,omitempty"`
+	RDMA       string    `json:"rdma,omitempty"` // the peer ntproxy's RDMA listener, or "none: " and why
 	LastSeen   time.Time `json:"last_seen"`
 }
 

@@ -30,20 +30,32 @@ func (m *Monitor) Resolve(req ctlapi.ResolveRequest) (ctlapi.Route, error) {
 	}
 	p := m.peers[host]
 	m.mu.Lock()
-	up, why, since, everUp, problem := p.sess != nil, p.why, p.since, p.everUp, p.linkProblem
+	up, why, since, everUp, problem, hello := p.sess != nil, p.why, p.since, p.everUp, p.linkProblem, p.hello
 	m.mu.Unlock()
-	ntbWhy := ""
+	var r ctlapi.Reach
 	switch {
 	case p.cfg.Link == "":
-		ntbWhy = "no NTB link to " + host
+		r.NTBWhy = "no NTB link to " + host
 	case !up && everUp:
-		ntbWhy = fmt.Sprintf("peer %s control plane down since %s (%s)", host, since.Format(time.TimeOnly), why)
+		r.NTBWhy = fmt.Sprintf("peer %s control plane down since %s (%s)", host, since.Format(time.TimeOnly), why)
 	case !up:
-		ntbWhy = fmt.Sprintf("peer %s control plane not up yet (%s)", host, why)
+		r.NTBWhy = fmt.Sprintf("peer %s control plane not up yet (%s)", host, why)
 	case problem != "":
-		ntbWhy = "NTB link unusable: " + problem
+		r.NTBWhy = "NTB link unusable: " + problem
 	}
-	return ctlapi.PickRoute(p.cfg, req.Transports, ntbWhy)
+	// The peer's RDMA listener is what its last HELLO said: its ntproxy
+	// may well serve while its ntmon is away, as with the TCP fallback.
+	switch {
+	case m.opts.RDMA.Addr == "":
+		r.RDMAWhy = "no RDMA on this host: " + m.opts.RDMA.Why
+	case !everUp:
+		r.RDMAWhy = fmt.Sprintf("RDMA on %s unknown: control plane not up yet", host)
+	case hello.RDMA == "":
+		r.RDMAWhy = fmt.Sprintf("no RDMA on %s: %s", host, hello.RDMAWhy)
+	default:
+		r.RDMAAddr = hello.RDMA
+	}
+	return ctlapi.PickRoute(p.cfg, req.Transports, r)
 }
 
 // Admit decides whether a connection from rack peer req.Peer may reach
@@ -82,10 +94,14 @@ func (m *Monitor) Unlisten(req ctlapi.ListenRequest) error {
 
 // Status reports the peers, the reservations and ntproxy's snapshot
 // (Status.ProxyErr says why the snapshot is missing).
-func (m *Monitor) Status(ctx context.Context) ctlapi.Status {
-	st := ctlapi.Status{
+func (m *Monitor) Status(ctx context.Context) (st ctlapi.Status) {
+	if m.opts.RDMA.Addr == "" {
+		defer func() { st.RDMA = "none: " + m.opts.RDMA.Why }()
+	}
+	st = ctlapi.Status{
 		Host:      m.cfg.Host,
 		Version:   m.opts.Version,
+		RDMA:      m.opts.RDMA.Addr,
 		Peers:     m.peerStatus(),
 		Listening: m.ports.list(),
 	}
@@ -142,6 +158,10 @@ func (m *Monitor) peerStatus() []ctlapi.PeerStatus {
 			h := p.hello
 			ps.Version = h.Version
 			ps.Caps = slices.Clone(h.Caps)
+			ps.RDMA = h.RDMA
+			if h.RDMA == "" {
+				ps.RDMA = "none: " + h.RDMAWhy
+			}
 			if i := slices.IndexFunc(h.Links, func(l HelloLink) bool { return l.Name == pc.Link }); pc.Link != "" && i >= 0 {
 				ps.Window, ps.Partitions = h.Links[i].Window, h.Links[i].Partitions
 			}

@@ -27,6 +27,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 )
 
 // Frame layout constants.
@@ -182,6 +183,10 @@ type Hello struct {
 	Caps      []string    `json:"caps"`
 	Links     []HelloLink `json:"links"`
 	Addresses []string    `json:"addresses"`
+	// RDMA is the sender's ntproxy's RDMA listener (host:port) while it
+	// has a usable RDMA device; else RDMAWhy says why not.
+	RDMA    string `json:"rdma,omitempty"`
+	RDMAWhy string `json:"rdma_why,omitempty"`
 }
 
 // HelloLink is one NTB link the sender has configured.
@@ -217,6 +222,7 @@ const (
 const (
 	maxHelloItems = 256
 	maxNameLen    = 255
+	maxWhyLen     = 1024
 )
 
 // DecodeBody decodes a frame body into v: exactly one JSON object and
@@ -265,6 +271,14 @@ func DecodeHello(f Frame) (Hello, error) {
 	}
 	if long {
 		return h, fmt.Errorf("decode hello: %w: a name longer than %d bytes", ErrFrame, maxNameLen)
+	}
+	if len(h.RDMAWhy) > maxWhyLen {
+		return h, fmt.Errorf("decode hello: %w: rdma_why longer than %d bytes", ErrFrame, maxWhyLen)
+	}
+	if h.RDMA != "" {
+		if _, _, err := net.SplitHostPort(h.RDMA); err != nil || len(h.RDMA) > maxNameLen {
+			return h, fmt.Errorf("decode hello: %w: rdma address %.64q: want host:port", ErrFrame, h.RDMA)
+		}
 	}
 	return h, nil
 }

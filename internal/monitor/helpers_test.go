@@ -88,8 +88,13 @@ type node struct {
 // start runs a Monitor on cfg with ln as its peer listener, closed at
 // the end of the test.
 func start(t *testing.T, cfg *config.Config, ln net.Listener) *node {
+	return startWith(t, cfg, ln, Options{})
+}
+
+// startWith is start with o's RDMA capability.
+func startWith(t *testing.T, cfg *config.Config, ln net.Listener, o Options) *node {
 	t.Helper()
-	m, err := New(cfg, Options{Logger: testLogger(t), Version: "test", PeerListener: ln, BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+	m, err := New(cfg, Options{Logger: testLogger(t), Version: "test", PeerListener: ln, BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond, RDMA: o.RDMA})
 	require.NoError(t, err)
 	require.NoError(t, m.Start())
 	n := &node{m: m, cfg: cfg, client: ctlapi.NewClient(m.SocketPath())}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -37,8 +38,13 @@ type Options struct {
 	Logger *slog.Logger
 	// Version is the build's version, reported in status ("" = "dev").
 	Version string
-	// Caps are the capabilities advertised to peers (nil = DefaultCaps).
+	// Caps are the capabilities advertised to peers (nil = DefaultCaps,
+	// and "rdma" while RDMA.Addr is set).
 	Caps []string
+	// RDMA is whether this host's ntproxy takes RDMA connections: at
+	// RDMA.Addr, or not, for the reason RDMA.Why. The zero value: not,
+	// for want of a proxy.rdma.listen (cmd/ntmon probes the device).
+	RDMA RDMA
 	// PeerListener, if set, is used instead of listening on
 	// cfg.Monitor.Listen; the Monitor owns and closes it. Tests bind
 	// ephemeral ports first so that each Monitor's config can name the
@@ -52,6 +58,12 @@ type Options struct {
 	// ProxyTimeout bounds how long status and a metrics scrape wait for
 	// ntproxy's snapshot (default 1 s).
 	ProxyTimeout time.Duration
+}
+
+// RDMA is a host's RDMA capability, as its HELLO tells its peers.
+type RDMA struct {
+	Addr string // its ntproxy's RDMA listener ("" = none)
+	Why  string // why there is none
 }
 
 // Monitor is one host's ntmon. See the package documentation.
@@ -129,8 +141,14 @@ func New(cfg *config.Config, opts Options) (m *Monitor, err error) {
 	if m.opts.Version == "" {
 		m.opts.Version = "dev"
 	}
+	if m.opts.RDMA.Addr == "" && m.opts.RDMA.Why == "" {
+		m.opts.RDMA.Why = "proxy.rdma.listen not configured"
+	}
 	if m.opts.Caps == nil {
 		m.opts.Caps = DefaultCaps
+		if m.opts.RDMA.Addr != "" {
+			m.opts.Caps = append(slices.Clone(DefaultCaps), "rdma")
+		}
 	}
 	if m.opts.BackoffMin <= 0 {
 		m.opts.BackoffMin = DefaultBackoffMin

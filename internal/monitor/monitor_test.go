@@ -167,7 +167,56 @@ func TestPeerDownFallbackAndBack(t *testing.T) {
 	r.c.waitPeer(t, "a", false)
 	_, err = r.c.resolve(t, 0, "a", 80)
 	require.Equal(t, ctlapi.CodeNoPath, ctlapi.CodeOf(err))
-	require.Contains(t, err.Error(), "no path to a: no NTB link to a; no RDMA provider on this host; no TCP fallback configured for a")
+	require.Contains(t, err.Error(), "no path to a: no NTB link to a; no RDMA on this host: proxy.rdma.listen not configured; no TCP fallback configured for a")
+}
+
+// The RDMA capability exchange: each HELLO carries the host's RDMA
+// listener or why it has none; a route takes RDMA only when both hosts
+// have it, after the NTB and before TCP, and says why.
+func TestRDMACapability(t *testing.T) {
+	la, lb, lc := listen(t), listen(t), listen(t)
+	a := baseConfig(t, "a")
+	a.Peers = []config.Peer{
+		{Host: "b", Control: lb.Addr().String(), Link: "rack-a-b", Fallback: "127.0.0.1:7480"},
+		{Host: "c", Control: lc.Addr().String(), Fallback: "127.0.0.1:7481"},
+	}
+	b := baseConfig(t, "b")
+	b.Peers = []config.Peer{{Host: "a", Control: la.Addr().String(), Link: "rack-a-b"}}
+	c := baseConfig(t, "c")
+	c.Peers = []config.Peer{{Host: "a", Control: la.Addr().String()}}
+	na := startWith(t, a, la, Options{RDMA: RDMA{Addr: "192.0.2.1:7490"}})
+	startWith(t, b, lb, Options{RDMA: RDMA{Addr: "192.0.2.2:7490"}})
+	nc := startWith(t, c, lc, Options{RDMA: RDMA{Why: "verbs provider: no RDMA device"}})
+	pb, pc := na.waitPeer(t, "b", true), na.waitPeer(t, "c", true)
+	nc.waitPeer(t, "a", true)
+
+	require.Equal(t, "192.0.2.2:7490", pb.RDMA)
+	require.Contains(t, pb.Caps, "rdma")
+	require.Equal(t, "none: verbs provider: no RDMA device", pc.RDMA)
+	require.NotContains(t, pc.Caps, "rdma")
+	require.Equal(t, "192.0.2.1:7490", na.status(t).RDMA)
+
+	// b: the NTB link first, RDMA and TCP behind it for failover.
+	rt, err := na.resolve(t, 0, "b", 80)
+	require.NoError(t, err)
+	require.Equal(t, "ntb", rt.Path)
+	require.Equal(t, []ctlapi.Hop{{Path: "ntb", Addr: "rack-a-b"}, {Path: "rdma", Addr: "192.0.2.2:7490"}, {Path: "tcp", Addr: "127.0.0.1:7480"}}, rt.Hops)
+	// Over RDMA when the connection asks for it before the NTB.
+	var route ctlapi.Route
+	require.NoError(t, na.client.Call(context.Background(), ctlapi.PathResolve, ctlapi.ResolveRequest{Target: "b", Port: 80, Transports: []string{"rdma", "ntb"}}, &route))
+	require.Equal(t, "rdma", route.Path)
+	require.Equal(t, "192.0.2.2:7490", route.Addr)
+	require.Equal(t, "rdma first in the order [rdma ntb]: RDMA 192.0.2.2:7490", route.Reason)
+
+	// c has no RDMA device: TCP, saying why.
+	rt, err = na.resolve(t, 0, "c", 80)
+	require.NoError(t, err)
+	require.Equal(t, "tcp", rt.Path)
+	require.Equal(t, "no NTB link to c; no RDMA on c: verbs provider: no RDMA device: TCP fallback 127.0.0.1:7481", rt.Reason)
+	// And from c, with none here.
+	_, err = nc.resolve(t, 0, "a", 80)
+	require.Equal(t, ctlapi.CodeNoPath, ctlapi.CodeOf(err))
+	require.Contains(t, err.Error(), "no path to a: no NTB link to a; no RDMA on this host: verbs provider: no RDMA device; no TCP fallback configured for a")
 }
 
 func TestPeerReturns(t *testing.T) {
@@ -445,9 +494,9 @@ func TestStatusAndMetrics(t *testing.T) {
 func TestWriteStatus(t *testing.T) {
 	snap := cannedSnapshot("a")
 	st := &ctlapi.Status{
-		Host: "a", Version: "test",
+		Host: "a", Version: "test", RDMA: "192.0.2.1:7490",
 		Peers: []ctlapi.PeerStatus{
-			{Host: "b", Control: "127.0.0.1:7470", Up: true, Why: "up since 10:00:00, session dialed by this host", Version: 1, Link: "rack-a-b", Window: 1 << 20, Partitions: 2, Caps: []string{"ntb", "tcp"}},
+			{Host: "b", Control: "127.0.0.1:7470", Up: true, Why: "up since 10:00:00, session dialed by this host", Version: 1, Link: "rack-a-b", Window: 1 << 20, Partitions: 2, Caps: []string{"ntb", "tcp", "rdma"}, RDMA: "192.0.2.2:7490"},
 			{Host: "c", Up: false, Why: "down since 10:00:01: silent for 2s (peer_timeout)"},
 		},
 		Listening: []ctlapi.ListenEntry{{Port: 80, UID: 0, PID: 4343}, {Port: 8080, UID: 1000, PID: 99}},
@@ -460,9 +509,10 @@ func TestWriteStatus(t *testing.T) {
 	for _, want := range []string{
 		"LINKS\nNAME PEER STATE WINDOW PARTITIONS\nrack-a-b b up 1MiB 2\n",
 		"PARTITIONS\nLINK PARTITION CONNS BYTES-TX BYTES-RX MSGS-TX MSGS-RX\nrack-a-b 0 1 1234 5678 10 20\nrack-a-b 1 0 0 0 0 0\n",
-		"PEERS\nHOST CONTROL STATE LINK PROTOCOL CAPS LAST-SEEN WHY\n",
-		"b 127.0.0.1:7470 up rack-a-b 1 ntb,tcp never up since 10:00:00, session dialed by this host\n",
-		"c - down - - - never down since 10:00:01: silent for 2s (peer_timeout)\n",
+		"host a, ntmon test, peer protocol 1\nrdma: 192.0.2.1:7490\n",
+		"PEERS\nHOST CONTROL STATE LINK PROTOCOL CAPS RDMA LAST-SEEN WHY\n",
+		"b 127.0.0.1:7470 up rack-a-b 1 ntb,tcp,rdma 192.0.2.2:7490 never up since 10:00:00, session dialed by this host\n",
+		"c - down - - - none never down since 10:00:01: silent for 2s (peer_timeout)\n",
 		"LISTENERS\nPORT UID PID APP BACKLOG\n80 0 4343 nginx[2] 128\n8080 1000 99 - -\n",
 		"APPLICATIONS\nID NAME PID UID CONNS MEMORY\n1 redis-cli 4242 1000 2 1MiB\n",
 		"CONNECTIONS\nID APP LOCAL REMOTE DIR PATH REASON BYTES-TX BYTES-RX\n",

@@ -310,6 +310,8 @@ func (m *Monitor) hello() Hello {
 		Host:      m.cfg.Host,
 		Caps:      m.opts.Caps,
 		Addresses: m.cfg.Addresses,
+		RDMA:      m.opts.RDMA.Addr,
+		RDMAWhy:   m.opts.RDMA.Why,
 	}
 	for _, p := range m.cfg.Peers {
 		if p.Link != "" {

@@ -30,6 +30,7 @@ func WriteStatus(w io.Writer, st *ctlapi.Status) error {
 	}
 
 	fmt.Fprintf(tw, "host %s, ntmon %s, peer protocol %d\n", st.Host, st.Version, ProtocolVersion)
+	fmt.Fprintf(tw, "rdma: %s\n", cell(st.RDMA))
 	snap := st.Proxy
 	if snap == nil {
 		fmt.Fprintf(tw, "ntproxy: not reachable (%s)\n", st.ProxyErr)
@@ -57,7 +58,7 @@ func WriteStatus(w io.Writer, st *ctlapi.Status) error {
 		}
 	}
 
-	section("PEERS", "HOST", "CONTROL", "STATE", "LINK", "PROTOCOL", "CAPS", "LAST-SEEN", "WHY")
+	section("PEERS", "HOST", "CONTROL", "STATE", "LINK", "PROTOCOL", "CAPS", "RDMA", "LAST-SEEN", "WHY")
 	for _, p := range st.Peers {
 		state := "down"
 		if p.Up {
@@ -71,7 +72,7 @@ func WriteStatus(w io.Writer, st *ctlapi.Status) error {
 		if p.Version != 0 {
 			version = strconv.Itoa(p.Version)
 		}
-		row(p.Host, p.Control, state, p.Link, version, strings.Join(p.Caps, ","), last, p.Why)
+		row(p.Host, p.Control, state, p.Link, version, strings.Join(p.Caps, ","), rdmaCell(p.RDMA), last, p.Why)
 	}
 
 	section("LISTENERS", "PORT", "UID", "PID", "APP", "BACKLOG")
@@ -184,4 +185,13 @@ func sizeString(n int) string {
 		return fmt.Sprintf("%dKiB", n>>10)
 	}
 	return strconv.Itoa(n) + "B"
+}
+
+// rdmaCell is a peer's RDMA listener, or "none" (its reason is long; the
+// JSON status has it).
+func rdmaCell(s string) string {
+	if s == "" || strings.HasPrefix(s, "none") {
+		return "none"
+	}
+	return s
 }

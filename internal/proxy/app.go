@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -252,7 +254,7 @@ func (s *Server) serveDial(a *app, c *socklike.Conn) {
 		c.Close()
 		return
 	}
-	if pc.path == ctlapi.PathNTB || pc.path == ctlapi.PathTCP {
+	if pc.leggy() {
 		peer, _ := s.cfg.Peer(hostOf(pc.remote))
 		s.runLeg(a, s.newLeg(pc, c, peer, legKey{s.cfg.Host, pc.id}, true, other, pc.path))
 		return
@@ -287,7 +289,7 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (*p
 	if err != nil {
 		return nil, nil, err
 	}
-	pc := &pconn{id: s.nextID.Add(1), app: a.id, dir: "out", path: route.Path, reason: route.Reason, link: route.Link, partition: -1}
+	pc := &pconn{id: s.nextID.Add(1), app: a.id, dir: "out", path: route.Path, reason: route.Reason, link: route.Link, partition: -1, hops: route.Hops}
 	pc.remote = hostPort(route.Host, req.Port)
 	switch route.Path {
 	case ctlapi.PathSHM:
@@ -314,21 +316,67 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (*p
 		}
 		pc.local = hostPort(s.cfg.Host, fc.LocalAddr().(socklike.Addr).Port)
 		return pc, fc, nil
-	case ctlapi.PathTCP:
-		var d net.Dialer
-		tc, err := d.DialContext(ctx, "tcp", route.Addr)
+	case ctlapi.PathRDMA, ctlapi.PathTCP:
+		c, err := s.dialOffRack(ctx, route, pc)
 		if err != nil {
-			return nil, nil, ctlapi.Errorf(ctlapi.CodeNoPath, "connect to %s's fallback %s: %v", route.Host, route.Addr, err)
-		}
-		pc.local = tc.LocalAddr().String()
-		if err := s.rackOpen(tc, route.Host, appproto.RackOpen{Port: req.Port, Token: pc.id}); err != nil {
-			tc.Close()
 			return nil, nil, err
 		}
-		return pc, tc, nil
+		pc.local = c.LocalAddr().String()
+		if err := s.rackOpen(c, route.Host, appproto.RackOpen{Port: req.Port, Token: pc.id}); err != nil {
+			c.Close()
+			return nil, nil, err
+		}
+		return pc, c, nil
 	default:
 		return nil, nil, ctlapi.Errorf(ctlapi.CodeNoPath, "%s is reachable only over %s (%s), which this ntproxy does not speak", route.Host, route.Path, route.Reason)
 	}
+}
+
+// dialOffRack connects to the peer proxy's listener on route's path, RDMA
+// or TCP; if that fails it tries the route's later off-rack hops (RDMA
+// before TCP), noting in pc why it took the one it took.
+func (s *Server) dialOffRack(ctx context.Context, route ctlapi.Route, pc *pconn) (net.Conn, error) {
+	start := slices.IndexFunc(route.Hops, func(h ctlapi.Hop) bool { return h.Path == route.Path })
+	hops := []ctlapi.Hop{{Path: route.Path, Addr: route.Addr}}
+	if start >= 0 {
+		hops = append(hops, route.Hops[start+1:]...)
+	}
+	var failed []string
+	for _, h := range hops {
+		if h.Path == ctlapi.PathNTB {
+			continue
+		}
+		c, err := s.connect(ctx, h)
+		if err != nil {
+			failed = append(failed, fmt.Sprintf("%s to %s failed: %v", h.Path, h.Addr, err))
+			if ctx.Err() != nil {
+				break
+			}
+			continue
+		}
+		if len(failed) > 0 {
+			pc.path = h.Path
+			pc.reason = fmt.Sprintf("%s; %s: %s %s", route.Reason, strings.Join(failed, "; "), strings.ToUpper(h.Path), h.Addr)
+			s.logf("connection %d to %s: %s", pc.id, route.Host, pc.reason)
+		}
+		return c, nil
+	}
+	return nil, ctlapi.Errorf(ctlapi.CodeNoPath, "connect to %s: %s", route.Host, strings.Join(failed, "; "))
+}
+
+// connect opens a transport to a peer proxy's RDMA or TCP listener.
+func (s *Server) connect(ctx context.Context, h ctlapi.Hop) (net.Conn, error) {
+	switch h.Path {
+	case ctlapi.PathRDMA:
+		if s.rdma == nil {
+			return nil, errors.New("this ntproxy has no RDMA provider (built without -tags verbs, or proxy.rdma unusable; ntproxy's log says which)")
+		}
+		return s.rdma.Dial(ctx, h.Addr)
+	case ctlapi.PathTCP:
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", h.Addr)
+	}
+	return nil, fmt.Errorf("no transport %q", h.Path)
 }
 
 // rackOpen introduces a connection (open, From filled in here) to the peer

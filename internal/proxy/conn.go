@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/ntstack/ntstack/internal/ctlapi"
 	"github.com/ntstack/ntstack/socklike"
 )
 
@@ -28,8 +29,9 @@ type pconn struct {
 	partition int
 	local     string
 	remote    string
-	direct    bool // direct mode: the proxy holds only the lease
-	leg       *leg // the part between this proxy and a peer's, if any
+	direct    bool         // direct mode: the proxy holds only the lease
+	leg       *leg         // the part between this proxy and a peer's, if any
+	hops      []ctlapi.Hop // the transports its leg may move between (dialer side)
 
 	bytesTX, bytesRX atomic.Uint64 // from / to the application
 	msgsTX, msgsRX   atomic.Uint64
@@ -38,6 +40,11 @@ type pconn struct {
 	done      atomic.Int32 // directions finished
 	closeOnce sync.Once
 	ends      [2]net.Conn
+}
+
+// leggy reports whether pc crosses to a peer proxy, over a leg.
+func (pc *pconn) leggy() bool {
+	return pc.path == ctlapi.PathNTB || pc.path == ctlapi.PathRDMA || pc.path == ctlapi.PathTCP
 }
 
 func (pc *pconn) close() {

@@ -55,6 +55,10 @@ func (m MonitorControl) Release(ctx context.Context, port int) error {
 // in memory. It serves tests and a proxy run without ntmon.
 type StaticControl struct {
 	Config *config.Config
+	// RDMA is this host's RDMA listener and PeerRDMA the peers' by host,
+	// as ntmon would learn them ("" or nil: no RDMA path).
+	RDMA     string
+	PeerRDMA map[string]string
 
 	mu sync.Mutex
 	// mu protects the following fields.
@@ -76,11 +80,19 @@ func (s *StaticControl) Resolve(_ context.Context, r ctlapi.ResolveRequest) (ctl
 		return ctlapi.Route{Host: host, Path: ctlapi.PathSHM, Reason: "same host: shared memory, never the NTB"}, nil
 	}
 	p, _ := s.Config.Peer(host)
-	ntbWhy := ""
+	var reach ctlapi.Reach
 	if p.Link == "" {
-		ntbWhy = "no NTB link to " + host
+		reach.NTBWhy = "no NTB link to " + host
 	}
-	return ctlapi.PickRoute(p, r.Transports, ntbWhy)
+	switch {
+	case s.RDMA == "":
+		reach.RDMAWhy = "no RDMA on this host: StaticControl.RDMA not set"
+	case s.PeerRDMA[host] == "":
+		reach.RDMAWhy = "no RDMA on " + host + ": not in StaticControl.PeerRDMA"
+	default:
+		reach.RDMAAddr = s.PeerRDMA[host]
+	}
+	return ctlapi.PickRoute(p, r.Transports, reach)
 }
 
 func (s *StaticControl) Admit(_ context.Context, r ctlapi.AdmitRequest) error {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -507,19 +508,20 @@ func closedByPeer(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.EPIPE)
 }
 
-// reconnect finds the leg a new transport: the NTB link if it is up, else
-// the TCP fallback, until legResumeWait has passed.
+// reconnect finds the leg a new transport among its hops — the NTB link
+// if it is up, RDMA, TCP, in the route's order — until legResumeWait has
+// passed.
 func (l *leg) reconnect() {
 	deadline := time.Now().Add(legResumeWait)
 	for attempt := 0; time.Now().Before(deadline); attempt++ {
 		if l.isClosed() {
 			return
 		}
-		for _, path := range l.paths() {
-			if err := l.resume(path, 250*time.Millisecond); err == nil {
+		for _, h := range l.hops() {
+			if err := l.resume(h, 250*time.Millisecond); err == nil {
 				return
 			} else if attempt == 0 {
-				l.s.logf("leg %s/%d: resume over %s: %v", l.key.from, l.key.token, path, err)
+				l.s.logf("leg %s/%d: resume over %s: %v", l.key.from, l.key.token, h.Path, err)
 			}
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -533,31 +535,34 @@ func (l *leg) isClosed() bool {
 	return l.closed
 }
 
-// paths lists the transports to try, in order: the NTB link while it is
-// up, then TCP.
-func (l *leg) paths() []string {
-	var ps []string
-	if link := l.s.links[l.peer.Host]; link != nil && link.ep.Device().Link() == ntb.LinkUp {
-		ps = append(ps, ctlapi.PathNTB)
+// hops lists the transports to try, in the route's order: the NTB link
+// only while it is up.
+func (l *leg) hops() []ctlapi.Hop {
+	var hs []ctlapi.Hop
+	for _, h := range l.pc.hops {
+		if h.Path != ctlapi.PathNTB || l.linkUp() {
+			hs = append(hs, h)
+		}
 	}
-	if l.peer.Fallback != "" {
-		ps = append(ps, ctlapi.PathTCP)
-	}
-	return ps
+	return hs
 }
 
-// resume connects over path and moves the leg onto that transport.
-func (l *leg) resume(path string, timeout time.Duration) error {
+// linkUp reports whether the NTB link to the peer is up.
+func (l *leg) linkUp() bool {
+	link := l.s.links[l.peer.Host]
+	return link != nil && link.ep.Device().Link() == ntb.LinkUp
+}
+
+// resume connects over h and moves the leg onto that transport.
+func (l *leg) resume(h ctlapi.Hop, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(l.s.ctx, timeout)
 	defer cancel()
 	var c net.Conn
 	var err error
-	switch path {
-	case ctlapi.PathNTB:
+	if h.Path == ctlapi.PathNTB {
 		c, err = l.s.links[l.peer.Host].ep.DialContext(ctx, resumePort)
-	default:
-		var d net.Dialer
-		c, err = d.DialContext(ctx, "tcp", l.peer.Fallback)
+	} else {
+		c, err = l.s.connect(ctx, h)
 	}
 	if err != nil {
 		return err
@@ -597,7 +602,7 @@ func (l *leg) resume(path string, timeout time.Duration) error {
 		return err
 	}
 	c.SetDeadline(time.Time{})
-	return l.install(c, path, reply.RxSeq)
+	return l.install(c, h.Path, reply.RxSeq)
 }
 
 // accept is the other side of resume: c carries a RackOpen resuming this
@@ -668,12 +673,12 @@ func (l *leg) install(c net.Conn, path string, peerRx uint64) error {
 }
 
 // runFailForward moves a leg that left the NTB link back onto it once the
-// link is up again.
+// link is up again (if the NTB is among its hops).
 func (l *leg) runFailForward() {
-	link := l.s.links[l.peer.Host]
-	if link == nil {
+	if !slices.ContainsFunc(l.pc.hops, func(h ctlapi.Hop) bool { return h.Path == ctlapi.PathNTB }) {
 		return
 	}
+	ntbHop := ctlapi.Hop{Path: ctlapi.PathNTB, Addr: l.peer.Link}
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -688,8 +693,8 @@ func (l *leg) runFailForward() {
 		if closed {
 			return
 		}
-		if cur != nil && path == ctlapi.PathTCP && link.ep.Device().Link() == ntb.LinkUp {
-			if err := l.resume(ctlapi.PathNTB, time.Second); err != nil {
+		if cur != nil && path != ctlapi.PathNTB && l.linkUp() {
+			if err := l.resume(ntbHop, time.Second); err != nil {
 				l.s.logf("leg %s/%d: back to NTB: %v", l.key.from, l.key.token, err)
 				l.mu.Lock()
 				lost := l.cur == nil && !l.closed

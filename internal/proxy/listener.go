@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -282,8 +284,9 @@ func (s *Server) serveInbound(fc net.Conn, in inbound) {
 	s.runLeg(l.app, s.newLeg(pc, ac, peer, legKey{open.From, open.Token}, false, fc, in.path))
 }
 
-// serveFallback takes connections from peers' proxies over TCP.
-func (s *Server) serveFallback(ln net.Listener) error {
+// serveFallback takes connections from peers' proxies on ln, a listener
+// of the TCP fallback or of the RDMA provider (path).
+func (s *Server) serveFallback(ln net.Listener, path string) error {
 	if !s.track(ln) {
 		ln.Close()
 		return net.ErrClosed
@@ -294,16 +297,16 @@ func (s *Server) serveFallback(ln net.Listener) error {
 			if s.ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("accept fallback: %w", err)
+			return fmt.Errorf("accept %s: %w", path, err)
 		}
 		port := 0
-		if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-			port = a.Port
+		if _, p, err := net.SplitHostPort(c.RemoteAddr().String()); err == nil {
+			port, _ = strconv.Atoi(p)
 		}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.serveInbound(c, inbound{path: ctlapi.PathTCP, partition: -1, remotePort: port, via: "over TCP from " + c.RemoteAddr().String()})
+			s.serveInbound(c, inbound{path: path, partition: -1, remotePort: port, via: fmt.Sprintf("over %s from %s", strings.ToUpper(path), c.RemoteAddr())})
 		}()
 	}
 }

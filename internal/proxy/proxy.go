@@ -32,6 +32,7 @@ import (
 	"github.com/ntstack/ntstack/internal/ctlapi"
 	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/qos"
+	"github.com/ntstack/ntstack/rdma"
 	"github.com/ntstack/ntstack/socklike"
 )
 
@@ -51,6 +52,10 @@ type Options struct {
 	// Gateway reports the TCP gateway's services for the snapshot (nil:
 	// no gateway).
 	Gateway func() []ctlapi.GatewayStat
+	// RDMA carries legs to and from hosts that ntmon routes over RDMA;
+	// ListenAndServe listens with it on proxy.rdma.listen. nil: no RDMA
+	// path (see OpenRDMA).
+	RDMA rdma.Provider
 }
 
 // Server is a host's ntproxy.
@@ -59,6 +64,7 @@ type Server struct {
 	ctl    Control
 	logf   func(string, ...any)
 	gwStat func() []ctlapi.GatewayStat
+	rdma   rdma.Provider // nil: none
 	appCfg socklike.Config
 	links  map[string]*rackLink // by peer host; fixed after New
 	ctx    context.Context
@@ -90,6 +96,7 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 		ctl:       o.Control,
 		logf:      o.Logf,
 		gwStat:    o.Gateway,
+		rdma:      o.RDMA,
 		links:     map[string]*rackLink{},
 		apps:      map[uint64]*app{},
 		listeners: map[int]*listener{},
@@ -142,7 +149,7 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 
 // ListenAndServe serves applications on cfg's proxy socket, the snapshot
 // API on its admin socket and, if configured, peers' proxies on its TCP
-// fallback address, until Close.
+// fallback address and its RDMA listener, until Close.
 func (s *Server) ListenAndServe() error {
 	if err := os.MkdirAll(s.cfg.StateDir, 0o755); err != nil {
 		return fmt.Errorf("serve: %w", err)
@@ -157,14 +164,27 @@ func (s *Server) ListenAndServe() error {
 		return fmt.Errorf("serve: %w", err)
 	}
 	serve := []func() error{func() error { return s.Serve(apps) }, func() error { return s.ServeAdmin(admin) }}
+	opened := []net.Listener{apps, admin}
+	fail := func(err error) error {
+		for _, ln := range opened {
+			ln.Close()
+		}
+		return fmt.Errorf("serve: %w", err)
+	}
 	if s.cfg.Proxy.Fallback != "" {
 		tcp, err := net.Listen("tcp", s.cfg.Proxy.Fallback)
 		if err != nil {
-			apps.Close()
-			admin.Close()
-			return fmt.Errorf("serve: fallback: %w", err)
+			return fail(fmt.Errorf("fallback: %w", err))
 		}
-		serve = append(serve, func() error { return s.serveFallback(tcp) })
+		opened = append(opened, tcp)
+		serve = append(serve, func() error { return s.serveFallback(tcp, ctlapi.PathTCP) })
+	}
+	if s.rdma != nil && s.cfg.Proxy.RDMA.Listen != "" {
+		rl, err := s.rdma.Listen(s.cfg.Proxy.RDMA.Listen)
+		if err != nil {
+			return fail(fmt.Errorf("rdma: %w", err))
+		}
+		serve = append(serve, func() error { return s.serveFallback(rl, ctlapi.PathRDMA) })
 	}
 	errc := make(chan error, len(serve))
 	for _, f := range serve {

@@ -37,6 +37,13 @@ type rack struct {
 
 func newRack(t *testing.T, acl string, proxyKeys ...string) *rack {
 	t.Helper()
+	return newRackWith(t, nil, acl, proxyKeys...)
+}
+
+// newRackWith is newRack with each Server's Options completed by opts
+// (nil: Logf only).
+func newRackWith(t *testing.T, opts func(cfg *config.Config, o *Options), acl string, proxyKeys ...string) *rack {
+	t.Helper()
 	root := t.TempDir()
 	fabric := filepath.Join("/dev/shm", fmt.Sprintf("ntstack-proxytest-%d-%d", os.Getpid(), rand.Uint32()))
 	t.Cleanup(func() { os.RemoveAll(fabric) })
@@ -66,7 +73,11 @@ link = "ab"
 		cfg *config.Config
 		s   **Server
 	}{{r.ca, &r.a}, {r.cb, &r.b}} {
-		s, err := New(x.cfg, Options{Logf: t.Logf})
+		o := Options{Logf: t.Logf}
+		if opts != nil {
+			opts(x.cfg, &o)
+		}
+		s, err := New(x.cfg, o)
 		require.NoError(t, err)
 		*x.s = s
 		done := make(chan error, 1)
@@ -266,6 +277,11 @@ func TestNettest(t *testing.T) {
 	require.NoError(t, err)
 	defer ln.Close()
 	addr := fmt.Sprintf("b:%d", ln.Addr().(socklike.Addr).Port)
+	conformance(t, ln, func(ctx context.Context) (net.Conn, error) { return client.DialContext(ctx, "tcp", addr) })
+}
+
+// conformance runs nettest.TestConn on pairs of a dial and ln's accept.
+func conformance(t *testing.T, ln net.Listener, dial func(context.Context) (net.Conn, error)) {
 	nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -276,7 +292,7 @@ func TestNettest(t *testing.T) {
 				accepted <- c
 			}
 		}()
-		c1, err := client.DialContext(ctx, "tcp", addr)
+		c1, err := dial(ctx)
 		if err != nil {
 			return nil, nil, nil, err
 		}

@@ -70,6 +70,7 @@ const (
 	ControlPort  = config.DefaultControlPort // ntmon's peer listener (monitor.listen)
 	MetricsPort  = 9470                      // ntmon's metrics (monitor.metrics)
 	FallbackPort = 7480                      // ntproxy's TCP fallback (peers' fallback)
+	RDMAPort     = 7490                      // ntproxy's RDMA listener (proxy.rdma.listen), if the host has a device
 )
 
 // ProxyEnv is the environment variable that tells an application where its
@@ -432,6 +433,7 @@ func plan(spec Spec) (*Rack, error) {
 				Window:     spec.Window,
 				Partitions: spec.Partitions,
 				Fallback:   netip.AddrPortFrom(h.IP, FallbackPort).String(),
+				RDMA:       config.RDMA{Listen: netip.AddrPortFrom(h.IP, RDMAPort).String()},
 			},
 			ACL: spec.ACL[h.Name],
 		}
