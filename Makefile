@@ -4,6 +4,10 @@
 SHELL := /bin/bash
 export PATH := $(PATH):/usr/local/go/bin:$(HOME)/go/bin
 GO ?= go
+# Build tags of bin/: `make build TAGS=verbs` builds ntmon and ntproxy with
+# the RDMA verbs provider (cgo; needs libibverbs-dev, and libibverbs1 where
+# they run).
+TAGS ?=
 
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 FUZZTIME ?= 60s
@@ -24,7 +28,7 @@ deps: ## download the Go modules
 .PHONY: build
 build: deps ## build every package and the binaries into bin/
 	$(GO) build ./...
-	$(GO) build -o bin/ ./cmd/...
+	$(GO) build -tags "$(TAGS)" -o bin/ ./cmd/...
 
 .PHONY: test
 test: deps rackdeps ## vet, unit tier under -race, integration tier (emulated racks), VM tier, short fuzzing

@@ -67,7 +67,9 @@ echo "rdma setup: eth0 $addr, rxe0 port 1 $(cat /sys/class/infiniband/rxe0/ports
 // connects over Soft-RoCE, times round trips and streams rdmaMsgs
 // messages pipelined, checking every echo byte for byte; then a runs
 // nettest.TestConn and b the provider's semantics and handshake tests,
-// each over loopback through its own rxe device.
+// each over loopback through its own rxe device; last, both run ntmon and
+// ntproxy as off-rack hosts of one rack (rdmaguest.TestRDMARack) and an
+// application on b reaches one on a through the proxies over RDMA.
 func TestRDMA(t *testing.T) {
 	l := getVariantLab(t, rdmaLab)
 	portA, portB := freeUDPPort(t), freeUDPPort(t)
@@ -88,12 +90,14 @@ func TestRDMA(t *testing.T) {
 	}
 	start := time.Now()
 	runs := boot(t, l,
-		spec("a", 1, portA, portB, []string{"rdmaguest:TestRDMAExchange", "rdma:TestVerbsNettest"}, "role=server"),
-		spec("b", 2, portB, portA, []string{"rdmaguest:TestRDMAExchange", "rdma:TestVerbsSemantics", "rdma:TestVerbsHandshake"},
+		spec("a", 1, portA, portB, []string{"rdmaguest:TestRDMAExchange", "rdma:TestVerbsNettest", "rdmaguest:TestRDMARack"}, "role=server"),
+		spec("b", 2, portB, portA, []string{"rdmaguest:TestRDMAExchange", "rdma:TestVerbsSemantics", "rdma:TestVerbsHandshake", "rdmaguest:TestRDMARack"},
 			"role=client", fmt.Sprintf("peer=%s1:%d", rdmaNet, rdmaguest.Port), fmt.Sprintf("msgs=%d", rdmaMsgs)))
 	t.Logf("two RDMA guests in %v", time.Since(start).Round(100*time.Millisecond))
-	if want := fmt.Sprintf("pipelined_msgs=%d ", rdmaMsgs); !strings.Contains(runs[1].console, want) {
-		t.Errorf("client console lacks %q", want)
+	for _, want := range []string{fmt.Sprintf("pipelined_msgs=%d ", rdmaMsgs), "rack_route=rdma ", "rack_msgs_over_rdma="} {
+		if !strings.Contains(runs[1].console, want) {
+			t.Errorf("client console lacks %q", want)
+		}
 	}
 }
 

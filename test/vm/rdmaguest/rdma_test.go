@@ -155,7 +155,13 @@ func client(t *testing.T, v *rdma.Verbs, peer string, msgs int) {
 	slices.Sort(rtts)
 	metric("pingpong_64B_round_trips", pings, "p50_ms", ms(rtts[pings/2]), "max_ms", ms(rtts[pings-1]))
 
-	// Pipelined: the writer runs ahead of the echoes, bounded by the rings.
+	pipelined(t, c, msgs, func() error { return c.(rdma.Conn).CloseWrite() })
+}
+
+// pipelined streams msgs messages on c, the writer running ahead of the
+// echoes (bounded by the rings), checks every echo byte for byte, ends
+// its direction with closeWrite and expects the echo's EOF.
+func pipelined(t *testing.T, c net.Conn, msgs int, closeWrite func() error) {
 	t0 := time.Now()
 	werr := make(chan error, 1)
 	total := 0
@@ -169,7 +175,7 @@ func client(t *testing.T, v *rdma.Verbs, peer string, msgs int) {
 				return
 			}
 		}
-		werr <- c.(rdma.Conn).CloseWrite()
+		werr <- closeWrite()
 	}()
 	got := make([]byte, 0, 64<<10)
 	for i := range msgs {
@@ -185,7 +191,7 @@ func client(t *testing.T, v *rdma.Verbs, peer string, msgs int) {
 	if err := <-werr; err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Read(buf); err != io.EOF {
+	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
 		t.Fatalf("after the last echo: %v, want io.EOF", err)
 	}
 	el := time.Since(t0)
