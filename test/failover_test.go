@@ -131,4 +131,6 @@ func TestRackFailover(t *testing.T) {
 	joined := strings.Join(moves, "\n")
 	require.Contains(t, joined, "moved from ntb to tcp")
 	require.Contains(t, joined, "moved from tcp to ntb")
+	// And a's metrics count them: at least one move there and back.
+	require.Regexp(t, `ntstack_proxy_path_switches_total\{host="a"\} [2-9]`, scrape(t, r, "a"))
 }

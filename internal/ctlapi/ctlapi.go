@@ -196,6 +196,9 @@ type Snapshot struct {
 	Listeners []ListenStat  `json:"listeners"`
 	Conns     []ConnStat    `json:"conns"`
 	Gateway   []GatewayStat `json:"gateway,omitempty"`
+	// PathSwitches counts the transport changes of every leg since
+	// ntproxy started (failovers and returns to the NTB).
+	PathSwitches uint64 `json:"path_switches"`
 }
 
 // GatewayStat is one service of ntproxy's TCP gateway: a forward (local

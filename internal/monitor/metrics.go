@@ -27,7 +27,7 @@ type collector struct {
 	linkUp, linkWindow                                    *prometheus.Desc
 	partConns, partTXBytes, partRXBytes, partTX, partRX   *prometheus.Desc
 	connTXBytes, connRXBytes, connTX, connRX              *prometheus.Desc
-	connQueue, connDrops                                  *prometheus.Desc
+	connQueue, connDrops, connSwitches, pathSwitches      *prometheus.Desc
 	gwActive, gwTotal, gwFailed, gwIn, gwOut, gwRedirects *prometheus.Desc
 }
 
@@ -60,6 +60,8 @@ func newCollector(m *Monitor) *collector {
 		connRX:       d("conn", "rx_messages_total", "Messages received on the connection.", conn...),
 		connQueue:    d("conn", "queue_bytes", "Bytes buffered for the connection in ntproxy.", conn...),
 		connDrops:    d("conn", "drops_total", "Bytes dropped on the connection: always 0, ntstack never drops.", conn...),
+		connSwitches: d("conn", "path_switches_total", "Transport changes of the connection (failover to RDMA or TCP, back to the NTB).", conn...),
+		pathSwitches: d("proxy", "path_switches_total", "Transport changes of every connection since ntproxy started.", "host"),
 		gwActive:     d("gateway", "conns", "Connections the TCP gateway service carries now.", gw...),
 		gwTotal:      d("gateway", "conns_total", "Connections the TCP gateway service accepted.", gw...),
 		gwFailed:     d("gateway", "failed_total", "Accepted connections whose other side could not be reached.", gw...),
@@ -74,7 +76,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.info, c.peerUp, c.peerLastSeen, c.proxyUp, c.listening, c.linkUp, c.linkWindow,
 		c.partConns, c.partTXBytes, c.partRXBytes, c.partTX, c.partRX,
-		c.connTXBytes, c.connRXBytes, c.connTX, c.connRX, c.connQueue, c.connDrops,
+		c.connTXBytes, c.connRXBytes, c.connTX, c.connRX, c.connQueue, c.connDrops, c.connSwitches, c.pathSwitches,
 		c.gwActive, c.gwTotal, c.gwFailed, c.gwIn, c.gwOut, c.gwRedirects,
 	} {
 		ch <- d
@@ -131,7 +133,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		emit(c.connRX, prometheus.CounterValue, float64(cs.MsgsRX), lv...)
 		emit(c.connQueue, prometheus.GaugeValue, float64(cs.QueueDepth), lv...)
 		emit(c.connDrops, prometheus.CounterValue, float64(cs.Drops), lv...)
+		emit(c.connSwitches, prometheus.CounterValue, float64(cs.Switches), lv...)
 	}
+	emit(c.pathSwitches, prometheus.CounterValue, float64(snap.PathSwitches), m.cfg.Host)
 	for _, g := range snap.Gateway {
 		lv := []string{g.Kind, g.Listen, g.To}
 		emit(c.gwActive, prometheus.GaugeValue, float64(g.Active), lv...)

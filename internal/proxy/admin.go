@@ -13,7 +13,7 @@ import (
 // Snapshot returns the proxy's live state: links with per-partition
 // totals, applications, listeners and connections with their paths.
 func (s *Server) Snapshot() ctlapi.Snapshot {
-	snap := ctlapi.Snapshot{Host: s.cfg.Host, Apps: s.appStats()}
+	snap := ctlapi.Snapshot{Host: s.cfg.Host, Apps: s.appStats(), PathSwitches: s.pathSwitches.Load()}
 	if s.gwStat != nil {
 		snap.Gateway = s.gwStat()
 	}

@@ -663,6 +663,7 @@ func (l *leg) install(c net.Conn, path string, peerRx uint64) error {
 	l.pc.path = path
 	l.down = time.Time{}
 	l.switches++
+	l.s.pathSwitches.Add(1)
 	l.lastPause = pause
 	l.cond.Broadcast()
 	l.mu.Unlock()

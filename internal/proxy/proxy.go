@@ -71,6 +71,8 @@ type Server struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	nextID atomic.Uint64
+	// pathSwitches counts legs' transport changes.
+	pathSwitches atomic.Uint64
 
 	mu sync.Mutex
 	// mu protects the following fields.

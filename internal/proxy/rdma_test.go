@@ -133,6 +133,7 @@ func TestFailoverRDMA(t *testing.T) {
 	}
 	require.NoError(t, <-written)
 	require.True(t, sawRDMA, "the connection moved to RDMA while the link was down")
+	require.GreaterOrEqual(t, r.a.Snapshot().PathSwitches, uint64(2), "to RDMA and back, counted")
 	require.Equal(t, int64(total), n)
 	require.Equal(t, sum.Sum(nil), got.Sum(nil), "every byte, in order, once")
 }
