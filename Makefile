@@ -34,7 +34,7 @@ build: deps ## build every package and the binaries into bin/
 test: deps rackdeps ## vet, unit tier under -race, integration tier (emulated racks), VM tier, short fuzzing
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 10m $(UNIT_PKGS)
-	$(GO) test -count=1 -timeout 10m ./test/...
+	NTSTACK_DAEMON_TAGS=verbs $(GO) test -count=1 -timeout 10m ./test/...
 	$(MAKE) --no-print-directory vmtest
 	$(MAKE) --no-print-directory fuzz FUZZTIME=$(SHORT_FUZZTIME)
 
@@ -53,8 +53,10 @@ APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q 
 # The integration tier's Debian packages: iproute2's ip for the emulated
 # rack (internal/rack, test/, make demo); unmodified servers and load
 # generators for the TCP gateway tests (redis-server, redis-benchmark,
-# nginx, wrk); tshark to open packet captures. None starts a service.
-RACK_DEBS := iproute2 redis-server redis-tools nginx-light wrk tshark
+# nginx, wrk); tshark to open packet captures; libibverbs-dev so that the
+# racks' daemons are built with the verbs provider, as on an RDMA host (on
+# these machines it finds no device and says so). None starts a service.
+RACK_DEBS := iproute2 redis-server redis-tools nginx-light wrk tshark libibverbs-dev
 .PHONY: rackdeps
 rackdeps:
 	@missing=$$(for p in $(RACK_DEBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \

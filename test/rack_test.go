@@ -33,6 +33,10 @@ var (
 	binErr  error
 )
 
+// daemonTagsEnv holds build tags for the daemons: make test builds them
+// with "verbs", as an RDMA host would run them.
+const daemonTagsEnv = "NTSTACK_DAEMON_TAGS"
+
 // daemons builds ntmon and ntproxy once per test binary.
 func daemons(t *testing.T) string {
 	t.Helper()
@@ -41,7 +45,7 @@ func daemons(t *testing.T) string {
 		if binErr != nil {
 			return
 		}
-		out, err := exec.Command("go", "build", "-o", binDir+"/", "../cmd/ntmon", "../cmd/ntproxy").CombinedOutput()
+		out, err := exec.Command("go", "build", "-tags", os.Getenv(daemonTagsEnv), "-o", binDir+"/", "../cmd/ntmon", "../cmd/ntproxy").CombinedOutput()
 		if err != nil {
 			binErr = fmt.Errorf("build daemons: %v\n%s", err, out)
 		}
