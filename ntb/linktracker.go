@@ -13,6 +13,7 @@ import (
 type LinkTracker struct {
 	state  atomic.Int32
 	seq    atomic.Uint64
+	why    atomic.Pointer[string]
 	events chan LinkEvent
 }
 
@@ -28,6 +29,15 @@ func NewLinkTracker() *LinkTracker {
 // Link is the current state.
 func (t *LinkTracker) Link() LinkState { return LinkState(t.state.Load()) }
 
+// Reason is why the link entered its current state ("" before the first
+// Set).
+func (t *LinkTracker) Reason() string {
+	if p := t.why.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
 // Events is the channel a backend returns from LinkEvents.
 func (t *LinkTracker) Events() <-chan LinkEvent { return t.events }
 
@@ -38,6 +48,7 @@ func (t *LinkTracker) Seq() uint64 { return t.seq.Load() }
 // event is dropped.
 func (t *LinkTracker) Set(s LinkState, why string, at time.Time) {
 	t.state.Store(int32(s))
+	t.why.Store(&why)
 	t.seq.Add(1)
 	ev := LinkEvent{State: s, Reason: why, Time: at}
 	select {

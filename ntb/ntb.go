@@ -118,6 +118,9 @@ type Device interface {
 
 	// Link is the current link state.
 	Link() LinkState
+	// LinkReason says why the link entered its current state, for logs
+	// and errors ("peer heartbeat silent for 300ms").
+	LinkReason() string
 	// LinkEvents delivers link state changes. The channel is buffered and
 	// closed on Close; a slow reader misses intermediate events but always
 	// sees the latest state through Link.

@@ -177,7 +177,7 @@ func (l *Link) runSession() {
 		l.dev.ClearDoorbells(sessionBit)
 		up := l.dev.Link() == ntb.LinkUp
 		if !up {
-			end(fmt.Errorf("link down: %w", ErrSessionEnded))
+			end(fmt.Errorf("link down (%s): %w", l.dev.LinkReason(), ErrSessionEnded))
 			nonce, epoch, lastHello = 0, 0, 0
 		} else if leader {
 			if s != nil && s.Err() != nil { // failed from above: make the follower start over

@@ -76,10 +76,11 @@ func TestHandshake(t *testing.T) {
 	}
 
 	// Link down ends it; link up brings a new one.
-	da.SetLink(ntb.LinkDown, "test")
+	da.SetLink(ntb.LinkDown, "cable pulled")
 	<-a.Done()
 	<-b.Done()
 	require.ErrorIs(t, a.Err(), ErrSessionEnded)
+	require.ErrorContains(t, a.Err(), "link down (cable pulled)", "the device's reason is passed on")
 	da.SetLink(ntb.LinkUp, "test")
 	a, b = sa.next(t), sb.next(t)
 	exchange(t, a, b)

@@ -34,6 +34,7 @@ type Device struct {
 	mask    uint64
 	spads   [scratchpadRegs]uint32
 	link    ntb.LinkState
+	reason  string // why link is what it is
 	closed  bool
 	notify  chan struct{} // closed and replaced on every change waiters care about
 
@@ -167,6 +168,12 @@ func (d *Device) Link() ntb.LinkState {
 	return d.link
 }
 
+func (d *Device) LinkReason() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.reason
+}
+
 func (d *Device) LinkEvents() <-chan ntb.LinkEvent { return d.events }
 
 // SetLink changes the link state on both ends, as a cable pull or a
@@ -182,7 +189,7 @@ func (d *Device) setLink(s ntb.LinkState, reason string) {
 	if d.closed || d.link == s {
 		return
 	}
-	d.link = s
+	d.link, d.reason = s, reason
 	d.changedLocked()
 	select {
 	case d.events <- ntb.LinkEvent{State: s, Reason: reason, Time: time.Now()}:

@@ -445,6 +445,9 @@ func (d *Device) SetPeerScratchpad(i int, v uint32) error {
 
 func (d *Device) Link() ntb.LinkState { return d.links.Link() }
 
+// LinkReason says why the link entered its current state.
+func (d *Device) LinkReason() string { return d.links.Reason() }
+
 func (d *Device) LinkEvents() <-chan ntb.LinkEvent { return d.links.Events() }
 
 // ForceLinkDown is fault injection, a cable pull: both ends report the
