@@ -401,6 +401,9 @@ import (
 	"time"
 )
 
+// VerbsBuilt reports whether this build has the verbs provider.
+const VerbsBuilt = true
+
 const (
 	sysInfiniband = "/sys/class/infiniband"
 	// poolMax rings pairs are kept registered for later connections.

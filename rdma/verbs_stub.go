@@ -11,6 +11,9 @@ import (
 // errNoVerbs is what the verbs provider says in a build without it.
 var errNoVerbs = fmt.Errorf("verbs provider: built without the verbs tag (build with -tags verbs, cgo enabled and libibverbs-dev installed, on Linux): %w", ErrNotSupported)
 
+// VerbsBuilt reports whether this build has the verbs provider.
+const VerbsBuilt = false
+
 // device stands in for the verbs device of verbs_cgo.go.
 type device struct{}
 

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/ntstack/ntstack/internal/config"
+	"github.com/ntstack/ntstack/rdma"
 )
 
 // checkIOMMU: VFIO needs an IOMMU (groups under /sys/kernel/iommu_groups),
@@ -394,7 +395,7 @@ func (h *host) checkCgroup2() Result {
 		return r
 	}
 	r.Status = Warn
-	r.Detail = "no cgroup2 hierarchy (no cgroup.controllers in /sys/fs/cgroup or /sys/fs/cgroup/unified)\nntstack does not need it yet; the planned eBPF socket redirect attaches to one"
+	r.Detail = "no cgroup2 hierarchy (no cgroup.controllers in /sys/fs/cgroup or /sys/fs/cgroup/unified)\nonly the TCP gateway's eBPF redirect (gateway.redirect_cgroup) needs it"
 	r.Fix = "boot with systemd.unified_cgroup_hierarchy=1, or mount -t cgroup2 none /sys/fs/cgroup/unified"
 	return r
 }
@@ -405,7 +406,7 @@ func (h *host) checkBPF() Result {
 	v, err := readString(h.path("/proc/sys/kernel/unprivileged_bpf_disabled"))
 	if errors.Is(err, fs.ErrNotExist) {
 		r.Status = Warn
-		r.Detail = "no /proc/sys/kernel/unprivileged_bpf_disabled: kernel without the bpf syscall (CONFIG_BPF_SYSCALL)?\nntstack does not need it yet; the planned eBPF socket redirect does"
+		r.Detail = "no /proc/sys/kernel/unprivileged_bpf_disabled: kernel without the bpf syscall (CONFIG_BPF_SYSCALL)?\nonly the TCP gateway's eBPF redirect (gateway.redirect_cgroup) needs it"
 		r.Fix = "use a kernel built with CONFIG_BPF_SYSCALL=y and CONFIG_CGROUP_BPF=y"
 		return r
 	}
@@ -428,6 +429,60 @@ func (h *host) checkBPF() Result {
 	} else {
 		r.Detail += "; no bpffs at /sys/fs/bpf (needed only to pin programs: mount -t bpf bpf /sys/fs/bpf)"
 	}
+	return r
+}
+
+// checkRDMA reports the RDMA devices (for the off-rack path) and whether
+// this build and the configuration can use them.
+func (h *host) checkRDMA() Result {
+	r := Result{Name: "rdma"}
+	listen := ""
+	if h.opts.Config != nil {
+		listen = h.opts.Config.Proxy.RDMA.Listen
+	}
+	ents, _ := os.ReadDir(h.path("/sys/class/infiniband"))
+	if len(ents) == 0 {
+		r.Detail = "no RDMA device in /sys/class/infiniband: off-rack hosts are reached over TCP"
+		if listen == "" {
+			r.Status = Skip
+			return r
+		}
+		r.Status = Warn
+		r.Detail += fmt.Sprintf("\nproxy.rdma.listen is %s, but ntmon will tell its peers this host has no RDMA", listen)
+		r.Fix = "load the NIC's RDMA driver (mlx5_ib, irdma, ...); for Soft-RoCE: modprobe rdma_rxe && rdma link add rxe0 type rxe netdev <if>"
+		return r
+	}
+	var devs []string
+	active := false
+	for _, e := range ents {
+		ports, _ := os.ReadDir(h.path("/sys/class/infiniband/" + e.Name() + "/ports"))
+		for _, p := range ports {
+			state, _ := readString(h.path("/sys/class/infiniband/" + e.Name() + "/ports/" + p.Name() + "/state"))
+			_, name, ok := strings.Cut(state, ": ") // "4: ACTIVE"
+			if !ok {
+				name = state
+			}
+			active = active || name == "ACTIVE"
+			devs = append(devs, fmt.Sprintf("%s port %s %s", e.Name(), p.Name(), name))
+		}
+	}
+	r.Detail = "RDMA: " + strings.Join(devs, ", ")
+	var fixes []string
+	if !active {
+		fixes = append(fixes, "no port is ACTIVE: check the link (ip link; for Soft-RoCE the netdev must be up)")
+	}
+	if !rdma.VerbsBuilt {
+		fixes = append(fixes, "this build lacks the verbs provider: make build TAGS=verbs (cgo, libibverbs-dev)")
+	}
+	if listen == "" {
+		fixes = append(fixes, "set [proxy.rdma] listen (and device) in the host configuration to offer the RDMA path")
+	}
+	if len(fixes) > 0 {
+		r.Status, r.Fix = Warn, strings.Join(fixes, "\n")
+		return r
+	}
+	r.Status = Pass
+	r.Detail += "; ntproxy takes RDMA connections on " + listen
 	return r
 }
 

@@ -2,8 +2,8 @@
 // IOMMU and VFIO, NTB and ivshmem devices and their driver binding,
 // hugepages, the emulated fabric's shared-memory filesystem, the live
 // state of the configured peers and links (through ntmon's local API),
-// CPUs against partition workers, the clock source, timer slack, cgroup2
-// and BPF. `ntmon doctor` is its command line.
+// CPUs against partition workers, the clock source, timer slack, cgroup2,
+// BPF and RDMA devices. `ntmon doctor` is its command line.
 //
 // Every check only reads: files under Options.Root (so that tests point
 // /sys, /proc and /dev at a temporary tree), one statfs, and one GET of
@@ -103,6 +103,7 @@ func Run(ctx context.Context, o Options) []Result {
 	rs = append(rs, h.checkTimerSlack())
 	rs = append(rs, h.checkCgroup2())
 	rs = append(rs, h.checkBPF())
+	rs = append(rs, h.checkRDMA())
 	return rs
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/config"
 	"github.com/ntstack/ntstack/internal/ctlapi"
+	"github.com/ntstack/ntstack/rdma"
 )
 
 // fakeRoot is a fake /sys, /proc and /dev under a temporary directory.
@@ -142,6 +143,7 @@ func TestMachineLikeThisOne(t *testing.T) {
 	want := map[string]Status{
 		"iommu": Warn, "vfio": Warn, "devices": Skip, "hugepages": Warn, "fabric": Pass,
 		"links": Skip, "cpus": Pass, "clocksource": Pass, "timer slack": Pass, "cgroup2": Pass, "bpf": Pass,
+		"rdma": Skip,
 	}
 	got := map[string]Status{}
 	for n, r := range m {
@@ -157,7 +159,39 @@ func TestMachineLikeThisOne(t *testing.T) {
 	require.Contains(t, m["fabric"].Detail, "on /dev/shm (tmpfs)")
 	require.Contains(t, m["cpus"].Detail, "2 CPUs (affinity 0-1)")
 	require.False(t, Failed(rs))
-	require.Equal(t, "6 passed, 3 warnings, 0 failed, 2 skipped", Summary(rs))
+	require.Equal(t, "6 passed, 3 warnings, 0 failed, 3 skipped", Summary(rs))
+}
+
+// The RDMA check: no device, a device whose port is down, and one that
+// is usable — which also needs the verbs build and [proxy.rdma].
+func TestRDMA(t *testing.T) {
+	cfg, err := config.Parse([]byte("host = \"a\"\n[proxy.rdma]\nlisten = \"192.0.2.1:7490\"\n"))
+	require.NoError(t, err)
+	f := machineLike(t)
+	r := byName(t, Run(context.Background(), Options{Root: f.root, Config: cfg}))["rdma"]
+	require.Equal(t, Warn, r.Status)
+	require.Contains(t, r.Detail, "proxy.rdma.listen is 192.0.2.1:7490, but ntmon will tell its peers this host has no RDMA")
+	require.Contains(t, r.Fix, "modprobe rdma_rxe")
+
+	f.write("/sys/class/infiniband/rxe0/ports/1/state", "1: DOWN\n")
+	r = byName(t, Run(context.Background(), Options{Root: f.root, Config: cfg}))["rdma"]
+	require.Equal(t, Warn, r.Status)
+	require.Equal(t, "RDMA: rxe0 port 1 DOWN", r.Detail)
+	require.Contains(t, r.Fix, "no port is ACTIVE")
+
+	f.write("/sys/class/infiniband/rxe0/ports/1/state", "4: ACTIVE\n")
+	r = byName(t, Run(context.Background(), Options{Root: f.root, Config: cfg}))["rdma"]
+	if rdma.VerbsBuilt {
+		require.Equal(t, Pass, r.Status)
+		require.Equal(t, "RDMA: rxe0 port 1 ACTIVE; ntproxy takes RDMA connections on 192.0.2.1:7490", r.Detail)
+	} else {
+		require.Equal(t, Warn, r.Status)
+		require.Equal(t, "this build lacks the verbs provider: make build TAGS=verbs (cgo, libibverbs-dev)", r.Fix)
+	}
+	// Without [proxy.rdma] the device goes unused, and the fix says so.
+	r = byName(t, Run(context.Background(), Options{Root: f.root}))["rdma"]
+	require.Equal(t, Warn, r.Status)
+	require.Contains(t, r.Fix, "set [proxy.rdma] listen")
 }
 
 func TestIvshmemBoundToVFIO(t *testing.T) {
@@ -362,7 +396,7 @@ func TestLinksPeerDown(t *testing.T) {
 	require.NoError(t, Write(&out, rs))
 	require.Contains(t, out.String(), "peer b         FAIL    peer b down")
 	require.Contains(t, out.String(), "\n                       fix: check ntmon on b")
-	require.True(t, strings.HasSuffix(out.String(), "2 failed, 1 skipped\n"), out.String())
+	require.True(t, strings.HasSuffix(out.String(), "2 failed, 2 skipped\n"), out.String())
 }
 
 func TestLinksProxyDown(t *testing.T) {
