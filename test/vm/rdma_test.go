@@ -94,7 +94,7 @@ func TestRDMA(t *testing.T) {
 		spec("b", 2, portB, portA, []string{"rdmaguest:TestRDMAExchange", "rdma:TestVerbsSemantics", "rdma:TestVerbsHandshake", "rdmaguest:TestRDMARack"},
 			"role=client", fmt.Sprintf("peer=%s1:%d", rdmaNet, rdmaguest.Port), fmt.Sprintf("msgs=%d", rdmaMsgs)))
 	t.Logf("two RDMA guests in %v", time.Since(start).Round(100*time.Millisecond))
-	for _, want := range []string{fmt.Sprintf("pipelined_msgs=%d ", rdmaMsgs), "rack_route=rdma ", "rack_msgs_over_rdma="} {
+	for _, want := range []string{fmt.Sprintf("pipelined_msgs=%d ", rdmaMsgs), "rack_route=rdma ", "rack_msgs_over_rdma=", "doctor_rdma=pass "} {
 		if !strings.Contains(runs[1].console, want) {
 			t.Errorf("client console lacks %q", want)
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/config"
 	"github.com/ntstack/ntstack/internal/ctlapi"
+	"github.com/ntstack/ntstack/internal/doctor"
 	"github.com/ntstack/ntstack/internal/monitor"
 	"github.com/ntstack/ntstack/internal/proxy"
 	"github.com/ntstack/ntstack/socklike"
@@ -63,6 +64,15 @@ fallback = "%s:7480"
 `, host, host[0], filepath.Join(os.TempDir(), "ntstack-"+host), self, self, self, peer, peerIP, peer[0], peerIP)))
 	if err != nil {
 		t.Fatal(err)
+	}
+	// ntmon doctor's RDMA check, against a real device.
+	for _, r := range doctor.Run(context.Background(), doctor.Options{Config: cfg}) {
+		if r.Name == "rdma" {
+			metric("doctor_rdma", r.Status, "detail", fmt.Sprintf("%q", r.Detail))
+			if r.Status != doctor.Pass {
+				t.Errorf("doctor: rdma %s: %s (fix: %s)", r.Status, r.Detail, r.Fix)
+			}
+		}
 	}
 	m, s := startDaemons(t, cfg)
 	app, err := socklike.AttachProxy(cfg.Path(config.ProxySocket), socklike.Config{})
