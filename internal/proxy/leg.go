@@ -764,6 +764,13 @@ func (l *leg) install(c net.Conn, path string, peerRx uint64) error {
 		return err
 	}
 	l.finSent = false // a FIN is sent again: it may have been lost with the old transport
+	// So is the last acknowledgement. Lost with the old transport, it
+	// would not be repeated until another legAckEvery bytes were
+	// delivered — and with both directions' buffers full and each
+	// application waiting on the other (an echo), that never happens.
+	if l.ackWanted > 0 {
+		l.ackSent = 0
+	}
 	l.sent = peerRx
 	l.cur, l.path = c, path
 	l.gen++
