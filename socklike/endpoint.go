@@ -177,6 +177,7 @@ type Endpoint struct {
 	handoffs    atomic.Uint64 // wake-ups of parked goroutines, for spinners
 	active      atomic.Int32  // goroutines spin-polling
 	parked      atomic.Int32  // goroutines parked, waiting for the poller
+	accepting   atomic.Int32  // goroutines in Accept: the poller arms once calls stop (see idleGrace)
 	calls       atomic.Uint64 // Read and Write calls: the poller stays off while they come
 	kick        chan struct{} // wakes the poller when it waits for work
 

@@ -92,9 +92,9 @@ func (ln *Listener) AcceptConn() (*Conn, error) {
 		return c, nil
 	default:
 	}
-	ln.ep.parked.Add(1) // the poller must watch the ring for OPEN frames
+	ln.ep.accepting.Add(1) // the poller must watch the ring for OPEN frames
 	ln.ep.kickPoller()
-	defer ln.ep.parked.Add(-1)
+	defer ln.ep.accepting.Add(-1)
 	select {
 	case c := <-ln.acceptq:
 		return c, nil

@@ -353,6 +353,15 @@ func (st *state) drainLocked(p *partition.Partition) {
 // connection not being read). A parked caller arms it at once. Arming while
 // callers come and go between round trips would make every message ring a
 // doorbell.
+//
+// A pending Accept is such a frame nobody waits for while calls come (the
+// callers' polls take OPEN frames off the rings too), and arms the doorbell
+// only once they stop. Counted as a parked caller, it made every endpoint
+// with a listener — each of ntproxy's memory links and rack links, any
+// server — ring a doorbell for nearly every record it received: a futex
+// wake-up at the sender and a poller thread woken at the receiver (a
+// proxied 64 KiB stream ran at 0.5-0.6 GB/s with that, 0.8-1.0 without, on
+// the 2-vCPU VM before the proxy's copies were cut).
 const idleGrace = 2 * time.Millisecond
 
 // runPoller keeps loose frames moving and rebalances units; in CoreInline
@@ -407,7 +416,7 @@ func (st *state) runPoller() {
 				pause(idleGrace)
 				continue
 			}
-			if ep.parked.Load() == 0 {
+			if ep.parked.Load() == 0 && ep.accepting.Load() == 0 {
 				if idleSince.IsZero() {
 					idleSince = time.Now()
 				}

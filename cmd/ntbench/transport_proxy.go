@@ -62,8 +62,9 @@ func dialProxy(direct bool) func(o *options, addr string) (net.Conn, error) {
 
 // Environment of a proxy daemon child.
 const (
-	proxydEnv    = "NTBENCH_PROXYD"     // its configuration file
-	proxydCPUEnv = "NTBENCH_PROXYD_CPU" // the CPU to pin it to, or -1
+	proxydEnv     = "NTBENCH_PROXYD"         // its configuration file
+	proxydCPUEnv  = "NTBENCH_PROXYD_CPU"     // the CPU to pin it to, or -1
+	proxydProfEnv = "NTBENCH_PROXYD_PROFILE" // its CPU profile, if set
 )
 
 // appConfig is socklike's configuration for an application's memory link:
@@ -140,6 +141,9 @@ func listenProxy(o *options) (_ net.Listener, _ string, err error) {
 		}
 		cmd := exec.Command(os.Args[0])
 		cmd.Env = append(os.Environ(), proxydEnv+"="+path, proxydCPUEnv+"="+strconv.Itoa([]int{cpuA, cpuB}[i]))
+		if o.cpuprofile != "" {
+			cmd.Env = append(cmd.Env, proxydProfEnv+"="+o.cpuprofile+".proxy-"+host)
+		}
 		cmd.Stderr = os.Stderr
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := cmd.Start(); err != nil {
@@ -242,6 +246,14 @@ func runProxyd(cfgPath string) int {
 			fmt.Fprintf(os.Stderr, "ntbench proxyd: %v\n", err)
 			return 1
 		}
+	}
+	if path := os.Getenv(proxydProfEnv); path != "" {
+		stop, err := startProfile(path)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "ntbench proxyd: %v\n", err)
+			return 1
+		}
+		defer stop()
 	}
 	cfg, err := config.Load(cfgPath)
 	if err != nil {

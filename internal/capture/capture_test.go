@@ -186,6 +186,23 @@ func TestNotLeg(t *testing.T) {
 	}
 }
 
+// TestLegHeaderApart: a data frame's header written apart from its payload
+// (a leg frame of more than 8 KiB) decodes as a leg header, whole.
+func TestLegHeaderApart(t *testing.T) {
+	p := le(byte(LegData), uint64(1<<20), uint32(64<<10))
+	b, err := AppendPacket(nil, &Record{Kind: socklike.FrameData, Leg: true, Length: len(p), Payload: p})
+	require.NoError(t, err)
+	pkt := gopacket.NewPacket(b, LinkType, gopacket.Default)
+	require.Nil(t, pkt.ErrorLayer())
+	require.False(t, pkt.Metadata().Truncated)
+	leg, ok := pkt.Layer(LayerTypeNTStackLeg).(*NTStackLeg)
+	require.True(t, ok, "no leg layer")
+	require.Equal(t, uint8(LegData), leg.Type)
+	require.Equal(t, uint64(1<<20), leg.Seq)
+	require.Equal(t, uint32(64<<10), leg.Len)
+	require.Empty(t, leg.Payload)
+}
+
 // tsharkFields runs tshark with the dissector on file and returns its
 // field lines. tshark comes with `make rackdeps`; CI has it.
 func tsharkFields(t *testing.T, file string, fields ...string) []string {

@@ -173,12 +173,15 @@ func AppendPacket(b []byte, r *Record) ([]byte, error) {
 //	  9     4  len     payload length (data; 0 otherwise), at most LegMaxPayload
 //	 13        payload
 //
-// A leg frame is one write, and a DATA frame on a proxy link holds up to a
-// full leg frame, so DATA frames and leg frames coincide — except when the
-// peer's credit cuts a frame in two, and for the connection's first bytes
-// (the proxies' JSON handshake). So a DATA payload is read as a leg frame
-// only if its header is well formed and accounts for exactly the frame's
-// length; otherwise it stays plain payload.
+// A leg frame with up to 8 KiB of payload is one write, one with more is
+// two: its header alone, then the payload, straight from the proxy's
+// buffer. A DATA frame on a proxy link holds up to a full leg frame, so
+// DATA frames and leg frames (or a data frame's header) coincide — except
+// when the peer's credit cuts a write in two, and for the connection's
+// first bytes (the proxies' JSON handshake). So a DATA payload is read as
+// a leg frame only if its header is well formed and accounts for exactly
+// the frame's length, or is a data frame's header alone (its payload is
+// the next DATA frame's, plain payload); otherwise it stays plain payload.
 const (
 	legOffType = 0
 	legOffSeq  = 1
@@ -195,7 +198,8 @@ const (
 )
 
 // isLegFrame reports whether a DATA payload whose first bytes are p and
-// whose length in the ring is length is exactly one leg frame.
+// whose length in the ring is length is exactly one leg frame, or a data
+// frame's header written apart from its payload.
 func isLegFrame(p []byte, length uint32) bool {
 	if len(p) < LegHeaderLen {
 		return false
@@ -207,5 +211,5 @@ func isLegFrame(p []byte, length uint32) bool {
 	case n > LegMaxPayload || (typ != LegData && n != 0):
 		return false
 	}
-	return uint64(LegHeaderLen)+uint64(n) == uint64(length)
+	return uint64(LegHeaderLen)+uint64(n) == uint64(length) || (length == LegHeaderLen && typ == LegData)
 }

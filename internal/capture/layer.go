@@ -222,7 +222,8 @@ func (l *NTStackLeg) NextLayerType() gopacket.LayerType {
 }
 
 // DecodeFromBytes decodes a leg header; the payload is what follows, up to
-// Len bytes (fewer in a snapped capture).
+// Len bytes (fewer in a snapped capture; none for a data frame's header
+// written apart from its payload).
 func (l *NTStackLeg) DecodeFromBytes(data []byte, df gopacket.DecodeFeedback) error {
 	*l = NTStackLeg{}
 	if len(data) < LegHeaderLen {
@@ -235,7 +236,7 @@ func (l *NTStackLeg) DecodeFromBytes(data []byte, df gopacket.DecodeFeedback) er
 	rest := data[LegHeaderLen:]
 	if uint64(len(rest)) > uint64(l.Len) {
 		rest = rest[:l.Len]
-	} else if uint64(len(rest)) < uint64(l.Len) {
+	} else if uint64(len(rest)) < uint64(l.Len) && len(rest) > 0 {
 		df.SetTruncated()
 	}
 	l.Contents, l.Payload = data[:LegHeaderLen], rest

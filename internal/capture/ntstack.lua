@@ -68,13 +68,14 @@ local function printable(tvb, off, n)
 	return (s:gsub("[^\32-\126]", "."))
 end
 
--- isleg: the DATA payload is exactly one well-formed leg frame.
+-- isleg: the DATA payload is exactly one well-formed leg frame, or a data
+-- frame's header written apart from its payload (more than 8 KiB of it).
 local function isleg(tvb, off, avail, length)
 	if avail < LEG_HDR then return false end
 	local typ = tvb(off, 1):uint()
 	local n = tvb(off + 9, 4):le_uint()
 	if typ < 1 or typ > 4 or n > LEG_MAX or (typ ~= 1 and n ~= 0) then return false end
-	return LEG_HDR + n == length
+	return LEG_HDR + n == length or (length == LEG_HDR and typ == 1)
 end
 
 function p.dissector(tvb, pinfo, tree)

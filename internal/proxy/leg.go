@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -40,6 +39,17 @@ import (
 // Memory: at most legMaxUnacked bytes wait for an acknowledgement per
 // direction; a writer beyond that waits (back-pressure, nothing dropped).
 // The receiver acknowledges every legAckEvery bytes and at a FIN.
+//
+// Copies: both queues are byteRings. The pump reads the application's
+// bytes straight into the unacknowledged ring and the sender writes them
+// from there onto the transport; the receiver reads a payload straight
+// into the received ring and the deliverer writes it from there to the
+// application: one copy in and one out at each proxy, as a ring-to-ring
+// splice would take, and nothing moves when bytes are acknowledged or
+// delivered. A frame with more than legInline bytes of payload goes out
+// as two writes, header and payload, so that the payload is not copied
+// into a frame first; the receiver stages headers and small frames in a
+// buffer of legStage bytes and reads larger payloads past it.
 const (
 	legData  byte = 1
 	legAck   byte = 2
@@ -48,8 +58,14 @@ const (
 
 	legHdr        = 13
 	legMaxPayload = 64 << 10
-	legMaxUnacked = 8 << 20
+	legMaxUnacked = 8 << 20 // a power of two: the size of a full byteRing
 	legAckEvery   = 256 << 10
+	legInline     = 8 << 10 // larger payloads are not copied into a frame
+	legStage      = legHdr + legInline
+	// legIOMax bounds one read from and one write to the application: the
+	// deliverer acknowledges after each write, so one must stay well below
+	// legMaxUnacked for the sender to keep going meanwhile.
+	legIOMax = legAckEvery
 
 	// resumePort is the port of every rack link on which proxies take
 	// resumed legs.
@@ -79,13 +95,14 @@ type leg struct {
 	// (it never blocks, so the peer's frames — acknowledgements too —
 	// always flow); runDeliver writes the queue to the application.
 	dcond       *sync.Cond
-	rxq         []byte // received, not yet delivered (≤ the peer's legMaxUnacked)
-	rxSeq       uint64 // bytes received
-	rxDelivered uint64 // bytes written to the application
-	rxAcked     uint64 // rxDelivered last acknowledged
-	finAt       int64  // the peer's stream length once its FIN came, else -1
-	finDone     bool   // the FIN is passed on to the application
+	rx          byteRing // received, not yet delivered: rxDelivered..rxSeq (≤ the peer's legMaxUnacked)
+	rxSeq       uint64   // bytes received
+	rxDelivered uint64   // bytes written to the application
+	rxAcked     uint64   // rxDelivered last acknowledged
+	finAt       int64    // the peer's stream length once its FIN came, else -1
+	finDone     bool     // the FIN is passed on to the application
 	dclosed     bool
+	rxBusy      bool // a receive loop reads into rx's free room (outside dmu)
 
 	mu sync.Mutex
 	// mu protects the following fields.
@@ -93,12 +110,11 @@ type leg struct {
 	cur       net.Conn   // nil between transports
 	ackWanted uint64     // acknowledge this much (runSend sends it)
 	ackSent   uint64
-	path      string // cur's path: ctlapi.PathNTB or PathTCP
-	gen       uint64 // bumped at every transport change
-	txBase    uint64 // number of unacked[0]
-	unacked   []byte
-	sent      uint64 // bytes written on cur (≥ txBase)
-	finQueued bool   // the application finished writing at txBase+len(unacked)
+	path      string   // cur's path: ctlapi.PathNTB or PathTCP
+	gen       uint64   // bumped at every transport change
+	tx        byteRing // the application's bytes not yet acknowledged, from tx.base
+	sent      uint64   // bytes written on cur (≥ tx.base)
+	finQueued bool     // the application finished writing at tx.end()
 	finSent   bool
 	closed    bool
 	down      time.Time // when the current outage began
@@ -108,7 +124,8 @@ type leg struct {
 
 // newLeg starts a leg over its first transport c.
 func (s *Server) newLeg(pc *pconn, app net.Conn, peer config.Peer, key legKey, dialer bool, c net.Conn, path string) *leg {
-	l := &leg{s: s, pc: pc, app: app, peer: peer, key: key, dialer: dialer, finAt: -1}
+	l := &leg{s: s, pc: pc, app: app, peer: peer, key: key, dialer: dialer, finAt: -1,
+		rx: newByteRing(legMaxUnacked), tx: newByteRing(legMaxUnacked)}
 	l.cond = sync.NewCond(&l.mu)
 	l.dcond = sync.NewCond(&l.dmu)
 	l.cur, l.path, l.gen = c, path, 1
@@ -146,22 +163,29 @@ func (s *Server) runLeg(a *app, l *leg) {
 	l.runPump()
 }
 
-// runPump reads the application and queues its bytes for the peer.
+// runPump reads the application straight into the unacknowledged ring,
+// queueing its bytes for the peer; it waits while the ring is full.
 func (l *leg) runPump() {
-	buf := make([]byte, legMaxPayload)
 	for {
-		n, err := l.app.Read(buf)
+		l.mu.Lock()
+		var room []byte
+		for !l.closed {
+			// Only the pump adds to tx: room stays ours while unlocked.
+			if room = l.tx.free(legMaxPayload, legIOMax); len(room) > 0 {
+				break
+			}
+			l.cond.Wait()
+		}
+		if l.closed {
+			l.mu.Unlock()
+			return
+		}
+		l.mu.Unlock()
+		n, err := l.app.Read(room)
 		if n > 0 {
 			l.mu.Lock()
-			for len(l.unacked)+n > legMaxUnacked && !l.closed {
-				l.cond.Wait()
-			}
-			if l.closed {
-				l.mu.Unlock()
-				return
-			}
-			l.unacked = append(l.unacked, buf[:n]...)
-			l.pc.inFlight[0].Store(int64(len(l.unacked)))
+			l.tx.commit(n)
+			l.pc.inFlight[0].Store(int64(l.tx.n))
 			l.cond.Broadcast()
 			l.mu.Unlock()
 			l.pc.bytesTX.Add(uint64(n))
@@ -184,10 +208,10 @@ func (l *leg) runPump() {
 // runSend writes acknowledgements, queued bytes and the FIN on the
 // current transport. It is the transport's only writer.
 func (l *leg) runSend() {
-	frame := make([]byte, legHdr+legMaxPayload)
+	frame := make([]byte, legHdr+legInline)
 	for {
 		l.mu.Lock()
-		for !l.closed && (l.cur == nil || (l.ackWanted == l.ackSent && l.sent == l.txBase+uint64(len(l.unacked)) && !(l.finQueued && !l.finSent))) {
+		for !l.closed && (l.cur == nil || (l.ackWanted == l.ackSent && l.sent == l.tx.end() && !(l.finQueued && !l.finSent))) {
 			l.cond.Wait()
 		}
 		if l.closed {
@@ -195,23 +219,36 @@ func (l *leg) runSend() {
 			return
 		}
 		c, gen, seq := l.cur, l.gen, l.sent
-		var b []byte
+		var b, payload []byte
 		var n uint64
 		ack, fin := false, false
-		switch off := seq - l.txBase; {
+		switch {
 		case l.ackWanted != l.ackSent:
 			ack, seq = true, l.ackWanted
 			b = putLegHdr(frame, legAck, seq, 0)
-		case off < uint64(len(l.unacked)):
-			n = min(uint64(len(l.unacked))-off, legMaxPayload)
-			b = putLegHdr(frame, legData, seq, int(n))
-			copy(b[legHdr:], l.unacked[off:off+n])
+		case seq < l.tx.end():
+			// p stays intact while unlocked: only an acknowledgement
+			// frees bytes for the pump to reuse, and the peer acknowledges
+			// only bytes it has received — from this write once it has
+			// copied them, or from an earlier transport, and then c has
+			// been replaced and the peer ignores what still arrives on it.
+			p := l.tx.span(seq, legMaxPayload)
+			n = uint64(len(p))
+			b = putLegHdr(frame, legData, seq, len(p))
+			if len(p) <= legInline {
+				copy(b[legHdr:], p)
+			} else {
+				b, payload = b[:legHdr], p
+			}
 		default:
 			fin = true
 			b = putLegHdr(frame, legFin, seq, 0)
 		}
 		l.mu.Unlock()
 		_, err := c.Write(b)
+		if err == nil && payload != nil {
+			_, err = c.Write(payload)
+		}
 		l.mu.Lock()
 		if gen == l.gen && err == nil {
 			switch {
@@ -233,37 +270,52 @@ func (l *leg) runSend() {
 	}
 }
 
+// putLegHdr writes a header into frame and returns the frame of a payload
+// of n bytes (frame[:legHdr] when n is larger than frame has room for).
 func putLegHdr(frame []byte, typ byte, seq uint64, n int) []byte {
 	frame[0] = typ
 	binary.LittleEndian.PutUint64(frame[1:], seq)
 	binary.LittleEndian.PutUint32(frame[9:], uint32(n))
-	return frame[:legHdr+n]
+	return frame[:min(legHdr+n, len(frame))]
 }
 
 // runRecv reads transport c (generation gen) until it fails or the leg
-// moves to another one.
+// moves to another one. It stages headers and small frames in a buffer of
+// its own and reads larger payloads straight into rx.
 func (l *leg) runRecv(c net.Conn, gen uint64) {
-	br := bufio.NewReaderSize(c, legHdr+legMaxPayload)
-	hdr := make([]byte, legHdr)
-	buf := make([]byte, legMaxPayload)
+	st := make([]byte, legStage)
+	r, w := 0, 0 // st[r:w]: read from c, not yet taken
 	for {
-		if _, err := io.ReadFull(br, hdr); err != nil {
-			l.fail(gen, err)
-			return
+		if w-r < legHdr {
+			w, r = copy(st, st[r:w]), 0
+			for w < legHdr {
+				k, err := c.Read(st[w:])
+				w += k
+				if err != nil && w < legHdr {
+					if errors.Is(err, io.EOF) && w > 0 {
+						err = io.ErrUnexpectedEOF
+					}
+					l.fail(gen, err)
+					return
+				}
+			}
 		}
+		hdr := st[r : r+legHdr]
+		r += legHdr
 		typ, seq, n := hdr[0], binary.LittleEndian.Uint64(hdr[1:]), binary.LittleEndian.Uint32(hdr[9:])
 		if n > legMaxPayload || (typ != legData && n != 0) {
 			l.fail(gen, fmt.Errorf("%w: frame type %d, length %d", errLegProtocol, typ, n))
 			return
 		}
-		if _, err := io.ReadFull(br, buf[:n]); err != nil {
-			l.fail(gen, err)
-			return
-		}
 		var err error
 		switch typ {
 		case legData:
-			err = l.deliver(gen, seq, buf[:n])
+			head := st[r : r+min(w-r, int(n))]
+			r += len(head)
+			if len(head) < int(n) {
+				r, w = 0, 0 // all staged bytes taken: st is scratch for receive
+			}
+			err = l.receive(c, gen, seq, int(n), head, st)
 		case legAck:
 			err = l.acked(seq)
 		case legFin:
@@ -292,45 +344,110 @@ func (l *leg) generation() uint64 {
 	return l.gen
 }
 
-// deliver queues the part of a data frame not yet received.
-func (l *leg) deliver(gen, seq uint64, p []byte) error {
+// receive queues the part not yet received of a data frame of n bytes at
+// seq, whose first bytes, head, runRecv has staged; the rest it reads from
+// c, straight into rx. Once head is queued scratch (which may hold head)
+// is free for bytes to drop.
+func (l *leg) receive(c net.Conn, gen, seq uint64, n int, head, scratch []byte) error {
 	l.dmu.Lock()
-	defer l.dmu.Unlock()
-	if l.generation() != gen {
+	// Only one receive loop reads into rx at a time: a replaced
+	// transport's may still be in a read, until its transport is closed.
+	for l.rxBusy && !l.dclosed {
+		l.dcond.Wait()
+	}
+	if l.dclosed || l.generation() != gen {
+		l.dmu.Unlock()
 		return errStale
 	}
-	switch {
-	case seq > l.rxSeq:
+	if seq > l.rxSeq {
+		l.dmu.Unlock()
 		return fmt.Errorf("%w: data at %d, expected %d", errLegProtocol, seq, l.rxSeq)
-	case seq+uint64(len(p)) <= l.rxSeq:
-		return nil // all seen before a resume
-	case l.finAt >= 0:
-		return fmt.Errorf("%w: data after the fin", errLegProtocol)
 	}
-	p = p[l.rxSeq-seq:]
-	if len(l.rxq)+len(p) > legMaxUnacked {
+	skip := int(min(l.rxSeq-seq, uint64(n))) // seen before a resume
+	keep := n - skip
+	switch {
+	case keep > 0 && l.finAt >= 0:
+		l.dmu.Unlock()
+		return fmt.Errorf("%w: data after the fin", errLegProtocol)
+	case keep > legMaxUnacked-l.rx.n:
+		l.dmu.Unlock()
 		return fmt.Errorf("%w: the peer sent beyond its window", errLegProtocol)
 	}
-	l.rxq = append(l.rxq, p...)
-	l.rxSeq += uint64(len(p))
-	l.dcond.Signal()
-	return nil
+	d := min(skip, len(head))
+	skip -= d
+	if h := head[d:]; len(h) > 0 {
+		l.rx.put(h) // fits: checked above
+		l.rxSeq += uint64(len(h))
+		keep -= len(h)
+		l.dcond.Broadcast()
+	}
+	if skip+keep == 0 {
+		l.dmu.Unlock()
+		return nil
+	}
+	l.rxBusy = true
+	l.dmu.Unlock()
+	err := l.receiveRest(c, gen, skip, keep, scratch)
+	l.dmu.Lock()
+	l.rxBusy = false
+	l.dcond.Broadcast()
+	l.dmu.Unlock()
+	return err
 }
 
-// runDeliver writes what was received to the application, in order, and
-// has it acknowledged every legAckEvery bytes and at the end.
+// receiveRest drops skip bytes from c, then reads keep bytes from c into
+// rx's free room (rxBusy held).
+func (l *leg) receiveRest(c net.Conn, gen uint64, skip, keep int, scratch []byte) error {
+	var err error
+	for skip > 0 && err == nil {
+		var k int
+		k, err = c.Read(scratch[:min(skip, len(scratch))])
+		skip -= k
+	}
+	for keep > 0 && err == nil {
+		l.dmu.Lock()
+		room := l.rx.free(keep, keep) // only the rxBusy holder adds to rx
+		l.dmu.Unlock()
+		var k int
+		k, err = c.Read(room)
+		l.dmu.Lock()
+		if l.generation() != gen {
+			l.dmu.Unlock()
+			return errStale
+		}
+		l.rx.commit(k)
+		l.rxSeq += uint64(k)
+		keep -= k
+		if k > 0 {
+			l.dcond.Broadcast()
+		}
+		l.dmu.Unlock()
+	}
+	if skip+keep > 0 && errors.Is(err, io.EOF) {
+		err = io.ErrUnexpectedEOF // inside a frame
+	}
+	if skip+keep == 0 {
+		return nil
+	}
+	return err
+}
+
+// runDeliver writes what was received to the application, in order,
+// straight from rx, and has it acknowledged every legAckEvery bytes and
+// at the end.
 func (l *leg) runDeliver() {
-	buf := make([]byte, legMaxPayload)
 	for {
 		l.dmu.Lock()
-		for !l.dclosed && len(l.rxq) == 0 && !(l.finAt >= 0 && !l.finDone) {
+		for !l.dclosed && l.rx.n == 0 && !(l.finAt >= 0 && !l.finDone) {
 			l.dcond.Wait()
 		}
 		if l.dclosed {
 			l.dmu.Unlock()
 			return
 		}
-		n := copy(buf, l.rxq)
+		// Only runDeliver takes bytes off rx: p stays intact unlocked.
+		p := l.rx.span(l.rx.base, legIOMax)
+		n := len(p)
 		fin := n == 0
 		l.dmu.Unlock()
 		if fin {
@@ -339,12 +456,12 @@ func (l *leg) runDeliver() {
 				l.close(errors.New("application: half close failed"))
 				return
 			}
-		} else if _, err := l.app.Write(buf[:n]); err != nil {
+		} else if _, err := l.app.Write(p); err != nil {
 			l.close(fmt.Errorf("application: %w", err))
 			return
 		}
 		l.dmu.Lock()
-		l.rxq = l.rxq[:copy(l.rxq, l.rxq[n:])]
+		l.rx.trim(l.rx.base + uint64(n))
 		l.rxDelivered += uint64(n)
 		if fin {
 			l.finDone = true
@@ -372,11 +489,11 @@ func (l *leg) runDeliver() {
 }
 
 // acked drops what the peer has delivered. An acknowledgement behind
-// txBase is old news: a resume already trimmed to what the peer received.
+// tx.base is old news: a resume already trimmed to what the peer received.
 func (l *leg) acked(seq uint64) error {
 	l.mu.Lock()
 	var err error
-	if seq > l.txBase {
+	if seq > l.tx.base {
 		err = l.trimLocked(seq)
 	}
 	l.mu.Unlock()
@@ -387,14 +504,12 @@ func (l *leg) acked(seq uint64) error {
 }
 
 func (l *leg) trimLocked(seq uint64) error {
-	end := l.txBase + uint64(len(l.unacked))
-	if seq < l.txBase || seq > end {
-		return fmt.Errorf("%w: acknowledgement of %d outside %d..%d", errLegProtocol, seq, l.txBase, end)
+	if seq < l.tx.base || seq > l.tx.end() {
+		return fmt.Errorf("%w: acknowledgement of %d outside %d..%d", errLegProtocol, seq, l.tx.base, l.tx.end())
 	}
-	l.unacked = l.unacked[:copy(l.unacked, l.unacked[seq-l.txBase:])]
-	l.txBase = seq
+	l.tx.trim(seq)
 	l.sent = max(l.sent, seq)
-	l.pc.inFlight[0].Store(int64(len(l.unacked)))
+	l.pc.inFlight[0].Store(int64(l.tx.n))
 	l.cond.Broadcast()
 	return nil
 }
@@ -410,7 +525,7 @@ func (l *leg) finished(gen, seq uint64) error {
 		return fmt.Errorf("%w: fin at %d, received %d", errLegProtocol, seq, l.rxSeq)
 	}
 	l.finAt = int64(seq)
-	l.dcond.Signal()
+	l.dcond.Broadcast()
 	return nil
 }
 
@@ -421,7 +536,7 @@ func (l *leg) maybeDone() {
 	finDone := l.finDone
 	l.dmu.Unlock()
 	l.mu.Lock()
-	done := finDone && l.finSent && len(l.unacked) == 0 && l.ackWanted == l.ackSent
+	done := finDone && l.finSent && l.tx.n == 0 && l.ackWanted == l.ackSent
 	l.mu.Unlock()
 	if done {
 		l.close(nil)
@@ -646,14 +761,21 @@ func (l *leg) install(c net.Conn, path string, peerRx uint64) error {
 	// as it delivers (acknowledgements), so that what waits for its
 	// application never exceeds legMaxUnacked: resend from peerRx, keep
 	// the rest until acknowledged.
-	if end := l.txBase + uint64(len(l.unacked)); peerRx < l.txBase || peerRx > end {
+	if peerRx < l.tx.base || peerRx > l.tx.end() {
 		l.mu.Unlock()
 		c.Close()
-		err := fmt.Errorf("%w: peer resumes at %d, outside %d..%d", errLegProtocol, peerRx, l.txBase, end)
+		err := fmt.Errorf("%w: peer resumes at %d, outside %d..%d", errLegProtocol, peerRx, l.tx.base, l.tx.end())
 		l.close(err)
 		return err
 	}
 	l.finSent = false // a FIN is sent again: it may have been lost with the old transport
+	// So is the last acknowledgement. Lost with the old transport, it
+	// would not be repeated until another legAckEvery bytes were
+	// delivered — and with both directions' buffers full and each
+	// application waiting on the other (an echo), that never happens.
+	if l.ackWanted > 0 {
+		l.ackSent = 0
+	}
 	l.sent = peerRx
 	l.cur, l.path = c, path
 	l.gen++

@@ -37,7 +37,7 @@ func FuzzLegRecv(f *testing.F) {
 		}()
 		l.runRecv(ours, 1)
 		l.dmu.Lock()
-		queued := len(l.rxq)
+		queued := l.rx.n
 		l.dmu.Unlock()
 		if queued > legMaxUnacked {
 			t.Fatalf("queued %d bytes, over the window of %d", queued, legMaxUnacked)
