@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/ntstack/ntstack/internal/config"
+	"github.com/ntstack/ntstack/internal/ctlapi"
 	"github.com/ntstack/ntstack/internal/rack"
 )
 
@@ -115,6 +116,9 @@ func RunGateway(ctx context.Context, r *rack.Rack, o GatewayOptions) (rows []Gat
 	if err != nil {
 		return nil, err
 	}
+	if err := waitGateway(ctx, r, o.Client, o.Server); err != nil {
+		return nil, err
+	}
 	if err := redisCheck(ctx, r, o.Client); err != nil {
 		return nil, err
 	}
@@ -205,6 +209,43 @@ http {
 		}
 	}
 	return stop, nil
+}
+
+// waitGateway waits until the gateways serve: the server's exports
+// listen on their rack ports (its ntproxy lists them) and the client's
+// forwards on their TCP ports. Each gateway attaches to its ntproxy after
+// the rack is up, so a first connection could otherwise find the rack
+// port closed.
+func waitGateway(ctx context.Context, r *rack.Rack, client, server string) error {
+	c := ctlapi.NewClient(r.Host(server).Config.Path(config.MonitorSocket))
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var st ctlapi.Status
+		err := c.Call(ctx, ctlapi.PathStatus, nil, &st)
+		if err == nil && st.Proxy != nil {
+			ports := map[int]bool{}
+			for _, l := range st.Proxy.Listeners {
+				ports[l.Port] = true
+			}
+			if ports[RedisRackPort] && ports[HTTPRackPort] {
+				break
+			}
+			err = fmt.Errorf("exports not listening yet (ports %v)", ports)
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("gateway on %s: %w", server, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, addr := range []string{RedisForward, HTTPForward} {
+		_, port, _ := net.SplitHostPort(addr)
+		p, _ := strconv.Atoi(port)
+		if err := waitTCP(ctx, r, client, p); err != nil {
+			return fmt.Errorf("gateway forward: %w", err)
+		}
+	}
+	return nil
 }
 
 // waitTCP waits until something listens on host's port.
