@@ -65,7 +65,8 @@ type GatewayOptions struct {
 	Requests int
 	// Clients is redis-benchmark's and wrk's connection count (default 8).
 	Clients int
-	// WrkTime is each wrk run's duration (default 2s).
+	// WrkTime is each wrk run's duration (default 2s; wrk counts whole
+	// seconds, so it is rounded up to one).
 	WrkTime time.Duration
 	// Then, if set, runs after the measurements, while the servers still
 	// serve.
@@ -333,8 +334,9 @@ func parseRedisCSV(out []byte) ([]GatewayRow, error) {
 // wrk loads url and parses its report. Any socket error or non-2xx
 // response fails the run.
 func wrk(ctx context.Context, r *rack.Rack, o GatewayOptions, url string) (GatewayRow, error) {
+	secs := max(1, int((o.WrkTime+time.Second-1)/time.Second))
 	out, err := r.ExecContext(ctx, o.Client, "wrk", "-t1", "-c"+strconv.Itoa(o.Clients),
-		"-d"+o.WrkTime.String(), "--latency", url).Output()
+		"-d"+strconv.Itoa(secs)+"s", "--latency", url).Output()
 	if err != nil {
 		return GatewayRow{}, fmt.Errorf("%w: %s", err, out)
 	}
