@@ -161,7 +161,9 @@ type Dialer struct {
 	Timeout time.Duration
 	// Priority is the class of the connections it dials (default 0).
 	Priority qos.Class
-	// Direct asks ntproxy for direct mode (Proxy.DialDirect).
+	// Direct asks ntproxy for direct mode, settling for a proxied
+	// connection when the direct quota is used up or the host is off the
+	// NTB fabric (Proxy.DialPreferDirect; the Route says which).
 	Direct bool
 	// Transports restricts and orders the paths a connection through
 	// ntproxy may take: "ntb", "rdma", "tcp" (default: the host's order).
@@ -196,7 +198,7 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 				return nil, &net.OpError{Op: "dial", Net: "ntb", Addr: strAddr(address), Err: err}
 			}
 		}
-		c, err := p.dial(ctx, address, dialOpts{class: d.Priority, direct: d.Direct, transports: d.Transports})
+		c, err := p.dial(ctx, address, dialOpts{class: d.Priority, direct: d.Direct, settle: d.Direct, transports: d.Transports})
 		if err != nil {
 			return nil, err
 		}

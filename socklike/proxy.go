@@ -35,6 +35,10 @@ var (
 	ErrProxyGone   = errors.New("ntproxy went away")
 )
 
+// errNoDirectPath: direct mode was asked for a host reachable only off
+// the NTB fabric (it wraps ErrNoPath).
+var errNoDirectPath = fmt.Errorf("direct mode impossible: %w", ErrNoPath)
+
 // codeErr turns a daemon's coded answer into an error of this package.
 func codeErr(code ctlapi.Code, msg string) error {
 	var base error
@@ -51,6 +55,8 @@ func codeErr(code ctlapi.Code, msg string) error {
 		base = syscall.EADDRINUSE
 	case ctlapi.CodeQuota:
 		base = qos.ErrQuota
+	case ctlapi.CodeNoDirect:
+		base = errNoDirectPath
 	case ctlapi.CodeVersion:
 		base = ErrVersion
 	case ctlapi.CodeTimeout:
@@ -279,14 +285,45 @@ func (p *Proxy) DialDirect(ctx context.Context, address string, class qos.Class)
 	return p.dial(ctx, address, dialOpts{class: class, direct: true})
 }
 
+// DialPreferDirect is DialDirect that settles for a proxied connection
+// when a direct one cannot be had — the application's direct quota is used
+// up, or the host is reachable only off the NTB fabric — rather than
+// failing; the connection's Route says which it got and why. Dialer.Direct
+// dials this way.
+func (p *Proxy) DialPreferDirect(ctx context.Context, address string, class qos.Class) (*Conn, error) {
+	return p.dial(ctx, address, dialOpts{class: class, direct: true, settle: true})
+}
+
 // dialOpts are a Dialer's per-connection choices.
 type dialOpts struct {
 	class      qos.Class
 	direct     bool
+	settle     bool // direct: fall back to proxy mode (DialPreferDirect)
 	transports []string
 }
 
+// dial dials address; with o.settle a direct dial refused for want of
+// quota or of a direct path is dialed again in proxy mode.
 func (p *Proxy) dial(ctx context.Context, address string, o dialOpts) (*Conn, error) {
+	c, err := p.dialOnce(ctx, address, o)
+	if err == nil || !o.direct || !o.settle || !(errors.Is(err, qos.ErrQuota) || errors.Is(err, errNoDirectPath)) {
+		return c, err
+	}
+	o.direct = false
+	c, perr := p.dialOnce(ctx, address, o)
+	if perr != nil {
+		return nil, perr
+	}
+	var oe *net.OpError
+	why := err
+	if errors.As(err, &oe) {
+		why = oe.Err
+	}
+	c.route.Reason = fmt.Sprintf("direct mode refused (%v); through the proxies: %s", why, c.route.Reason)
+	return c, nil
+}
+
+func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (*Conn, error) {
 	class, direct := o.class, o.direct
 	opErr := func(err error) error { return &net.OpError{Op: "dial", Net: "ntb", Addr: strAddr(address), Err: err} }
 	host, ps, err := net.SplitHostPort(address)

@@ -38,6 +38,7 @@ const (
 	CodeQuota      Code = 9  // a quota is exhausted
 	CodeUnavail    Code = 10 // the daemon asked for is not running
 	CodeTimeout    Code = 11 // the operation timed out
+	CodeNoDirect   Code = 12 // direct mode asked for a host reachable only off the NTB fabric
 )
 
 var codeNames = map[Code]string{
@@ -46,7 +47,7 @@ var codeNames = map[Code]string{
 	CodePortInUse: "port in use", CodeRefused: "connection refused",
 	CodeInternal: "internal error", CodeVersion: "version mismatch",
 	CodeQuota: "quota exceeded", CodeUnavail: "daemon unavailable",
-	CodeTimeout: "timed out",
+	CodeTimeout: "timed out", CodeNoDirect: "no direct path",
 }
 
 func (c Code) String() string {

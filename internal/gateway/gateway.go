@@ -296,7 +296,7 @@ func (g *Gateway) dial(ctx context.Context, svc *service) (net.Conn, error) {
 		return d.DialContext(ctx, "tcp", svc.stat.To)
 	}
 	if g.cfg.Gateway.Mode != config.GatewayProxy { // "" is the default, direct
-		return g.proxy.DialDirect(ctx, svc.stat.To, qos.Default)
+		return g.proxy.DialPreferDirect(ctx, svc.stat.To, qos.Default)
 	}
 	return g.proxy.DialContext(ctx, "ntb", svc.stat.To)
 }

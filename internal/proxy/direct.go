@@ -62,7 +62,7 @@ func (s *Server) dialDirect(ctx context.Context, a *app, req appproto.DialReques
 		return nil, nil, err
 	}
 	if route.Path != ctlapi.PathNTB && route.Path != ctlapi.PathSHM {
-		return nil, nil, ctlapi.Errorf(ctlapi.CodeNoPath, "direct mode needs an NTB link or the same host; %s is reachable only over %s (%s)", route.Host, route.Path, route.Reason)
+		return nil, nil, ctlapi.Errorf(ctlapi.CodeNoDirect, "direct mode needs an NTB link or the same host; %s is reachable only over %s (%s)", route.Host, route.Path, route.Reason)
 	}
 	pc := &pconn{id: s.nextID.Add(1), app: a.id, dir: "out", path: route.Path, link: route.Link, partition: -1, direct: true}
 	pc.remote = hostPort(route.Host, req.Port)

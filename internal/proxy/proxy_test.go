@@ -389,6 +389,18 @@ func TestDirectQuota(t *testing.T) {
 	require.ErrorIs(t, err, qos.ErrQuota)
 	require.ErrorContains(t, err, "direct_quota")
 	roundTrip(t, c, 1, 1000)
+
+	// A Dialer asking for direct mode settles for the proxies, and says so.
+	d := &socklike.Dialer{Proxy: client, Direct: true}
+	pc, err := d.Dial("tcp", "b:80")
+	require.NoError(t, err)
+	defer pc.Close()
+	route := pc.(*socklike.Conn).Route()
+	require.Equal(t, ctlapi.PathNTB, route.Path)
+	require.Contains(t, route.Reason, "direct mode refused (quota exceeded: direct links of app")
+	require.Contains(t, route.Reason, "; through the proxies: rack peer b over NTB link ab")
+	roundTrip(t, pc, 2, 1<<20)
+	require.Len(t, r.a.Snapshot().Conns, 2, "the lease and the proxied connection")
 }
 
 // Garbage on the service ports of an application's memory link: each bad

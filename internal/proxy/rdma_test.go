@@ -63,6 +63,17 @@ func TestRDMAPath(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond)
 	require.NoError(t, c.Close())
 
+	// Direct mode needs the NTB: a Dialer asking for it settles for RDMA
+	// through the proxies, and says why.
+	dd := socklike.Dialer{Proxy: client, Transports: []string{"rdma"}, Direct: true}
+	c, err = dd.Dial("tcp", "b:80")
+	require.NoError(t, err)
+	route = c.(*socklike.Conn).Route()
+	require.Equal(t, ctlapi.PathRDMA, route.Path)
+	require.Contains(t, route.Reason, "direct mode refused (direct mode impossible: no path to host: direct mode needs an NTB link or the same host; b is reachable only over rdma")
+	roundTrip(t, c, 9, 4096)
+	require.NoError(t, c.Close())
+
 	ln81, err := srv.Listen("tcp", ":81")
 	require.NoError(t, err)
 	defer ln81.Close()
