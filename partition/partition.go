@@ -41,6 +41,9 @@ func (p *Partition) SpaceBit() uint64 { return p.spaceBit }
 // MaxPayload is the largest record TrySend accepts.
 func (p *Partition) MaxPayload() int { return p.tx.MaxPayload() }
 
+// RxRingSize is the capacity of the partition's inbound ring, in bytes.
+func (p *Partition) RxRingSize() int { return p.rx.Size() }
+
 // Session is the session the partition belongs to.
 func (p *Partition) Session() *Session { return p.sess }
 

@@ -273,16 +273,22 @@ func (c *Conn) unpost() int {
 const creditEvery = 16
 
 // consumed accounts n bytes read by the application and hands credit back
-// once a sixteenth of the window has been read (rlock held).
+// once a sixteenth of the window has been read (rlock held). The peer was
+// granted the configured window at the handshake; when the connection's
+// share of the rings is smaller (state.share), the credit reported lags
+// what was read by the difference, so that at most the share is in
+// flight.
 func (c *Conn) consumed(n int) {
 	total := c.read.Add(int64(n))
-	if total-c.creditOut >= int64(c.ep.cfg.Window/creditEvery) {
-		c.creditOut = total
+	share := c.st.share()
+	grant := total - (int64(c.ep.cfg.Window) - share)
+	if grant-c.creditOut >= share/creditEvery {
+		c.creditOut = grant
 		c.mu.Lock()
 		live := c.state == connEstablished && !c.closeSent
 		c.mu.Unlock()
 		if live {
-			c.st.sendLoose(c.st.control, kindCredit, c.peerID, c.id, creditMsg{consumed: uint64(total), gen: c.peerGen}.encode(nil))
+			c.st.sendLoose(c.st.control, kindCredit, c.peerID, c.id, creditMsg{consumed: uint64(grant), gen: c.peerGen}.encode(nil))
 		}
 	}
 }

@@ -298,6 +298,9 @@ func (ep *Endpoint) install(s *partition.Session) {
 		conns:   make([]atomic.Pointer[Conn], ep.cfg.MaxConns+1),
 	}
 	st.nextID = 1
+	for _, p := range st.parts {
+		st.rxRings += int64(p.RxRingSize())
+	}
 	size := 1
 	if ep.cfg.QoS {
 		size = qos.NumClasses

@@ -24,6 +24,8 @@ type state struct {
 
 	nextUnit atomic.Uint32 // round-robin placement
 	nextGen  atomic.Uint32 // connection incarnations
+	live     atomic.Int32  // connections holding an id
+	rxRings  int64         // bytes of the inbound data rings, together
 
 	mu sync.Mutex
 	// mu protects the following fields.
@@ -65,8 +67,29 @@ func (st *state) newConn(c *Conn) error {
 	c.st = st
 	c.gen = st.nextGen.Add(1)
 	st.conns[id].Store(c)
+	st.live.Add(1)
 	return nil
 }
+
+// share is the receive window a connection grants its peer now: the
+// configured window, or less — half the inbound rings split evenly among
+// the connections — when there are so many that their windows together
+// would fill the rings. A full ring stalls every connection behind it
+// (their writers spin or park on ring space, the reader copies into
+// queues that outgrow the caches); a withheld credit stalls only its own
+// connection. Measured with 64 KiB streams on one partition (8 MiB ring),
+// this took 32 connections from 2.7 to 7.5 GB/s and 64 from 2.2 to 7.0.
+func (st *state) share() int64 {
+	w := int64(st.ep.cfg.Window)
+	if n := int64(st.live.Load()); n > 0 {
+		w = min(w, max(st.rxRings/(2*n), minShare))
+	}
+	return w
+}
+
+// minShare is the least window share: below it credit round trips
+// dominate.
+const minShare = 16 << 10
 
 // releaseID frees c's id. Only the connection that holds an id frees it:
 // a second release (two teardown paths racing) must not free the id of the
@@ -75,6 +98,7 @@ func (st *state) releaseID(c *Conn) {
 	if !st.conns[c.id].CompareAndSwap(c, nil) {
 		return
 	}
+	st.live.Add(-1)
 	st.mu.Lock()
 	st.free = append(st.free, c.id)
 	st.mu.Unlock()

@@ -395,6 +395,9 @@ func (p *Producer) ArmSpaceWake() {
 }
 
 // Consumer reads records from a ring in its own memory.
+// Size is the ring's data capacity in bytes.
+func (c *Consumer) Size() int { return int(c.size) }
+
 type Consumer struct {
 	data []byte // local: our data region, written by the producer
 	ctl  []byte // remote: the producer's control block
