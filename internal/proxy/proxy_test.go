@@ -461,22 +461,37 @@ func TestBadRequests(t *testing.T) {
 func TestFailover(t *testing.T) {
 	port := 20000 + rand.IntN(20000)
 	r := newRack(t, fmt.Sprintf(`fallback = "{peer}:%d"`, port), fmt.Sprintf(`fallback = "{self}:%d"`, port))
-	srvB := attach(t, r.cb)
-	ln, err := srvB.Listen("tcp", ":80")
-	require.NoError(t, err)
-	defer ln.Close()
-	go echo(ln)
-	client := attach(t, r.ca)
+	_, client := echoRack(t, r)
 	c, err := client.Dial("tcp", "b:80")
 	require.NoError(t, err)
 	defer c.Close()
-	dev := r.a.links["b"].ep.Device().(*shm.Device)
+	streamThroughOutage(t, r, c, 48<<20, ctlapi.PathTCP)
+}
 
-	const total = 48 << 20
+// echoRack serves an echo on b:80 and returns b's server application and
+// a's client application.
+func echoRack(t *testing.T, r *rack) (srv, client *socklike.Proxy) {
+	srv = attach(t, r.cb)
+	ln, err := srv.Listen("tcp", ":80")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go echo(ln)
+	return srv, attach(t, r.ca)
+}
+
+// streamThroughOutage streams total bytes on c, an NTB connection from a
+// to b's echo, and checks the echo byte for byte; a quarter through it
+// pulls the link, and once a's proxy shows the connection on fallback
+// and half the bytes are back, it restores the link. The connection
+// must end on the NTB with every move counted.
+func streamThroughOutage(t *testing.T, r *rack, c net.Conn, total int, fallback string) {
+	t.Helper()
+	require.Equal(t, ctlapi.PathNTB, c.(*socklike.Conn).Route().Path)
+	dev := r.a.links["b"].ep.Device().(*shm.Device)
 	sum := sha256.New()
-	rng := rand.New(rand.NewPCG(3, 3))
 	written := make(chan error, 1)
 	go func() {
+		rng := rand.New(rand.NewPCG(uint64(total), 3))
 		buf := make([]byte, 32<<10)
 		for n := 0; n < total; n += len(buf) {
 			for i := range buf {
@@ -490,23 +505,32 @@ func TestFailover(t *testing.T) {
 		}
 		written <- c.(*socklike.Conn).CloseWrite()
 	}()
+	path := func() string {
+		if s := r.a.Snapshot(); len(s.Conns) == 1 {
+			return s.Conns[0].Path
+		}
+		return ""
+	}
 	got := sha256.New()
 	var n int64
 	buf := make([]byte, 64<<10)
-	phase := 0
+	down, moved, up := false, false, false
 	for {
 		k, err := c.Read(buf)
 		got.Write(buf[:k])
 		n += int64(k)
-		if phase == 0 && n > total/4 {
+		switch {
+		case !down && n > int64(total)/4:
 			t.Logf("link down at %d MiB", n>>20)
 			dev.ForceLinkDown()
-			phase = 1
-		}
-		if phase == 1 && n > total/2 {
-			t.Logf("link up at %d MiB", n>>20)
-			dev.ForceLinkUp()
-			phase = 2
+			down = true
+		case down && !up:
+			moved = moved || path() == fallback
+			if moved && n > int64(total)/2 {
+				t.Logf("link up at %d MiB", n>>20)
+				dev.ForceLinkUp()
+				up = true
+			}
 		}
 		if err == io.EOF {
 			break
@@ -514,7 +538,9 @@ func TestFailover(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.NoError(t, <-written)
+	require.True(t, moved, "the connection moved to %s while the link was down", fallback)
 	require.Equal(t, int64(total), n)
 	require.Equal(t, sum.Sum(nil), got.Sum(nil), "every byte, in order, once")
+	require.GreaterOrEqual(t, r.a.Snapshot().PathSwitches, uint64(2), "to %s and back, counted", fallback)
 	require.Eventually(t, func() bool { return len(r.a.Snapshot().Conns) == 0 }, 5*time.Second, 10*time.Millisecond)
 }

@@ -2,9 +2,7 @@ package proxy
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
 	"testing"
@@ -14,7 +12,6 @@ import (
 
 	"github.com/ntstack/ntstack/internal/config"
 	"github.com/ntstack/ntstack/internal/ctlapi"
-	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/rdma"
 	"github.com/ntstack/ntstack/socklike"
 )
@@ -39,12 +36,7 @@ func rdmaRack(t *testing.T) *rack {
 // ways and passes nettest's conformance tests through both proxies.
 func TestRDMAPath(t *testing.T) {
 	r := rdmaRack(t)
-	srv := attach(t, r.cb)
-	ln, err := srv.Listen("tcp", ":80")
-	require.NoError(t, err)
-	defer ln.Close()
-	go echo(ln)
-	client := attach(t, r.ca)
+	srv, client := echoRack(t, r)
 	d := socklike.Dialer{Proxy: client, Transports: []string{"rdma"}}
 	c, err := d.Dial("tcp", "b:80")
 	require.NoError(t, err)
@@ -85,66 +77,9 @@ func TestRDMAPath(t *testing.T) {
 // in order; with no TCP fallback configured, RDMA is the only way on.
 func TestFailoverRDMA(t *testing.T) {
 	r := rdmaRack(t)
-	srv := attach(t, r.cb)
-	ln, err := srv.Listen("tcp", ":80")
-	require.NoError(t, err)
-	defer ln.Close()
-	go echo(ln)
-	client := attach(t, r.ca)
+	_, client := echoRack(t, r)
 	c, err := client.Dial("tcp", "b:80")
 	require.NoError(t, err)
 	defer c.Close()
-	require.Equal(t, ctlapi.PathNTB, c.(*socklike.Conn).Route().Path)
-	dev := r.a.links["b"].ep.Device().(*shm.Device)
-
-	const total = 32 << 20
-	sum := sha256.New()
-	written := make(chan error, 1)
-	go func() {
-		rng := rand.New(rand.NewPCG(5, 5))
-		buf := make([]byte, 32<<10)
-		for n := 0; n < total; n += len(buf) {
-			for i := range buf {
-				buf[i] = byte(rng.Uint32())
-			}
-			sum.Write(buf)
-			if _, err := c.Write(buf); err != nil {
-				written <- err
-				return
-			}
-		}
-		written <- c.(*socklike.Conn).CloseWrite()
-	}()
-	got := sha256.New()
-	var n int64
-	buf := make([]byte, 64<<10)
-	sawRDMA := false
-	phase := 0
-	for {
-		k, err := c.Read(buf)
-		got.Write(buf[:k])
-		n += int64(k)
-		if phase == 0 && n > total/4 {
-			dev.ForceLinkDown()
-			phase = 1
-		}
-		if phase == 1 {
-			if s := r.a.Snapshot(); len(s.Conns) == 1 && s.Conns[0].Path == ctlapi.PathRDMA {
-				sawRDMA = true
-			}
-			if n > total/2 && sawRDMA {
-				dev.ForceLinkUp()
-				phase = 2
-			}
-		}
-		if err == io.EOF {
-			break
-		}
-		require.NoError(t, err)
-	}
-	require.NoError(t, <-written)
-	require.True(t, sawRDMA, "the connection moved to RDMA while the link was down")
-	require.GreaterOrEqual(t, r.a.Snapshot().PathSwitches, uint64(2), "to RDMA and back, counted")
-	require.Equal(t, int64(total), n)
-	require.Equal(t, sum.Sum(nil), got.Sum(nil), "every byte, in order, once")
+	streamThroughOutage(t, r, c, 32<<20, ctlapi.PathRDMA)
 }
