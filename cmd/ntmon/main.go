@@ -1,6 +1,6 @@
 // Command ntmon is a host's ntstack control-plane daemon: it keeps sessions
-// with the rack peers' ntmons, resolves routes (shared memory, NTB or TCP
-// fallback) and enforces the ACL for ntproxy, reserves ports, and serves
+// with the rack peers' ntmons (telling them whether this host takes RDMA),
+// resolves routes (shared memory, NTB, RDMA or TCP fallback) and enforces the ACL for ntproxy, reserves ports, and serves
 // status and Prometheus metrics. All the work is in internal/monitor.
 //
 //	ntmon -config /etc/ntstack/host.toml       # run until SIGINT or SIGTERM (that file is the default)

@@ -12,8 +12,9 @@ import (
 
 // Resolve decides how a local user reaches req.Target:req.Port: shared
 // memory on this host, the NTB link to a rack peer whose session is up,
-// else the peer's TCP fallback. Errors are *ctlapi.Error: CodeUnknown,
-// CodeDenied (naming the ACL rule), CodeNoPath, CodeBadRequest.
+// else RDMA when both hosts have it, else the peer's TCP fallback. Errors
+// are *ctlapi.Error: CodeUnknown, CodeDenied (naming the ACL rule),
+// CodeNoPath, CodeBadRequest.
 func (m *Monitor) Resolve(req ctlapi.ResolveRequest) (ctlapi.Route, error) {
 	if req.Port < 1 || req.Port > 65535 {
 		return ctlapi.Route{}, ctlapi.Errorf(ctlapi.CodeBadRequest, "resolve %s:%d: port outside 1..65535", req.Target, req.Port)

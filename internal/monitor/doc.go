@@ -5,13 +5,15 @@
 // A Monitor
 //   - keeps a session with every rack peer's ntmon over TCP (the peer
 //     protocol in frame.go: a HELLO exchange carrying magic, protocol
-//     version, capabilities and link metadata, then heartbeats), dialing
+//     version, capabilities, link metadata and the host's RDMA listener or
+//     why it has none, then heartbeats), dialing
 //     each configured peer with backoff and accepting peers that dial it;
 //     one session per peer pair survives, the one dialed by the lexically
 //     smaller host name;
 //   - serves the local API (package ctlapi) over HTTP on a Unix socket in
-//     the state directory: route resolution (shared memory, NTB or the
-//     TCP fallback, and why), admission of inbound connections against
+//     the state directory: route resolution (shared memory, NTB, RDMA or
+//     the TCP fallback, and why, with the hops a connection may fail over
+//     between), admission of inbound connections against
 //     the ACL, port reservations and status;
 //   - exports Prometheus metrics built, at each scrape, from ntproxy's
 //     snapshot and the peer table.

@@ -21,9 +21,9 @@ import (
 // A leg is the part of a proxied connection between two proxies. Its bytes
 // are numbered, and the sender keeps what the receiver has not yet
 // acknowledged, so the leg can move from one transport to another — the
-// NTB link, the TCP fallback — without losing, repeating or reordering a
-// byte: when its transport fails the dialing proxy connects again over the
-// next path and both ends resume from what the other has received; when
+// NTB link, RDMA, the TCP fallback — without losing, repeating or
+// reordering a byte: when its transport fails the dialing proxy connects
+// again over the next of the route's hops and both ends resume from what the other has received; when
 // the NTB link is back, it moves back the same way. The applications see at
 // most a pause.
 //
@@ -110,7 +110,7 @@ type leg struct {
 	cur       net.Conn   // nil between transports
 	ackWanted uint64     // acknowledge this much (runSend sends it)
 	ackSent   uint64
-	path      string   // cur's path: ctlapi.PathNTB or PathTCP
+	path      string   // cur's path: ctlapi.PathNTB, PathRDMA or PathTCP
 	gen       uint64   // bumped at every transport change
 	tx        byteRing // the application's bytes not yet acknowledged, from tx.base
 	sent      uint64   // bytes written on cur (≥ tx.base)
