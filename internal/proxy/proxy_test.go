@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -480,20 +481,63 @@ func echoRack(t *testing.T, r *rack) (srv, client *socklike.Proxy) {
 }
 
 // streamThroughOutage streams total bytes on c, an NTB connection from a
-// to b's echo, and checks the echo byte for byte; a quarter through it
-// pulls the link, and once a's proxy shows the connection on fallback
-// and half the bytes are back, it restores the link. The connection
-// must end on the NTB with every move counted.
+// to b's echo, and checks the echo byte for byte. Meanwhile it pulls the
+// link a quarter through, waits until a's proxy shows the connection on
+// fallback, restores the link once half the bytes are back, and waits
+// until the connection is on the NTB again; the writer holds its last
+// quarter until then, so the stream sees both moves.
 func streamThroughOutage(t *testing.T, r *rack, c net.Conn, total int, fallback string) {
 	t.Helper()
 	require.Equal(t, ctlapi.PathNTB, c.(*socklike.Conn).Route().Path)
 	dev := r.a.links["b"].ep.Device().(*shm.Device)
+	var read atomic.Int64
+	back := make(chan struct{}) // closed once the connection is on the NTB again
+	outage := make(chan error, 1)
+	go func() {
+		deadline := time.Now().Add(20 * time.Second)
+		wait := func(what string, cond func() bool) error {
+			for !cond() {
+				if time.Now().After(deadline) {
+					return errors.New("timed out waiting for " + what)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			return nil
+		}
+		path := func() string {
+			if s := r.a.Snapshot(); len(s.Conns) == 1 {
+				return s.Conns[0].Path
+			}
+			return ""
+		}
+		err := wait("a quarter of the stream", func() bool { return read.Load() > int64(total)/4 })
+		if err == nil {
+			dev.ForceLinkDown()
+			err = wait("the move to "+fallback, func() bool { return path() == fallback })
+		}
+		if err == nil {
+			err = wait("half the stream", func() bool { return read.Load() > int64(total)/2 })
+		}
+		if err == nil {
+			dev.ForceLinkUp()
+			err = wait("the move back to the NTB", func() bool { return path() == ctlapi.PathNTB })
+		}
+		if err != nil {
+			c.Close() // unblock the reader and the writer
+		} else {
+			close(back)
+		}
+		outage <- err
+	}()
 	sum := sha256.New()
 	written := make(chan error, 1)
 	go func() {
 		rng := rand.New(rand.NewPCG(uint64(total), 3))
 		buf := make([]byte, 32<<10)
 		for n := 0; n < total; n += len(buf) {
+			if n == total*3/4 {
+				<-back
+			}
 			for i := range buf {
 				buf[i] = byte(rng.Uint32())
 			}
@@ -505,41 +549,22 @@ func streamThroughOutage(t *testing.T, r *rack, c net.Conn, total int, fallback 
 		}
 		written <- c.(*socklike.Conn).CloseWrite()
 	}()
-	path := func() string {
-		if s := r.a.Snapshot(); len(s.Conns) == 1 {
-			return s.Conns[0].Path
-		}
-		return ""
-	}
 	got := sha256.New()
-	var n int64
 	buf := make([]byte, 64<<10)
-	down, moved, up := false, false, false
+	var rerr error
 	for {
 		k, err := c.Read(buf)
 		got.Write(buf[:k])
-		n += int64(k)
-		switch {
-		case !down && n > int64(total)/4:
-			t.Logf("link down at %d MiB", n>>20)
-			dev.ForceLinkDown()
-			down = true
-		case down && !up:
-			moved = moved || path() == fallback
-			if moved && n > int64(total)/2 {
-				t.Logf("link up at %d MiB", n>>20)
-				dev.ForceLinkUp()
-				up = true
-			}
-		}
-		if err == io.EOF {
+		read.Add(int64(k))
+		if err != nil {
+			rerr = err
 			break
 		}
-		require.NoError(t, err)
 	}
+	require.NoError(t, <-outage, "to %s and back", fallback)
+	require.ErrorIs(t, rerr, io.EOF)
 	require.NoError(t, <-written)
-	require.True(t, moved, "the connection moved to %s while the link was down", fallback)
-	require.Equal(t, int64(total), n)
+	require.Equal(t, int64(total), read.Load())
 	require.Equal(t, sum.Sum(nil), got.Sum(nil), "every byte, in order, once")
 	require.GreaterOrEqual(t, r.a.Snapshot().PathSwitches, uint64(2), "to %s and back, counted", fallback)
 	require.Eventually(t, func() bool { return len(r.a.Snapshot().Conns) == 0 }, 5*time.Second, 10*time.Millisecond)
