@@ -165,6 +165,9 @@ type Dialer struct {
 	// connection when the direct quota is used up or the host is off the
 	// NTB fabric (Proxy.DialPreferDirect; the Route says which).
 	Direct bool
+	// Pool asks ntproxy for shared-pool mode (Proxy.DialPool), as does
+	// $NTSTACK_POOL=1 for DefaultProxy's dials. Direct takes precedence.
+	Pool bool
 	// Transports restricts and orders the paths a connection through
 	// ntproxy may take: "ntb", "rdma", "tcp" (default: the host's order).
 	// A dial none of them can serve fails with ErrNoPath and the reasons.
@@ -198,11 +201,7 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 				return nil, &net.OpError{Op: "dial", Net: "ntb", Addr: strAddr(address), Err: err}
 			}
 		}
-		c, err := p.dial(ctx, address, dialOpts{class: d.Priority, direct: d.Direct, settle: d.Direct, transports: d.Transports})
-		if err != nil {
-			return nil, err
-		}
-		return c, nil
+		return p.dialAny(ctx, address, dialOpts{class: d.Priority, direct: d.Direct, settle: d.Direct, pool: d.Pool || p.pool, transports: d.Transports})
 	}
 	c, err := d.Endpoint.DialClass(ctx, port, d.Priority)
 	if err != nil {

@@ -1,6 +1,7 @@
 package socklike
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -80,6 +81,7 @@ type Proxy struct {
 	path string
 	cfg  Config
 	name string
+	pool bool // Listen and Dialers without Pool ask for shared-pool mode ($NTSTACK_POOL)
 
 	mu sync.Mutex
 	// mu protects the following fields.
@@ -92,6 +94,7 @@ type Proxy struct {
 type attachment struct {
 	unix *net.UnixConn
 	ep   *Endpoint
+	pool *sharedPool // nil: ntproxy has shared-pool mode off
 	id   uint64
 	done chan struct{} // closed when ntproxy goes or the Proxy closes
 }
@@ -145,6 +148,9 @@ func DefaultProxy() (*Proxy, error) {
 			return
 		}
 		defaultProxy, defaultErr = AttachProxy(path, Config{})
+		if defaultErr == nil {
+			defaultProxy.pool = os.Getenv(EnvPool) == "1"
+		}
 	})
 	return defaultProxy, defaultErr
 }
@@ -184,12 +190,16 @@ func (p *Proxy) attachLocked() (_ *attachment, err error) {
 		return nil, fail(err)
 	}
 	buf := make([]byte, appproto.MaxDatagram)
-	n, f, err := proc.RecvFile(uc, buf, "ntproxy-link")
+	n, files, err := proc.RecvFiles(uc, buf, "ntproxy-link", "ntproxy-pool")
 	if err != nil {
 		return nil, fail(err)
 	}
-	if f != nil {
-		defer f.Close() // the Device opens its own descriptor
+	for _, f := range files {
+		defer f.Close() // the Device and the pool's mapping hold their own references
+	}
+	var f *os.File
+	if len(files) > 0 {
+		f = files[0]
 	}
 	w, err := appproto.DecodeWelcome(buf[:n])
 	if err != nil {
@@ -211,8 +221,18 @@ func (p *Proxy) attachLocked() (_ *attachment, err error) {
 		return nil, fail(err)
 	}
 	ep.ownsDev = true
-	uc.SetDeadline(time.Time{})
 	a := &attachment{unix: uc, ep: ep, id: w.AppID, done: make(chan struct{})}
+	if w.PoolSlots > 0 {
+		if len(files) < 2 {
+			ep.Close()
+			return nil, fail(errors.New("welcome announced a shared pool but came without it"))
+		}
+		if a.pool, err = mapPool(files[1], int(w.PoolSlots), int(w.PoolRing)); err != nil {
+			ep.Close()
+			return nil, fail(err)
+		}
+	}
+	uc.SetDeadline(time.Time{})
 	go a.runWatch()
 	return a, nil
 }
@@ -225,6 +245,10 @@ func (a *attachment) runWatch() {
 	close(a.done)
 	a.unix.Close()
 	a.ep.closeWith(ErrProxyGone)
+	if a.pool != nil {
+		a.pool.failAll(ErrProxyGone)
+		a.pool.release(nil)
+	}
 }
 
 // Stats returns the counters of the current attachment's memory link.
@@ -249,6 +273,10 @@ func (p *Proxy) Close() error {
 	a := p.cur
 	p.mu.Unlock()
 	if a != nil {
+		if a.pool != nil {
+			// Before ntproxy, seeing the socket close, resets them.
+			a.pool.failAll(ErrProxyGone)
+		}
 		a.unix.Close()
 		<-a.done
 	}
@@ -299,18 +327,42 @@ type dialOpts struct {
 	class      qos.Class
 	direct     bool
 	settle     bool // direct: fall back to proxy mode (DialPreferDirect)
+	pool       bool // shared-pool mode, where ntproxy can (DialPool)
 	transports []string
+}
+
+// DialPool dials address in shared-pool mode: the connection's bytes go
+// through a slot of the pool this process shares with ntproxy, written
+// and read in place (a *PoolConn), two copies fewer than proxy mode. When
+// no slot is free, or address is on this host (whose connections never
+// leave shared memory anyway), ntproxy settles for proxy mode (a *Conn);
+// the Route says which and why.
+func (p *Proxy) DialPool(ctx context.Context, address string, class qos.Class) (net.Conn, error) {
+	return p.dialAny(ctx, address, dialOpts{class: class, pool: true})
+}
+
+// dialAny is dial, in shared-pool mode if o.pool.
+func (p *Proxy) dialAny(ctx context.Context, address string, o dialOpts) (net.Conn, error) {
+	if !o.pool || o.direct {
+		c, err := p.dial(ctx, address, o)
+		if err != nil {
+			return nil, err
+		}
+		return c, nil
+	}
+	return p.dialOnce(ctx, address, o)
 }
 
 // dial dials address; with o.settle a direct dial refused for want of
 // quota or of a direct path is dialed again in proxy mode.
 func (p *Proxy) dial(ctx context.Context, address string, o dialOpts) (*Conn, error) {
-	c, err := p.dialOnce(ctx, address, o)
+	o.pool = false
+	c, err := p.dialConn(ctx, address, o)
 	if err == nil || !o.direct || !o.settle || !(errors.Is(err, qos.ErrQuota) || errors.Is(err, errNoDirectPath)) {
 		return c, err
 	}
 	o.direct = false
-	c, perr := p.dialOnce(ctx, address, o)
+	c, perr := p.dialConn(ctx, address, o)
 	if perr != nil {
 		return nil, perr
 	}
@@ -323,7 +375,16 @@ func (p *Proxy) dial(ctx context.Context, address string, o dialOpts) (*Conn, er
 	return c, nil
 }
 
-func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (*Conn, error) {
+// dialConn is dialOnce for a mode that yields a *Conn (not shared-pool).
+func (p *Proxy) dialConn(ctx context.Context, address string, o dialOpts) (*Conn, error) {
+	c, err := p.dialOnce(ctx, address, o)
+	if err != nil {
+		return nil, err
+	}
+	return c.(*Conn), nil
+}
+
+func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (net.Conn, error) {
 	class, direct := o.class, o.direct
 	opErr := func(err error) error { return &net.OpError{Op: "dial", Net: "ntb", Addr: strAddr(address), Err: err} }
 	host, ps, err := net.SplitHostPort(address)
@@ -340,16 +401,29 @@ func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (*Conn
 		return nil, opErr(err)
 	}
 	var reply appproto.DialReply
-	err = exchange(ctx, c, appproto.DialRequest{Target: host, Port: port, Priority: int(class), Direct: direct, Transports: o.transports}, &reply)
+	err = exchange(ctx, c, appproto.DialRequest{Target: host, Port: port, Priority: int(class), Direct: direct, Pool: o.pool && a.pool != nil, Transports: o.transports}, &reply)
 	if err == nil && reply.Code != ctlapi.OK {
 		err = codeErr(reply.Code, reply.Error)
 	}
 	if err == nil && direct != (reply.Direct != nil) {
 		err = fmt.Errorf("%w: direct mode asked %v, granted %v", ErrProxy, direct, reply.Direct != nil)
 	}
+	if err == nil && reply.Pool != nil && !o.pool {
+		err = fmt.Errorf("%w: a pool slot granted unasked", ErrProxy)
+	}
 	if err != nil {
 		c.Close()
 		return nil, opErr(err)
+	}
+	if reply.Pool != nil {
+		pc, err := p.openPool(a, reply.Pool, c, reply.Local, reply.Remote, Route{Path: reply.Path, Reason: reply.Reason})
+		if err != nil {
+			return nil, opErr(err)
+		}
+		return pc, nil
+	}
+	if o.pool && a.pool == nil {
+		reply.Reason = "shared pool refused (ntproxy has shared-pool mode off); through the memory link: " + reply.Reason
 	}
 	if direct {
 		// c stays open as the lease on the link until dc closes.
@@ -363,6 +437,21 @@ func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (*Conn
 	c.local, c.remote = parseAddr(reply.Local), parseAddr(reply.Remote)
 	c.route = Route{Path: reply.Path, Reason: reply.Reason}
 	return c, nil
+}
+
+// openPool returns the connection of a granted pool slot; req, the
+// request's connection on the memory link, has done its part.
+func (p *Proxy) openPool(a *attachment, g *appproto.PoolGrant, req *Conn, local, remote string, route Route) (*PoolConn, error) {
+	req.Close()
+	if a.pool == nil {
+		return nil, fmt.Errorf("%w: a pool slot granted without a pool", ErrProxy)
+	}
+	pc, err := a.pool.open(g.Slot, cmp.Or(p.cfg.SpinBudget, DefaultSpinBudget))
+	if err != nil {
+		return nil, err
+	}
+	pc.local, pc.remote, pc.route = parseAddr(local), parseAddr(remote), route
+	return pc, nil
 }
 
 // openDirect attaches side (0: dial, 1: listen) of a direct link and
@@ -464,20 +553,29 @@ func Listen(network, address string) (net.Listener, error) {
 	return p.Listen(network, address)
 }
 
-// Listen listens on address's port of this host through ntproxy.
+// Listen listens on address's port of this host through ntproxy (in
+// shared-pool mode if $NTSTACK_POOL asked for it).
 func (p *Proxy) Listen(network, address string) (net.Listener, error) {
-	ln, err := p.ListenProxy(address, 0)
+	ln, err := p.listen(address, 0, p.pool)
 	if err != nil {
 		return nil, err
 	}
 	return ln, nil
 }
 
+// ListenPool is ListenProxy whose connections from rack peers come in
+// shared-pool mode (*PoolConn; see DialPool), where ntproxy has a slot
+// free; the others, and those from this host, in proxy mode (*Conn).
+func (p *Proxy) ListenPool(address string, backlog int) (*ProxyListener, error) {
+	return p.listen(address, backlog, true)
+}
+
 // ProxyListener is a listener held by ntproxy on the application's behalf.
 type ProxyListener struct {
 	p       *Proxy
 	backlog int
-	acceptq chan *Conn
+	pool    bool
+	acceptq chan net.Conn
 	done    chan struct{}
 	once    sync.Once
 
@@ -491,15 +589,20 @@ type ProxyListener struct {
 
 var _ net.Listener = (*ProxyListener)(nil)
 
-// ListenProxy is Listen with a backlog (0: ntproxy's default).
+// ListenProxy is Listen with a backlog (0: ntproxy's default), in proxy
+// mode.
 func (p *Proxy) ListenProxy(address string, backlog int) (*ProxyListener, error) {
+	return p.listen(address, backlog, false)
+}
+
+func (p *Proxy) listen(address string, backlog int, pool bool) (*ProxyListener, error) {
 	opErr := func(err error) error { return &net.OpError{Op: "listen", Net: "ntb", Addr: strAddr(address), Err: err} }
 	_, ps, err := net.SplitHostPort(address)
 	port, perr := strconv.Atoi(ps)
 	if err != nil || perr != nil || port < 0 || port > 65535 {
 		return nil, opErr(fmt.Errorf("address %q: want host:port with port 0..65535", address))
 	}
-	l := &ProxyListener{p: p, backlog: backlog, acceptq: make(chan *Conn, 64), done: make(chan struct{}), addr: Addr{Port: port}}
+	l := &ProxyListener{p: p, backlog: backlog, pool: pool, acceptq: make(chan net.Conn, 64), done: make(chan struct{}), addr: Addr{Port: port}}
 	if err := l.register(); err != nil {
 		return nil, opErr(err)
 	}
@@ -539,7 +642,7 @@ func (l *ProxyListener) register() (err error) {
 	port := l.addr.Port
 	l.mu.Unlock()
 	var reply appproto.ListenReply
-	err = exchange(ctx, req, appproto.ListenRequest{Port: port, AppPort: appPort, Backlog: l.backlog}, &reply)
+	err = exchange(ctx, req, appproto.ListenRequest{Port: port, AppPort: appPort, Backlog: l.backlog, Pool: l.pool && a.pool != nil}, &reply)
 	if err == nil && reply.Code != ctlapi.OK {
 		err = codeErr(reply.Code, reply.Error)
 	}
@@ -565,14 +668,14 @@ func (l *ProxyListener) register() (err error) {
 func (l *ProxyListener) runAccept() {
 	for {
 		l.mu.Lock()
-		ln := l.ln
+		ln, a := l.ln, l.a
 		l.mu.Unlock()
 		for {
 			c, err := ln.AcceptConn()
 			if err != nil {
 				break
 			}
-			go l.introduce(c)
+			go l.introduce(a, c)
 		}
 		for backoff := 10 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
 			select {
@@ -588,7 +691,7 @@ func (l *ProxyListener) runAccept() {
 }
 
 // introduce reads the Incoming frame ntproxy sends first and queues c.
-func (l *ProxyListener) introduce(c *Conn) {
+func (l *ProxyListener) introduce(a *attachment, c *Conn) {
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	var in appproto.Incoming
 	if err := appproto.ReadFrame(c, &in); err != nil {
@@ -596,6 +699,18 @@ func (l *ProxyListener) introduce(c *Conn) {
 		return
 	}
 	c.SetReadDeadline(time.Time{})
+	if in.Pool != nil {
+		pc, err := l.p.openPool(a, in.Pool, c, in.Local, in.Remote, Route{Path: in.Path, Reason: in.Reason})
+		if err != nil {
+			return
+		}
+		select {
+		case l.acceptq <- pc:
+		case <-l.done:
+			pc.Close()
+		}
+		return
+	}
 	if in.Direct != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		dc, err := l.p.openDirect(ctx, in.Direct, 1, c)
@@ -615,17 +730,9 @@ func (l *ProxyListener) introduce(c *Conn) {
 	}
 }
 
-// Accept waits for the next connection.
+// Accept waits for the next connection: a *Conn, or in shared-pool mode
+// a *PoolConn.
 func (l *ProxyListener) Accept() (net.Conn, error) {
-	c, err := l.AcceptConn()
-	if err != nil {
-		return nil, err
-	}
-	return c, nil
-}
-
-// AcceptConn is Accept returning the concrete type.
-func (l *ProxyListener) AcceptConn() (*Conn, error) {
 	select {
 	case c := <-l.acceptq:
 		return c, nil

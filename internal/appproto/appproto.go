@@ -4,7 +4,9 @@
 // An application connects to ntproxy's Unix socket and sends a Hello. The
 // proxy checks the caller's credentials (SO_PEERCRED), creates a private
 // memory link for it (an emulated NTB link in a memfd) and answers with a
-// Welcome that carries the link's descriptor (SCM_RIGHTS). Both sides then
+// Welcome that carries the link's descriptor (SCM_RIGHTS) and, when
+// ntproxy has shared-pool mode on, its shared buffer pool's (internal/pool;
+// its geometry in the Welcome). Both sides then
 // run socklike over that link; the Unix socket stays open and carries
 // nothing more — its closing is how each side learns the other has gone.
 //
@@ -36,7 +38,8 @@ import (
 )
 
 // Version is the protocol version; a mismatch is refused with CodeVersion.
-const Version = 1
+// Version 2 added the shared buffer pool.
+const Version = 2
 
 // LinkHeartbeatTimeout is the heartbeat timeout of an application's memory
 // link, at both ends. Its peer's death is known at once from the attach
@@ -54,8 +57,10 @@ const (
 //
 //	Hello   (app → proxy): magic u32 | version u16 | name length u16 | name
 //	Welcome (proxy → app): magic u32 | version u16 | code u16 | app id u64 |
-//	                       window u32 | message length u16 | message
-//	                       (+ the link's descriptor when code is OK)
+//	                       window u32 | pool slots u32 | pool ring u32 |
+//	                       message length u16 | message
+//	                       (+ the link's descriptor when code is OK, then
+//	                       the pool's when pool slots is not 0)
 const (
 	Magic = 0x5041_544e // "NTAP" little-endian
 
@@ -66,8 +71,10 @@ const (
 	offCode    = 6
 	offAppID   = 8
 	offWindow  = 16
-	offMsgN    = 20
-	welcFixed  = 22
+	offSlots   = 20
+	offRing    = 24
+	offMsgN    = 28
+	welcFixed  = 30
 
 	MaxName     = 64
 	MaxMessage  = 1024
@@ -119,7 +126,10 @@ type Welcome struct {
 	Code    ctlapi.Code
 	AppID   uint64
 	Window  uint32 // each side's window of the memory link
-	Message string // why, when Code is not OK
+	// PoolSlots and PoolRing are the shared buffer pool's geometry (0
+	// slots: no pool, shared-pool mode is off).
+	PoolSlots, PoolRing uint32
+	Message             string // why, when Code is not OK
 }
 
 // Encode returns the datagram.
@@ -134,6 +144,8 @@ func (w Welcome) Encode() []byte {
 	le.PutUint16(b[offCode:], uint16(w.Code))
 	le.PutUint64(b[offAppID:], w.AppID)
 	le.PutUint32(b[offWindow:], w.Window)
+	le.PutUint32(b[offSlots:], w.PoolSlots)
+	le.PutUint32(b[offRing:], w.PoolRing)
 	le.PutUint16(b[offMsgN:], uint16(len(msg)))
 	copy(b[welcFixed:], msg)
 	return b
@@ -152,11 +164,13 @@ func DecodeWelcome(b []byte) (Welcome, error) {
 		return Welcome{}, fmt.Errorf("welcome: message length %d in a %d-byte datagram", n, len(b))
 	}
 	return Welcome{
-		Version: le.Uint16(b[offVersion:]),
-		Code:    ctlapi.Code(le.Uint16(b[offCode:])),
-		AppID:   le.Uint64(b[offAppID:]),
-		Window:  le.Uint32(b[offWindow:]),
-		Message: string(b[welcFixed:]),
+		Version:   le.Uint16(b[offVersion:]),
+		Code:      ctlapi.Code(le.Uint16(b[offCode:])),
+		AppID:     le.Uint64(b[offAppID:]),
+		Window:    le.Uint32(b[offWindow:]),
+		PoolSlots: le.Uint32(b[offSlots:]),
+		PoolRing:  le.Uint32(b[offRing:]),
+		Message:   string(b[welcFixed:]),
 	}, nil
 }
 
@@ -169,6 +183,11 @@ type DialRequest struct {
 	Port     int    `json:"port"`
 	Priority int    `json:"priority"`
 	Direct   bool   `json:"direct,omitempty"`
+	// Pool asks for shared-pool mode: the connection's bytes go through a
+	// slot of the application's pool (the reply's Pool), not the memory
+	// link. ntproxy settles for proxy mode, and says so in the reply's
+	// Reason, when no slot is free or the connection stays on this host.
+	Pool bool `json:"pool,omitempty"`
 	// Transports restricts and orders the paths ("ntb", "rdma", "tcp").
 	Transports []string `json:"transports,omitempty"`
 }
@@ -190,7 +209,17 @@ const DirectPort = 1
 // connection once it listens on its direct link.
 const DirectReady = 'R'
 
+// PoolGrant names the slot of the application's pool a shared-pool
+// connection uses.
+type PoolGrant struct {
+	Slot int `json:"slot"`
+}
+
 // DialReply answers a DialRequest. On OK the connection is established.
+//
+// Between two proxies (the answer to a RackOpen) Window is the answering
+// leg's receive buffer: the opener never has more unacknowledged bytes
+// than that in flight. RackOpen.Window says the same the other way.
 type DialReply struct {
 	Code   ctlapi.Code `json:"code"`
 	Error  string      `json:"error,omitempty"`
@@ -199,7 +228,9 @@ type DialReply struct {
 	Path   string      `json:"path,omitempty"`
 	Reason string      `json:"reason,omitempty"`
 	Direct *DirectLink `json:"direct,omitempty"`
+	Pool   *PoolGrant  `json:"pool,omitempty"`
 	RxSeq  uint64      `json:"rx_seq,omitempty"` // answer to a resume
+	Window int         `json:"window,omitempty"`
 }
 
 // ListenRequest asks the proxy to accept connections to Port (0: any free
@@ -208,6 +239,9 @@ type ListenRequest struct {
 	Port    int `json:"port"`
 	AppPort int `json:"app_port"`
 	Backlog int `json:"backlog"`
+	// Pool: hand connections from rack peers over in shared-pool mode
+	// (same-host ones, and any when no slot is free, in proxy mode).
+	Pool bool `json:"pool,omitempty"`
 }
 
 // ListenReply answers a ListenRequest with the port listened on.
@@ -224,6 +258,7 @@ type Incoming struct {
 	Path   string      `json:"path"`
 	Reason string      `json:"reason"`
 	Direct *DirectLink `json:"direct,omitempty"`
+	Pool   *PoolGrant  `json:"pool,omitempty"`
 }
 
 // WriteFrame writes v as one frame.
@@ -289,4 +324,5 @@ type RackOpen struct {
 	Token  uint64 `json:"token,omitempty"`
 	Resume uint64 `json:"resume,omitempty"`
 	RxSeq  uint64 `json:"rx_seq,omitempty"`
+	Window int    `json:"window,omitempty"` // the opener's receive buffer (see DialReply)
 }

@@ -10,6 +10,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"github.com/ntstack/ntstack/internal/pool"
 	"net"
 	"os"
 	"path/filepath"
@@ -34,6 +35,11 @@ const (
 	DefaultMaxAppsPerUID = 64
 	DefaultDirectWindow  = 4 << 20
 	DefaultDirectQuota   = 256 << 20
+	// A shared pool of 32 slots of two 1 MiB rings (one socklike window
+	// each way, as a proxied connection gets) is 64 MiB of address space
+	// per application; only the rings' written pages take memory.
+	DefaultPoolSlots = 32
+	DefaultPoolRing  = 1 << 20
 )
 
 // Config is one host's configuration.
@@ -125,6 +131,13 @@ type Proxy struct {
 	// DirectQuota bounds the window memory of one application's direct
 	// connections (both sides of each link count).
 	DirectQuota int64 `toml:"direct_quota"`
+	// PoolSlots is how many shared-pool connections one application may
+	// have at a time (its pool's slots; -1: no pool, shared-pool mode
+	// off). Beyond them a shared-pool dial settles for proxy mode.
+	PoolSlots int `toml:"pool_slots"`
+	// PoolRing is each direction's ring of a shared-pool connection, in
+	// bytes (a power of two, 4 KiB-64 MiB).
+	PoolRing int `toml:"pool_ring"`
 	// Fallback is the TCP address this ntproxy accepts connections from
 	// peers that cannot use an NTB link to reach it ("" = none); peers
 	// name it as this host's peers[].fallback.
@@ -307,6 +320,12 @@ func (c *Config) setDefaults() {
 	if c.Proxy.DirectQuota == 0 {
 		c.Proxy.DirectQuota = DefaultDirectQuota
 	}
+	if c.Proxy.PoolSlots == 0 {
+		c.Proxy.PoolSlots = DefaultPoolSlots
+	}
+	if c.Proxy.PoolRing == 0 {
+		c.Proxy.PoolRing = DefaultPoolRing
+	}
 	if c.Proxy.MaxAppsPerUID == 0 {
 		c.Proxy.MaxAppsPerUID = DefaultMaxAppsPerUID
 	}
@@ -350,6 +369,14 @@ func (c *Config) Validate() error {
 	}
 	if c.Proxy.DirectWindow < 0 || c.Proxy.DirectWindow%4096 != 0 {
 		bad("proxy.direct_window %d: want a positive multiple of 4096", c.Proxy.DirectWindow)
+	}
+	if c.Proxy.PoolSlots < -1 {
+		bad("proxy.pool_slots %d: want -1 (no pool) or a count of slots", c.Proxy.PoolSlots)
+	}
+	if c.Proxy.PoolSlots > 0 {
+		if err := pool.CheckGeometry(c.Proxy.PoolSlots, c.Proxy.PoolRing); err != nil {
+			bad("proxy.pool_slots %d, proxy.pool_ring %d: %v", c.Proxy.PoolSlots, c.Proxy.PoolRing, err)
+		}
 	}
 	if c.Proxy.Partitions < 1 || c.Proxy.Partitions > 30 {
 		bad("proxy.partitions %d outside 1..30", c.Proxy.Partitions)

@@ -57,6 +57,16 @@ func SendFile(c *net.UnixConn, msg []byte, f *os.File) error {
 	return fmt.Errorf("send descriptor: %w", ErrNotSupported)
 }
 
+// SendFiles is not supported on this platform.
+func SendFiles(c *net.UnixConn, msg []byte, files ...*os.File) error {
+	return fmt.Errorf("send descriptor: %w", ErrNotSupported)
+}
+
+// RecvFiles is not supported on this platform.
+func RecvFiles(c *net.UnixConn, buf []byte, names ...string) (int, []*os.File, error) {
+	return 0, nil, fmt.Errorf("receive descriptor: %w", ErrNotSupported)
+}
+
 // RecvFile is not supported on this platform.
 func RecvFile(c *net.UnixConn, buf []byte, name string) (int, *os.File, error) {
 	return 0, nil, fmt.Errorf("receive descriptor: %w", ErrNotSupported)
@@ -64,3 +74,29 @@ func RecvFile(c *net.UnixConn, buf []byte, name string) (int, *os.File, error) {
 
 // Yield only yields the goroutine on this platform.
 func Yield() { runtime.Gosched() }
+
+// NewMemfd is not supported on this platform.
+func NewMemfd(name string, size int64) (*os.File, error) {
+	return nil, fmt.Errorf("memfd_create %s: %w", name, ErrNotSupported)
+}
+
+// MapShared is not supported on this platform.
+func MapShared(f *os.File, size int) ([]byte, error) {
+	return nil, fmt.Errorf("map %s: %w", f.Name(), ErrNotSupported)
+}
+
+// Unmap is not supported on this platform.
+func Unmap(b []byte) error { return fmt.Errorf("unmap: %w", ErrNotSupported) }
+
+// Discard is not supported on this platform.
+func Discard(f *os.File, off, n int64) error {
+	return fmt.Errorf("discard: %w", ErrNotSupported)
+}
+
+// FutexWait sleeps briefly: this platform has no futex, so waiters poll.
+func FutexWait(addr *uint32, val uint32, timeout time.Duration) {
+	time.Sleep(min(max(timeout, time.Millisecond), time.Millisecond))
+}
+
+// FutexWake does nothing: waiters poll on this platform.
+func FutexWake(addr *uint32) {}

@@ -35,8 +35,15 @@ func PeerCred(c *net.UnixConn) (Cred, error) {
 }
 
 // SendFile writes msg on c with f's descriptor attached (SCM_RIGHTS).
-func SendFile(c *net.UnixConn, msg []byte, f *os.File) error {
-	oob := unix.UnixRights(int(f.Fd()))
+func SendFile(c *net.UnixConn, msg []byte, f *os.File) error { return SendFiles(c, msg, f) }
+
+// SendFiles writes msg on c with the files' descriptors attached, in order.
+func SendFiles(c *net.UnixConn, msg []byte, files ...*os.File) error {
+	fds := make([]int, len(files))
+	for i, f := range files {
+		fds[i] = int(f.Fd())
+	}
+	oob := unix.UnixRights(fds...)
 	n, oobn, err := c.WriteMsgUnix(msg, oob, nil)
 	if err == nil && (n != len(msg) || oobn != len(oob)) {
 		err = errors.New("short write")
@@ -51,7 +58,17 @@ func SendFile(c *net.UnixConn, msg []byte, f *os.File) error {
 // descriptor that came with it, if any (nil otherwise). Extra descriptors
 // are closed; a truncated message or descriptor list is an error.
 func RecvFile(c *net.UnixConn, buf []byte, name string) (int, *os.File, error) {
-	oob := make([]byte, unix.CmsgSpace(4*4))
+	n, files, err := RecvFiles(c, buf, name)
+	if err != nil || len(files) == 0 {
+		return n, nil, err
+	}
+	return n, files[0], nil
+}
+
+// RecvFiles is RecvFile for up to len(names) descriptors, named in order;
+// it returns those that came.
+func RecvFiles(c *net.UnixConn, buf []byte, names ...string) (int, []*os.File, error) {
+	oob := make([]byte, unix.CmsgSpace(4*(len(names)+4)))
 	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
 	if err != nil {
 		return 0, nil, fmt.Errorf("receive descriptor: %w", err)
@@ -75,13 +92,15 @@ func RecvFile(c *net.UnixConn, buf []byte, name string) (int, *os.File, error) {
 		}
 		return 0, nil, errors.New("receive descriptor: message truncated")
 	}
-	if len(fds) == 0 {
-		return n, nil, nil
+	var files []*os.File
+	for i, fd := range fds {
+		if i >= len(names) {
+			unix.Close(fd)
+			continue
+		}
+		files = append(files, os.NewFile(uintptr(fd), names[i]))
 	}
-	for _, fd := range fds[1:] {
-		unix.Close(fd)
-	}
-	return n, os.NewFile(uintptr(fds[0]), name), nil
+	return n, files, nil
 }
 
 // Yield gives up the CPU to another runnable thread on it, if any

@@ -28,6 +28,7 @@ type app struct {
 	memfd  *os.File
 	dev    *shm.Device
 	ep     *socklike.Endpoint
+	pool   *appPool       // its shared buffer pool (nil: shared-pool mode off)
 	memory int64          // bytes of shared memory granted: its link and direct links
 	direct int64          // bytes of direct links, against proxy.direct_quota
 	wg     sync.WaitGroup // its request and splice goroutines
@@ -124,11 +125,19 @@ func (s *Server) attach(c *net.UnixConn) (_ *app, err error) {
 	if a.ep, err = socklike.Attach(a.dev, s.appCfg); err != nil {
 		return nil, refuse(ctlapi.CodeInternal, "%v", err)
 	}
+	files := []*os.File{a.memfd}
+	w := appproto.Welcome{Version: appproto.Version, AppID: a.id, Window: uint32(s.cfg.Proxy.AppWindow)}
+	if s.cfg.Proxy.PoolSlots > 0 {
+		if a.pool, err = newAppPool(fmt.Sprintf("app-%d-pool", a.id), s.cfg.Proxy.PoolSlots, s.cfg.Proxy.PoolRing); err != nil {
+			return nil, refuse(ctlapi.CodeInternal, "%v", err)
+		}
+		files = append(files, a.pool.f)
+		w.PoolSlots, w.PoolRing = uint32(s.cfg.Proxy.PoolSlots), uint32(s.cfg.Proxy.PoolRing)
+	}
 	if err := s.register(a); err != nil {
 		return nil, refuse(ctlapi.CodeOf(err), "%v", err)
 	}
-	w := appproto.Welcome{Version: appproto.Version, AppID: a.id, Window: uint32(s.cfg.Proxy.AppWindow)}
-	if err := proc.SendFile(c, w.Encode(), a.memfd); err != nil {
+	if err := proc.SendFiles(c, w.Encode(), files...); err != nil {
 		s.unregister(a)
 		return nil, err
 	}
@@ -163,7 +172,7 @@ func (s *Server) unregister(a *app) {
 }
 
 // release frees what attach set up.
-func (a *app) release() {
+func (a *app) release() error {
 	if a.ep != nil {
 		a.ep.Close()
 	}
@@ -173,6 +182,10 @@ func (a *app) release() {
 	if a.memfd != nil {
 		a.memfd.Close()
 	}
+	if a.pool != nil {
+		return a.pool.close()
+	}
+	return nil
 }
 
 // detach closes everything of a's and frees its memory link.
@@ -202,7 +215,9 @@ func (s *Server) detach(a *app) {
 	a.unix.Close()
 	a.ep.Close() // ends the service goroutines' Accept; nothing touches the link after
 	a.wg.Wait()
-	a.release()
+	if err := a.release(); err != nil {
+		s.logf("app %d: %v", a.id, err)
+	}
 }
 
 // runService accepts requests on one of the proxy's service ports.
@@ -249,14 +264,18 @@ func (s *Server) serveDial(a *app, c *socklike.Conn) {
 	}
 	c.SetDeadline(time.Time{})
 	reply := appproto.DialReply{Local: pc.local, Remote: pc.remote, Path: pc.path, Reason: pc.reason}
+	if pc.slot != nil {
+		reply.Pool = &appproto.PoolGrant{Slot: pc.slot.index}
+	}
 	if err := appproto.WriteFrame(c, reply); err != nil {
+		pc.abandonSlot(s, a)
 		other.Close()
 		c.Close()
 		return
 	}
 	if pc.leggy() {
 		peer, _ := s.cfg.Peer(hostOf(pc.remote))
-		s.runLeg(a, s.newLeg(pc, c, peer, legKey{s.cfg.Host, pc.id}, true, other, pc.path))
+		s.runLeg(a, s.newLeg(pc, c, peer, legKey{s.cfg.Host, pc.id}, true, other, pc.path, pc.peerWin))
 		return
 	}
 	s.splice(a, pc, c, other)
@@ -277,7 +296,7 @@ func errMessage(err error) string {
 
 // dial connects a's request to its destination and returns the proxied
 // connection's record and the far side's connection.
-func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (*pconn, net.Conn, error) {
+func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (_ *pconn, _ net.Conn, err error) {
 	class, err := validClass(req.Priority)
 	if err != nil {
 		return nil, nil, err
@@ -291,6 +310,14 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (*p
 	}
 	pc := &pconn{id: s.nextID.Add(1), app: a.id, dir: "out", path: route.Path, reason: route.Reason, link: route.Link, partition: -1, hops: route.Hops}
 	pc.remote = hostPort(route.Host, req.Port)
+	if req.Pool {
+		s.tryPool(a, pc)
+		defer func() {
+			if err != nil {
+				pc.dropSlot()
+			}
+		}()
+	}
 	switch route.Path {
 	case ctlapi.PathSHM:
 		pc.local = hostPort(s.cfg.Host, int(pc.id%50000)+10000)
@@ -310,7 +337,7 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (*p
 			return nil, nil, fabricErr(route.Host, req.Port, err)
 		}
 		pc.partition = fc.Partition()
-		if err := s.rackOpen(fc, route.Host, appproto.RackOpen{Port: req.Port, Token: pc.id}); err != nil {
+		if pc.peerWin, err = s.rackOpen(fc, route.Host, appproto.RackOpen{Port: req.Port, Token: pc.id, Window: pc.rxWindow()}); err != nil {
 			fc.Close()
 			return nil, nil, err
 		}
@@ -322,7 +349,7 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (*p
 			return nil, nil, err
 		}
 		pc.local = c.LocalAddr().String()
-		if err := s.rackOpen(c, route.Host, appproto.RackOpen{Port: req.Port, Token: pc.id}); err != nil {
+		if pc.peerWin, err = s.rackOpen(c, route.Host, appproto.RackOpen{Port: req.Port, Token: pc.id, Window: pc.rxWindow()}); err != nil {
 			c.Close()
 			return nil, nil, err
 		}
@@ -380,8 +407,9 @@ func (s *Server) connect(ctx context.Context, h ctlapi.Hop) (net.Conn, error) {
 }
 
 // rackOpen introduces a connection (open, From filled in here) to the peer
-// proxy at its far end and waits for its verdict.
-func (s *Server) rackOpen(c net.Conn, host string, open appproto.RackOpen) error {
+// proxy at its far end and waits for its verdict; it returns the peer's
+// receive window.
+func (s *Server) rackOpen(c net.Conn, host string, open appproto.RackOpen) (int, error) {
 	open.From = s.cfg.Host
 	port := open.Port
 	c.SetDeadline(time.Now().Add(requestTimeout))
@@ -394,10 +422,10 @@ func (s *Server) rackOpen(c net.Conn, host string, open appproto.RackOpen) error
 		err = &ctlapi.Error{Code: reply.Code, Message: fmt.Sprintf("%s: %s", host, reply.Error)}
 	}
 	if err != nil {
-		return fabricErr(host, port, err)
+		return 0, fabricErr(host, port, err)
 	}
 	c.SetDeadline(time.Time{})
-	return nil
+	return reply.Window, nil
 }
 
 // fabricErr gives a failed connect over a rack link its code.
@@ -422,7 +450,11 @@ func (s *Server) appStats() []ctlapi.AppStat {
 	defer s.mu.Unlock()
 	out := make([]ctlapi.AppStat, 0, len(s.apps))
 	for _, a := range s.apps {
-		out = append(out, ctlapi.AppStat{ID: a.id, PID: a.cred.PID, UID: a.cred.UID, Name: a.name, Conns: len(a.conns), Memory: a.memory})
+		mem := a.memory
+		if a.pool != nil {
+			mem += a.pool.inUse()
+		}
+		out = append(out, ctlapi.AppStat{ID: a.id, PID: a.cred.PID, UID: a.cred.UID, Name: a.name, Conns: len(a.conns), Memory: mem})
 	}
 	return out
 }

@@ -31,6 +31,8 @@ type pconn struct {
 	remote    string
 	direct    bool         // direct mode: the proxy holds only the lease
 	leg       *leg         // the part between this proxy and a peer's, if any
+	slot      *poolUse     // shared-pool mode: its slot of the application's pool
+	peerWin   int          // the peer leg's receive window
 	hops      []ctlapi.Hop // the transports its leg may move between (dialer side)
 
 	bytesTX, bytesRX atomic.Uint64 // from / to the application

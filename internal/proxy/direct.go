@@ -97,7 +97,7 @@ func (s *Server) dialDirect(ctx context.Context, a *app, req appproto.DialReques
 			err = fabricErr(route.Host, req.Port, err)
 			break
 		}
-		err = s.rackOpen(fc, route.Host, appproto.RackOpen{Port: req.Port, Direct: dl.Name})
+		_, err = s.rackOpen(fc, route.Host, appproto.RackOpen{Port: req.Port, Direct: dl.Name})
 		fc.Close() // the far proxy holds its application's lease
 	}
 	if err != nil {

@@ -9,12 +9,14 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/ntstack/ntstack/internal/appproto"
 	"github.com/ntstack/ntstack/internal/config"
 	"github.com/ntstack/ntstack/internal/ctlapi"
+	"github.com/ntstack/ntstack/internal/pool"
 	"github.com/ntstack/ntstack/ntb"
 )
 
@@ -38,7 +40,9 @@ import (
 //
 // Memory: at most legMaxUnacked bytes wait for an acknowledgement per
 // direction; a writer beyond that waits (back-pressure, nothing dropped).
-// The receiver acknowledges every legAckEvery bytes and at a FIN.
+// No more than the peer's receive buffer (its window, exchanged when the
+// leg opens) is in flight unacknowledged. The receiver acknowledges every
+// legAckEvery bytes (a quarter of its buffer, if less) and at a FIN.
 //
 // Copies: both queues are byteRings. The pump reads the application's
 // bytes straight into the unacknowledged ring and the sender writes them
@@ -46,7 +50,9 @@ import (
 // into the received ring and the deliverer writes it from there to the
 // application: one copy in and one out at each proxy, as a ring-to-ring
 // splice would take, and nothing moves when bytes are acknowledged or
-// delivered. A frame with more than legInline bytes of payload goes out
+// delivered. In shared-pool mode (pool.go) the application's slot is
+// both queues: the pump and the deliverer are gone, the sender writes
+// from the slot's out ring and the receiver reads into its in ring. A frame with more than legInline bytes of payload goes out
 // as two writes, header and payload, so that the payload is not copied
 // into a frame first; the receiver stages headers and small frames in a
 // buffer of legStage bytes and reads larger payloads past it.
@@ -83,12 +89,16 @@ type legKey struct {
 }
 
 type leg struct {
-	s      *Server
-	pc     *pconn
-	app    net.Conn // the application's end
-	peer   config.Peer
-	key    legKey
-	dialer bool // this side reconnects
+	s       *Server
+	pc      *pconn
+	app     net.Conn // the application's end (shared-pool mode: only closed)
+	peer    config.Peer
+	key     legKey
+	dialer  bool       // this side reconnects
+	slot    *pool.Slot // shared-pool mode: the application's rings, else nil
+	peerWin uint64     // the peer's receive buffer: the most in flight unacknowledged
+	ended   atomic.Bool
+	busy    sync.WaitGroup // goroutines that may touch the rings
 
 	dmu sync.Mutex
 	// dmu protects the following fields. The receive loop only queues
@@ -103,6 +113,7 @@ type leg struct {
 	finDone     bool     // the FIN is passed on to the application
 	dclosed     bool
 	rxBusy      bool // a receive loop reads into rx's free room (outside dmu)
+	discard     bool // shared-pool mode: the application closed; drop what arrives
 
 	mu sync.Mutex
 	// mu protects the following fields.
@@ -122,10 +133,20 @@ type leg struct {
 	lastPause time.Duration
 }
 
-// newLeg starts a leg over its first transport c.
-func (s *Server) newLeg(pc *pconn, app net.Conn, peer config.Peer, key legKey, dialer bool, c net.Conn, path string) *leg {
+// newLeg starts a leg over its first transport c; in shared-pool mode
+// (pc.slot set) its queues are the slot's rings. peerWin is the peer's
+// receive buffer (0: legMaxUnacked, a peer that did not say).
+func (s *Server) newLeg(pc *pconn, app net.Conn, peer config.Peer, key legKey, dialer bool, c net.Conn, path string, peerWin int) *leg {
 	l := &leg{s: s, pc: pc, app: app, peer: peer, key: key, dialer: dialer, finAt: -1,
-		rx: newByteRing(legMaxUnacked), tx: newByteRing(legMaxUnacked)}
+		rx: newByteRing(legMaxUnacked), tx: newByteRing(legMaxUnacked), peerWin: legMaxUnacked}
+	if peerWin > 0 {
+		l.peerWin = uint64(min(peerWin, legMaxUnacked))
+	}
+	if pc.slot != nil {
+		l.slot = pc.slot.Slot
+		l.tx = byteRing{buf: l.slot.Out, max: len(l.slot.Out)}
+		l.rx = byteRing{buf: l.slot.In, max: len(l.slot.In)}
+	}
 	l.cond = sync.NewCond(&l.mu)
 	l.dcond = sync.NewCond(&l.dmu)
 	l.cur, l.path, l.gen = c, path, 1
@@ -151,16 +172,27 @@ func (s *Server) runLeg(a *app, l *leg) {
 	s.mu.Unlock()
 	l.mu.Lock()
 	c, gen := l.cur, l.gen
+	l.busy.Add(2)
 	l.mu.Unlock()
-	go func() { defer s.wg.Done(); l.runSend() }()
-	go func() { defer s.wg.Done(); l.runDeliver() }()
-	go func() { defer s.wg.Done(); l.runRecv(c, gen) }()
+	go func() { defer s.wg.Done(); defer l.busy.Done(); l.runSend() }()
+	go func() { defer s.wg.Done(); defer l.busy.Done(); l.runRecv(c, gen) }()
+	if l.slot == nil {
+		go func() { defer s.wg.Done(); l.runDeliver() }()
+	} else {
+		s.wg.Done()
+	}
 	if l.dialer {
 		go func() { defer s.wg.Done(); l.runFailForward() }()
 	} else {
 		s.wg.Done()
 	}
-	l.runPump()
+	if l.slot == nil {
+		l.runPump()
+		return
+	}
+	l.runPool()
+	l.busy.Wait()
+	l.releaseSlot(a)
 }
 
 // runPump reads the application straight into the unacknowledged ring,
@@ -211,7 +243,7 @@ func (l *leg) runSend() {
 	frame := make([]byte, legHdr+legInline)
 	for {
 		l.mu.Lock()
-		for !l.closed && (l.cur == nil || (l.ackWanted == l.ackSent && l.sent == l.tx.end() && !(l.finQueued && !l.finSent))) {
+		for !l.closed && (l.cur == nil || (l.ackWanted == l.ackSent && l.sendable() == 0 && !l.finDueLocked())) {
 			l.cond.Wait()
 		}
 		if l.closed {
@@ -226,13 +258,13 @@ func (l *leg) runSend() {
 		case l.ackWanted != l.ackSent:
 			ack, seq = true, l.ackWanted
 			b = putLegHdr(frame, legAck, seq, 0)
-		case seq < l.tx.end():
+		case l.sendable() > 0:
 			// p stays intact while unlocked: only an acknowledgement
 			// frees bytes for the pump to reuse, and the peer acknowledges
 			// only bytes it has received — from this write once it has
 			// copied them, or from an earlier transport, and then c has
 			// been replaced and the peer ignores what still arrives on it.
-			p := l.tx.span(seq, legMaxPayload)
+			p := l.tx.span(seq, min(legMaxPayload, l.sendable()))
 			n = uint64(len(p))
 			b = putLegHdr(frame, legData, seq, len(p))
 			if len(p) <= legInline {
@@ -240,7 +272,7 @@ func (l *leg) runSend() {
 			} else {
 				b, payload = b[:legHdr], p
 			}
-		default:
+		default: // finDueLocked
 			fin = true
 			b = putLegHdr(frame, legFin, seq, 0)
 		}
@@ -268,6 +300,21 @@ func (l *leg) runSend() {
 			l.maybeDone()
 		}
 	}
+}
+
+// finDueLocked: the application finished writing, and all it wrote is sent.
+func (l *leg) finDueLocked() bool {
+	return l.finQueued && !l.finSent && l.sent == l.tx.end()
+}
+
+// sendable is how many queued bytes may go out now: those not yet sent,
+// as far as the peer's buffer has room.
+func (l *leg) sendable() int {
+	inFlight := l.sent - l.tx.base
+	if inFlight >= l.peerWin {
+		return 0
+	}
+	return int(min(l.tx.end()-l.sent, l.peerWin-inFlight))
 }
 
 // putLegHdr writes a header into frame and returns the frame of a payload
@@ -369,7 +416,7 @@ func (l *leg) receive(c net.Conn, gen, seq uint64, n int, head, scratch []byte) 
 	case keep > 0 && l.finAt >= 0:
 		l.dmu.Unlock()
 		return fmt.Errorf("%w: data after the fin", errLegProtocol)
-	case keep > legMaxUnacked-l.rx.n:
+	case keep > l.rx.max-l.rx.n:
 		l.dmu.Unlock()
 		return fmt.Errorf("%w: the peer sent beyond its window", errLegProtocol)
 	}
@@ -379,7 +426,7 @@ func (l *leg) receive(c net.Conn, gen, seq uint64, n int, head, scratch []byte) 
 		l.rx.put(h) // fits: checked above
 		l.rxSeq += uint64(len(h))
 		keep -= len(h)
-		l.dcond.Broadcast()
+		l.rxAddedLocked()
 	}
 	if skip+keep == 0 {
 		l.dmu.Unlock()
@@ -419,7 +466,7 @@ func (l *leg) receiveRest(c net.Conn, gen uint64, skip, keep int, scratch []byte
 		l.rxSeq += uint64(k)
 		keep -= k
 		if k > 0 {
-			l.dcond.Broadcast()
+			l.rxAddedLocked()
 		}
 		l.dmu.Unlock()
 	}
@@ -467,7 +514,7 @@ func (l *leg) runDeliver() {
 			l.finDone = true
 		}
 		ack := uint64(0)
-		if fin || l.rxDelivered-l.rxAcked >= legAckEvery {
+		if fin || l.rxDelivered-l.rxAcked >= l.ackEvery() {
 			l.rxAcked = l.rxDelivered
 			ack = l.rxDelivered
 		}
@@ -511,6 +558,10 @@ func (l *leg) trimLocked(seq uint64) error {
 	l.sent = max(l.sent, seq)
 	l.pc.inFlight[0].Store(int64(l.tx.n))
 	l.cond.Broadcast()
+	if l.slot != nil {
+		l.slot.SetOutTail(seq)
+		l.slot.Notify(pool.App)
+	}
 	return nil
 }
 
@@ -526,6 +577,11 @@ func (l *leg) finished(gen, seq uint64) error {
 	}
 	l.finAt = int64(seq)
 	l.dcond.Broadcast()
+	if l.slot != nil {
+		l.slot.SetFlags(pool.Proxy, pool.FlagFin)
+		l.slot.Notify(pool.App)
+		l.slot.Kick(pool.Proxy) // runPool finishes once the application has read all
+	}
 	return nil
 }
 
@@ -552,14 +608,23 @@ func (l *leg) close(cause error) {
 		return
 	}
 	l.closed = true
+	l.ended.Store(true)
 	c := l.cur
 	l.cur = nil
 	l.gen++
 	l.cond.Broadcast()
+	sentAll := l.finSent && l.tx.n == 0
 	l.mu.Unlock()
 	l.dmu.Lock()
 	l.dclosed = true
 	l.dcond.Broadcast()
+	if l.slot != nil {
+		if !sentAll || !l.finDone {
+			l.slot.SetFlags(pool.Proxy, pool.FlagReset)
+		}
+		l.slot.Kick(pool.App)
+		l.slot.Kick(pool.Proxy)
+	}
 	l.dmu.Unlock()
 	if c != nil {
 		// Tell the peer's leg not to wait for a resume (best effort: the
@@ -788,10 +853,11 @@ func (l *leg) install(c net.Conn, path string, peerRx uint64) error {
 	l.s.pathSwitches.Add(1)
 	l.lastPause = pause
 	l.cond.Broadcast()
+	l.busy.Add(1)
 	l.mu.Unlock()
 	l.s.logf("leg %s/%d: moved from %s to %s, paused %v", l.key.from, l.key.token, from, path, pause.Round(time.Microsecond))
 	l.s.wg.Add(1)
-	go func() { defer l.s.wg.Done(); l.runRecv(c, gen) }()
+	go func() { defer l.s.wg.Done(); defer l.busy.Done(); l.runRecv(c, gen) }()
 	return nil
 }
 

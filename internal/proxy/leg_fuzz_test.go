@@ -30,7 +30,7 @@ func FuzzLegRecv(f *testing.F) {
 		defer appPeer.Close()
 		ours, theirs := net.Pipe()
 		pc := &pconn{id: 1}
-		l := s.newLeg(pc, appEnd, config.Peer{Host: "b"}, legKey{"b", 1}, false, ours, "ntb")
+		l := s.newLeg(pc, appEnd, config.Peer{Host: "b"}, legKey{"b", 1}, false, ours, "ntb", 0)
 		go func() {
 			theirs.Write(in)
 			theirs.Close()

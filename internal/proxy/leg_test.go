@@ -22,7 +22,7 @@ func TestLegRepeatsAckOnNewTransport(t *testing.T) {
 	defer appPeer.Close()
 	old, oldPeer := net.Pipe()
 	defer oldPeer.Close()
-	l := s.newLeg(&pconn{id: 1}, appEnd, config.Peer{Host: "b"}, legKey{"b", 1}, false, old, "ntb")
+	l := s.newLeg(&pconn{id: 1}, appEnd, config.Peer{Host: "b"}, legKey{"b", 1}, false, old, "ntb", 0)
 	const acked = 5 << 20
 	l.mu.Lock()
 	l.ackWanted, l.ackSent = acked, acked // written on old, then old failed

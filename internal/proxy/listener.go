@@ -27,6 +27,7 @@ type listener struct {
 	port    int
 	appPort int
 	backlog int
+	pool    bool          // hand rack connections over in shared-pool mode
 	slots   chan struct{} // handoffs in progress, at most backlog
 	req     *socklike.Conn
 	rack    []rackListener
@@ -77,7 +78,7 @@ func (s *Server) listen(a *app, c *socklike.Conn, req appproto.ListenRequest) (_
 	if err != nil {
 		return nil, err
 	}
-	l := &listener{app: a, port: port, appPort: req.AppPort, backlog: req.Backlog, slots: make(chan struct{}, req.Backlog), req: c}
+	l := &listener{app: a, port: port, appPort: req.AppPort, backlog: req.Backlog, pool: req.Pool, slots: make(chan struct{}, req.Backlog), req: c}
 	defer func() {
 		if err != nil {
 			l.closeRack()
@@ -265,23 +266,33 @@ func (s *Server) serveInbound(fc net.Conn, in inbound) {
 		s.serveRackDirect(fc, open, l, pc, refuse)
 		return
 	}
-	ac, err := s.handoff(ctx, l, appproto.Incoming{Local: pc.local, Remote: pc.remote, Path: pc.path, Reason: pc.reason}, pc)
+	if open.Token == 0 {
+		refuse(ctlapi.Errorf(ctlapi.CodeBadRequest, "open from %s without a token", open.From))
+		return
+	}
+	incoming := appproto.Incoming{Local: pc.local, Remote: pc.remote, Path: pc.path}
+	if l.pool {
+		s.tryPool(l.app, pc)
+		if pc.slot != nil {
+			incoming.Pool = &appproto.PoolGrant{Slot: pc.slot.index}
+		}
+	}
+	incoming.Reason = pc.reason
+	ac, err := s.handoff(ctx, l, incoming, pc)
 	if err != nil {
+		pc.abandonSlot(s, l.app)
 		refuse(err)
 		return
 	}
 	fc.SetDeadline(time.Time{})
-	if err := appproto.WriteFrame(fc, appproto.DialReply{Local: pc.remote, Remote: pc.local, Path: pc.path}); err != nil {
+	if err := appproto.WriteFrame(fc, appproto.DialReply{Local: pc.remote, Remote: pc.local, Path: pc.path, Window: pc.rxWindow()}); err != nil {
+		pc.abandonSlot(s, l.app)
 		ac.Close()
 		fc.Close()
 		return
 	}
 	peer, _ := s.cfg.Peer(open.From)
-	if open.Token == 0 {
-		refuse(ctlapi.Errorf(ctlapi.CodeBadRequest, "open from %s without a token", open.From))
-		return
-	}
-	s.runLeg(l.app, s.newLeg(pc, ac, peer, legKey{open.From, open.Token}, false, fc, in.path))
+	s.runLeg(l.app, s.newLeg(pc, ac, peer, legKey{open.From, open.Token}, false, fc, in.path, open.Window))
 }
 
 // serveFallback takes connections from peers' proxies on ln, a listener

@@ -4,7 +4,10 @@ import (
 	"encoding/binary"
 	"math/bits"
 	"sync/atomic"
+	"time"
 	"unsafe"
+
+	"github.com/ntstack/ntstack/internal/proc"
 )
 
 // nativeLE is true on little-endian CPUs, where no swap is needed: the
@@ -49,3 +52,13 @@ func (m Mem) Store64(off int, v uint64) { atomic.StoreUint64((*uint64)(m.ptr(off
 func Aligned8(b []byte) bool {
 	return len(b) > 0 && uintptr(unsafe.Pointer(&b[0]))%8 == 0
 }
+
+// Wait32 sleeps while the 32-bit word at off holds v, at most timeout (no
+// limit if timeout ≤ 0), woken early by Wake32 on the same word from any
+// process that maps it. Spurious returns happen: callers check again.
+func (m Mem) Wait32(off int, v uint32, timeout time.Duration) {
+	proc.FutexWait((*uint32)(m.ptr(off, 4)), le32(v), timeout)
+}
+
+// Wake32 wakes every Wait32 on the word at off.
+func (m Mem) Wake32(off int) { proc.FutexWake((*uint32)(m.ptr(off, 4))) }

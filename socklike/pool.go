@@ -1,0 +1,321 @@
+package socklike
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/ntstack/ntstack/internal/pool"
+	"github.com/ntstack/ntstack/internal/proc"
+)
+
+// EnvPool, set to 1, makes DefaultProxy's dials (a Dialer without Proxy)
+// and Listen ask for shared-pool mode.
+const EnvPool = "NTSTACK_POOL"
+
+// poolChunk is the most a Write publishes at a time, so that ntproxy
+// starts sending the front of a large write while the rest is copied.
+const poolChunk = 64 << 10
+
+// sharedPool is this process's mapping of an attachment's shared buffer
+// pool. It stays mapped while the attachment lives or any of its
+// connections is open, whichever is longer.
+type sharedPool struct {
+	mem   []byte
+	ring  int
+	slots int
+
+	mu sync.Mutex
+	// mu protects the following fields.
+	refs  int // open connections, and one for the attachment
+	conns map[*PoolConn]struct{}
+}
+
+func mapPool(f *os.File, slots, ring int) (*sharedPool, error) {
+	if err := pool.CheckGeometry(slots, ring); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrProxy, err)
+	}
+	mem, err := proc.MapShared(f, slots*pool.SlotSize(ring))
+	if err != nil {
+		return nil, fmt.Errorf("shared pool: %w", err)
+	}
+	return &sharedPool{mem: mem, ring: ring, slots: slots, refs: 1, conns: map[*PoolConn]struct{}{}}, nil
+}
+
+// open returns the connection of slot i.
+func (sp *sharedPool) open(i int, spin time.Duration) (*PoolConn, error) {
+	if i < 0 || i >= sp.slots {
+		return nil, fmt.Errorf("%w: pool slot %d of %d", ErrProxy, i, sp.slots)
+	}
+	n := pool.SlotSize(sp.ring)
+	s, err := pool.NewSlot(sp.mem[i*n:(i+1)*n], sp.ring)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrProxy, err)
+	}
+	c := &PoolConn{slot: s, sp: sp, spin: spin}
+	sp.mu.Lock()
+	sp.refs++
+	sp.conns[c] = struct{}{}
+	sp.mu.Unlock()
+	return c, nil
+}
+
+// release drops a reference (c's, or the attachment's when c is nil) and
+// unmaps the pool after the last.
+func (sp *sharedPool) release(c *PoolConn) {
+	sp.mu.Lock()
+	if c != nil {
+		delete(sp.conns, c)
+	}
+	sp.refs--
+	last := sp.refs == 0
+	sp.mu.Unlock()
+	if last {
+		proc.Unmap(sp.mem)
+	}
+}
+
+// failAll fails every open connection with err (ntproxy went away).
+func (sp *sharedPool) failAll(err error) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	for c := range sp.conns {
+		c.fail(err)
+	}
+}
+
+// PoolConn is a connection in shared-pool mode: its bytes go through a
+// slot of the pool this process shares with ntproxy (internal/pool). A
+// Write copies into the slot's out ring, from which ntproxy sends onto the
+// rack link; a Read copies out of the in ring, into which ntproxy reads
+// from the rack link — two copies fewer per direction than proxy mode,
+// and no memory link or socklike worker in between.
+//
+// Concurrency: as net.Conn, one Read and one Write may run at once with
+// any other method. A call that waits spins for Config.SpinBudget, then
+// sleeps on a futex in the slot, holding its thread.
+type PoolConn struct {
+	slot          *pool.Slot
+	sp            *sharedPool
+	spin          time.Duration
+	local, remote Addr
+	route         Route
+
+	rmu    sync.Mutex // one Read at a time
+	inTail uint64     // bytes read (rmu)
+
+	wmu     sync.Mutex // one Write at a time
+	outHead uint64     // bytes written (wmu)
+
+	rdl, wdl atomic.Int64 // deadlines, Unix nanoseconds; 0: none
+	closed   atomic.Bool
+	finSent  atomic.Bool
+	err      atomic.Pointer[error] // set when ntproxy went away
+	fmu      sync.Mutex            // serialises this side's flag stores
+}
+
+var _ net.Conn = (*PoolConn)(nil)
+
+func (c *PoolConn) LocalAddr() net.Addr  { return c.local }
+func (c *PoolConn) RemoteAddr() net.Addr { return c.remote }
+
+// Route returns the connection's path and the reason it was chosen.
+func (c *PoolConn) Route() Route { return c.route }
+
+func (c *PoolConn) opErr(op string, err error) error {
+	return &net.OpError{Op: op, Net: "ntb", Source: c.local, Addr: c.remote, Err: err}
+}
+
+func (c *PoolConn) fail(err error) {
+	c.err.CompareAndSwap(nil, &err)
+	c.slot.Kick(pool.App)
+}
+
+func (c *PoolConn) failure() error {
+	if p := c.err.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+var errPoolCorrupt = errors.New("shared pool slot indices out of range")
+
+// Read reads what the peer wrote, blocking until at least one byte is
+// there, the peer finished (io.EOF), the deadline passed or the connection
+// failed. What arrived before a reset is still read first.
+func (c *PoolConn) Read(b []byte) (int, error) {
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	for {
+		if c.closed.Load() {
+			return 0, c.opErr("read", net.ErrClosed)
+		}
+		dl := c.rdl.Load()
+		if dl != 0 && time.Now().UnixNano() >= dl {
+			return 0, c.opErr("read", os.ErrDeadlineExceeded)
+		}
+		pf := c.slot.ProxyFlags()
+		head := c.slot.InHead()
+		if avail := head - c.inTail; avail > 0 {
+			if avail > uint64(len(c.slot.In)) || head < c.inTail {
+				return 0, c.opErr("read", errPoolCorrupt)
+			}
+			if len(b) == 0 {
+				return 0, nil
+			}
+			n := ringCopyOut(b, c.slot.In, c.inTail, int(avail))
+			c.inTail += uint64(n)
+			c.slot.SetInTail(c.inTail)
+			c.slot.Notify(pool.Proxy)
+			return n, nil
+		}
+		switch {
+		case pf&pool.FlagFin != 0: // set after the last byte's head: none is left
+			return 0, io.EOF
+		case c.failure() != nil:
+			return 0, c.opErr("read", c.failure())
+		case pf&pool.FlagReset != 0:
+			return 0, c.opErr("read", syscall.ECONNRESET)
+		}
+		c.slot.Wait(pool.App, func() bool {
+			return c.slot.InHead() != head || c.slot.ProxyFlags() != pf || c.closed.Load() || c.err.Load() != nil || c.rdl.Load() != dl
+		}, c.spin, unixTime(dl))
+	}
+}
+
+// Write writes b, blocking while the out ring is full (the peer has not
+// acknowledged enough), until all is written, the deadline passes or the
+// connection fails.
+func (c *PoolConn) Write(b []byte) (int, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	n := 0
+	for n < len(b) {
+		if c.closed.Load() {
+			return n, c.opErr("write", net.ErrClosed)
+		}
+		if c.finSent.Load() {
+			return n, c.opErr("write", syscall.EPIPE)
+		}
+		dl := c.wdl.Load()
+		if dl != 0 && time.Now().UnixNano() >= dl {
+			return n, c.opErr("write", os.ErrDeadlineExceeded)
+		}
+		if err := c.failure(); err != nil {
+			return n, c.opErr("write", err)
+		}
+		pf := c.slot.ProxyFlags()
+		if pf&pool.FlagReset != 0 {
+			return n, c.opErr("write", syscall.ECONNRESET)
+		}
+		tail := c.slot.OutTail()
+		used := c.outHead - tail
+		if tail > c.outHead || used > uint64(len(c.slot.Out)) {
+			return n, c.opErr("write", errPoolCorrupt)
+		}
+		if free := len(c.slot.Out) - int(used); free > 0 {
+			k := ringCopyIn(c.slot.Out, c.outHead, b[n:min(len(b), n+poolChunk, n+free)])
+			c.outHead += uint64(k)
+			c.slot.SetOutHead(c.outHead)
+			c.slot.Notify(pool.Proxy)
+			n += k
+			continue
+		}
+		c.slot.Wait(pool.App, func() bool {
+			return c.slot.OutTail() != tail || c.slot.ProxyFlags() != pf || c.closed.Load() || c.err.Load() != nil || c.wdl.Load() != dl
+		}, c.spin, unixTime(dl))
+	}
+	return n, nil
+}
+
+// ringCopyOut copies up to avail bytes of ring from stream position pos
+// into b and returns how many.
+func ringCopyOut(b, ring []byte, pos uint64, avail int) int {
+	n := 0
+	for n < len(b) && n < avail {
+		i := int((pos + uint64(n)) & uint64(len(ring)-1))
+		n += copy(b[n:min(len(b), avail)], ring[i:])
+	}
+	return n
+}
+
+// ringCopyIn copies b into ring at stream position pos (the caller made
+// sure it fits) and returns len(b).
+func ringCopyIn(ring []byte, pos uint64, b []byte) int {
+	n := 0
+	for n < len(b) {
+		i := int((pos + uint64(n)) & uint64(len(ring)-1))
+		n += copy(ring[i:], b[n:])
+	}
+	return n
+}
+
+func unixTime(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+func (c *PoolConn) setDeadline(d *atomic.Int64, t time.Time) {
+	if t.IsZero() {
+		d.Store(0)
+	} else {
+		d.Store(t.UnixNano())
+	}
+	c.slot.Kick(pool.App) // a waiting call takes the new deadline
+}
+
+func (c *PoolConn) SetDeadline(t time.Time) error {
+	c.setDeadline(&c.rdl, t)
+	c.setDeadline(&c.wdl, t)
+	return nil
+}
+
+func (c *PoolConn) SetReadDeadline(t time.Time) error  { c.setDeadline(&c.rdl, t); return nil }
+func (c *PoolConn) SetWriteDeadline(t time.Time) error { c.setDeadline(&c.wdl, t); return nil }
+
+// CloseWrite finishes this side's stream: the peer reads io.EOF after
+// everything written before.
+func (c *PoolConn) CloseWrite() error {
+	if c.closed.Load() {
+		return c.opErr("close", net.ErrClosed)
+	}
+	c.wmu.Lock() // after any Write in progress
+	defer c.wmu.Unlock()
+	c.fmu.Lock()
+	defer c.fmu.Unlock()
+	if !c.finSent.Swap(true) {
+		c.slot.SetFlags(pool.App, pool.FlagFin)
+		c.slot.Notify(pool.Proxy)
+	}
+	return nil
+}
+
+// Close closes the connection: what was written is still delivered (then
+// the peer reads io.EOF), what arrives from now on is dropped. Blocked
+// calls return net.ErrClosed.
+func (c *PoolConn) Close() error {
+	if c.closed.Swap(true) {
+		return c.opErr("close", net.ErrClosed)
+	}
+	c.slot.Kick(pool.App)
+	// Once the flags say closed, ntproxy may take the slot back: wait for
+	// this side's calls to leave it first.
+	c.rmu.Lock()
+	c.wmu.Lock()
+	c.fmu.Lock()
+	c.slot.SetFlags(pool.App, pool.FlagFin|pool.FlagClosed)
+	c.slot.Notify(pool.Proxy)
+	c.fmu.Unlock()
+	c.wmu.Unlock()
+	c.rmu.Unlock()
+	c.sp.release(c)
+	return nil
+}
