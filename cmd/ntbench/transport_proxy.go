@@ -36,12 +36,25 @@ import (
 // direct is the same rack in direct mode (socklike's Dialer.Direct): the
 // proxies grant each connection a link of its own and leave the data path,
 // so its bytes go from application to application.
+//
+// pool is the same rack in shared-pool mode (Proxy.DialPool, ListenPool):
+// each application writes and reads a slot of a pool it shares with its
+// proxy, which sends from and receives into it.
 func init() {
-	register(transport{name: "proxy", listen: listenProxy, dial: dialProxy(false)})
-	register(transport{name: "direct", listen: listenProxy, dial: dialProxy(true)})
+	register(transport{name: "proxy", listen: listenProxy(false), dial: dialProxy(modeProxy)})
+	register(transport{name: "direct", listen: listenProxy(false), dial: dialProxy(modeDirect)})
+	register(transport{name: "pool", listen: listenProxy(true), dial: dialProxy(modePool)})
 }
 
-func dialProxy(direct bool) func(o *options, addr string) (net.Conn, error) {
+type proxyMode int
+
+const (
+	modeProxy proxyMode = iota
+	modeDirect
+	modePool
+)
+
+func dialProxy(mode proxyMode) func(o *options, addr string) (net.Conn, error) {
 	return func(o *options, addr string) (net.Conn, error) {
 		sock, target, ok := strings.Cut(addr, " ")
 		if !ok {
@@ -53,8 +66,18 @@ func dialProxy(direct bool) func(o *options, addr string) (net.Conn, error) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if direct {
+		switch mode {
+		case modeDirect:
 			return p.DialDirect(ctx, target, qos.Class(o.priority))
+		case modePool:
+			c, err := p.DialPool(ctx, target, qos.Class(o.priority))
+			if err == nil {
+				if _, ok := c.(*socklike.PoolConn); !ok {
+					c.Close()
+					return nil, fmt.Errorf("pool: got a proxied connection: %s", c.(*socklike.Conn).Route().Reason)
+				}
+			}
+			return c, err
 		}
 		return p.DialClass(ctx, target, qos.Class(o.priority))
 	}
@@ -105,7 +128,11 @@ type proxyRack struct {
 	stats  bool
 }
 
-func listenProxy(o *options) (_ net.Listener, _ string, err error) {
+func listenProxy(pool bool) func(o *options) (net.Listener, string, error) {
+	return func(o *options) (net.Listener, string, error) { return listenRack(o, pool) }
+}
+
+func listenRack(o *options, pool bool) (_ net.Listener, _ string, err error) {
 	r := &proxyRack{stats: o.stats}
 	defer func() {
 		if err != nil {
@@ -159,7 +186,11 @@ func listenProxy(o *options) (_ net.Listener, _ string, err error) {
 	if r.app, err = socklike.AttachProxy(cfgs[1].Path(config.ProxySocket), appConfig(o)); err != nil {
 		return nil, "", err
 	}
-	ln, err := r.app.ListenProxy(":0", 0)
+	listen := r.app.ListenProxy
+	if pool {
+		listen = r.app.ListenPool
+	}
+	ln, err := listen(":0", 0)
 	if err != nil {
 		return nil, "", err
 	}

@@ -53,6 +53,7 @@ package pool
 
 import (
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/ntstack/ntstack/internal/proc"
@@ -196,10 +197,18 @@ func (s *Slot) Wait(side Side, ready func() bool, spin time.Duration, deadline t
 				if time.Since(start) > spin {
 					break
 				}
+				// Gosched lets in this process's goroutines (ntproxy's
+				// sender, to which the caller may just have handed bytes);
+				// Yield another process waiting for the CPU.
+				runtime.Gosched()
 				proc.Yield()
 			}
 		}
 	}
+	// The futex sleep is a blocking system call during which this thread
+	// keeps its P until sysmon takes it back (up to 10 ms in a quiet
+	// process): let this process's runnable goroutines go first.
+	runtime.Gosched()
 	seen = s.hdr.Load32(ev)
 	s.hdr.Store32(sleep, 1)
 	if ready() {
