@@ -114,6 +114,7 @@ type PoolConn struct {
 	outHead uint64     // bytes written (wmu)
 
 	rdl, wdl atomic.Int64 // deadlines, Unix nanoseconds; 0: none
+	moved    atomic.Int64 // when a Read or Write last moved bytes, Unix nanoseconds
 	closed   atomic.Bool
 	finSent  atomic.Bool
 	err      atomic.Pointer[error] // set when ntproxy went away
@@ -173,6 +174,7 @@ func (c *PoolConn) Read(b []byte) (int, error) {
 			c.inTail += uint64(n)
 			c.slot.SetInTail(c.inTail)
 			c.slot.Notify(pool.Proxy)
+			c.moved.Store(time.Now().UnixNano())
 			return n, nil
 		}
 		switch {
@@ -185,7 +187,7 @@ func (c *PoolConn) Read(b []byte) (int, error) {
 		}
 		c.slot.Wait(pool.App, func() bool {
 			return c.slot.InHead() != head || c.slot.ProxyFlags() != pf || c.closed.Load() || c.err.Load() != nil || c.rdl.Load() != dl
-		}, c.spin, unixTime(dl))
+		}, pool.Spin(c.spin, c.moved.Load()), unixTime(dl))
 	}
 }
 
@@ -224,12 +226,13 @@ func (c *PoolConn) Write(b []byte) (int, error) {
 			c.outHead += uint64(k)
 			c.slot.SetOutHead(c.outHead)
 			c.slot.Notify(pool.Proxy)
+			c.moved.Store(time.Now().UnixNano())
 			n += k
 			continue
 		}
 		c.slot.Wait(pool.App, func() bool {
 			return c.slot.OutTail() != tail || c.slot.ProxyFlags() != pf || c.closed.Load() || c.err.Load() != nil || c.wdl.Load() != dl
-		}, c.spin, unixTime(dl))
+		}, pool.Spin(c.spin, c.moved.Load()), unixTime(dl))
 	}
 	return n, nil
 }

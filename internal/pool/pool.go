@@ -83,6 +83,22 @@ const (
 	FlagReset  uint32 = 4 // proxy: the connection ended abnormally
 )
 
+// Spin budgets: a waiter spins BusySpin instead of its usual budget when
+// its connection moved within BusyWindow, as socklike's calls do.
+const (
+	BusySpin   = 500 * time.Microsecond
+	BusyWindow = time.Millisecond
+)
+
+// Spin is the budget of a waiter whose connection last moved at last
+// (Unix nanoseconds) with usual budget spin.
+func Spin(spin time.Duration, last int64) time.Duration {
+	if time.Now().UnixNano()-last < int64(BusyWindow) {
+		return max(spin, BusySpin)
+	}
+	return spin
+}
+
 // Ring sizes: a power of two from MinRing to MaxRing.
 const (
 	MinRing = 4 << 10
@@ -184,6 +200,15 @@ func (s *Slot) Kick(side Side) {
 // notified, or deadline passes (the zero time: no deadline); the caller
 // then checks its state again. It spins for up to spin first, giving up
 // the CPU between checks (a peer sharing it runs at once), then sleeps.
+//
+// The sleep is a futex wait in the calling goroutine, and a blocking
+// system call keeps its thread's P until sysmon takes it back (20 µs to
+// 10 ms): other goroutines of the process may wait that long. Callers
+// therefore spin longer while their connection is busy (BusySpin). Waking
+// through an eventfd read by the runtime's poller instead was tried: it
+// holds no P, but the poller is consulted only when no goroutine is
+// runnable, and ntproxy's spinners always are — 64 B round trips took
+// ~490 µs instead of ~13.
 func (s *Slot) Wait(side Side, ready func() bool, spin time.Duration, deadline time.Time) {
 	ev, sleep := evOffs(side)
 	seen := s.hdr.Load32(ev)

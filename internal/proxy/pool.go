@@ -205,9 +205,14 @@ func (l *leg) rxAddedLocked() {
 func (l *leg) runPool() {
 	s := l.slot
 	spin := cmp.Or(l.s.appCfg.SpinBudget, socklike.DefaultSpinBudget)
+	var moved int64
+	var lastHead, lastTail uint64
 	for !l.ended.Load() {
 		af, pf := s.AppFlags(), s.ProxyFlags() // flags first: a FIN's head is final
 		head, tail := s.OutHead(), s.InTail()
+		if head != lastHead || tail != lastTail {
+			lastHead, lastTail, moved = head, tail, time.Now().UnixNano()
+		}
 		if err := l.poolOut(af, head); err != nil {
 			l.close(fmt.Errorf("application: %w", err))
 			return
@@ -218,7 +223,7 @@ func (l *leg) runPool() {
 		}
 		s.Wait(pool.Proxy, func() bool {
 			return l.ended.Load() || s.OutHead() != head || s.InTail() != tail || s.AppFlags() != af || s.ProxyFlags() != pf
-		}, spin, time.Time{})
+		}, pool.Spin(spin, moved), time.Time{})
 	}
 }
 
