@@ -97,12 +97,12 @@ lint: deps ## gofmt, go vet, staticcheck and the project's import and unsafe rul
 demo: build rackdeps ## a 2-host emulated rack running the KV and HTTP workloads beside TCP, then ntbench's transports
 	@if [ "$$(id -u)" = 0 ]; then bin/ntrack demo -bin bin -time 1s; \
 	else echo "demo: the emulated rack needs root (network namespaces); skipping it"; fi
-	bin/ntbench -transports ntb,direct,proxy,ring,tcp -modes pingpong,stream -size 64,65536 -duration 300ms
+	bin/ntbench -transports ntb,direct,pool,proxy,ring,tcp -modes pingpong,stream -size 64,65536 -duration 300ms
 
 .PHONY: bench
 bench: ## the full benchmark: JSON (out/bench.jsonl), a chart (out/bench.svg), the table, go test -bench
 	@mkdir -p out
-	$(GO) run ./cmd/ntbench -transports ntb,direct,proxy,ring,tcp,unix -modes pingpong,stream,rate -size 64,4096,65536 -json -q | tee out/bench.jsonl
+	$(GO) run ./cmd/ntbench -transports ntb,direct,pool,proxy,ring,tcp,unix -modes pingpong,stream,rate -size 64,4096,65536 -json -q | tee out/bench.jsonl
 	$(GO) run ./cmd/ntbench -plot out/bench.jsonl -svg out/bench.svg
 	$(GO) run ./cmd/ntbench -transports ntb,ring,tcp,unix -modes pingpong,stream -size 64,4096,65536
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./socklike/

@@ -29,9 +29,9 @@ func TestRackWorkloads(t *testing.T) {
 	res.Print(&out)
 	t.Logf("\n%s", out)
 	require.NoError(t, err)
-	require.Len(t, res.KV, 6)
-	require.Len(t, res.HTTP, 9)
-	paths := []string{ctlapi.PathNTB, ctlapi.PathNTB + "-direct", ctlapi.PathTCP}
+	require.Len(t, res.KV, 8)
+	require.Len(t, res.HTTP, 12)
+	paths := []string{ctlapi.PathNTB, ctlapi.PathNTB + "-pool", ctlapi.PathNTB + "-direct", ctlapi.PathTCP}
 	for i, k := range res.KV {
 		require.Equal(t, paths[i/2], k.Path)
 		require.Positive(t, k.Ops, "%s %s", k.Transport, k.Workload)

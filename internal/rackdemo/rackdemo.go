@@ -7,7 +7,9 @@
 //
 // The server applications attach to host b's ntproxy, the clients to host
 // a's. In proxy mode every byte crosses a's proxy, the NTB link and b's
-// proxy; in direct mode the proxies grant each connection a link of its
+// proxy; in shared-pool mode each application writes and reads a slot of a
+// pool it shares with its proxy, which sends from and receives into it;
+// in direct mode the proxies grant each connection a link of its
 // own and the bytes go from application to application. Both
 // applications live in the calling process (attached separately, each
 // with its own memory link); the TCP baseline runs the same server and
@@ -121,6 +123,16 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		host:   func(port int) string { return fmt.Sprintf("%s:%d", o.ServerHost.Host, port) },
 		path:   func(c net.Conn) string { return c.(*socklike.Conn).Route().Path },
 	}
+	pooled := &socklike.Dialer{Proxy: cli, Pool: true}
+	poolT := transport{
+		name: "ntstack shared pool (a → ntproxy → NTB → ntproxy → b, in place)",
+		listen: func(port int) (net.Listener, error) {
+			return srv.ListenPool(fmt.Sprintf(":%d", port), 0)
+		},
+		dial: pooled.DialContext,
+		host: func(port int) string { return fmt.Sprintf("%s:%d", o.ServerHost.Host, port) },
+		path: routePath,
+	}
 	var tcpAddr string
 	tcpT := transport{
 		name: "tcp loopback",
@@ -136,7 +148,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		path: func(net.Conn) string { return "tcp" },
 	}
 	var res Result
-	for _, t := range []transport{rackT, directT, tcpT} {
+	for _, t := range []transport{rackT, poolT, directT, tcpT} {
 		rows, err := runKV(ctx, t, o)
 		res.KV = append(res.KV, rows...)
 		if err != nil {
@@ -149,6 +161,17 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// routePath names a rack connection's path and mode.
+func routePath(c net.Conn) string {
+	switch c := c.(type) {
+	case *socklike.PoolConn:
+		return c.Route().Path + "-pool"
+	case *socklike.Conn:
+		return c.Route().Path
+	}
+	return fmt.Sprintf("%T", c)
 }
 
 // probe dials addr once to learn the connection's path.
