@@ -1,0 +1,87 @@
+package pool
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestCheckGeometry(t *testing.T) {
+	require.NoError(t, CheckGeometry(32, 1<<20))
+	require.Error(t, CheckGeometry(32, 3<<20), "not a power of two")
+	require.Error(t, CheckGeometry(32, 2048), "below MinRing")
+	require.Error(t, CheckGeometry(0, 1<<20))
+	require.Error(t, CheckGeometry(MaxSlots+1, 1<<20))
+	_, err := NewSlot(make([]byte, SlotSize(4096)-1), 4096)
+	require.Error(t, err, "too short")
+}
+
+// A stream through the smallest ring, both ends parking often (no spin),
+// arrives whole and in order: no wake-up is lost.
+func TestSlotStream(t *testing.T) {
+	const ring, total = MinRing, 4 << 20
+	mem := make([]uint64, SlotSize(ring)/8) // 8-byte aligned
+	s, err := NewSlot(unsafeBytes(mem), ring)
+	require.NoError(t, err)
+	want := make([]byte, total)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range want {
+		want[i] = byte(rng.Uint32())
+	}
+	go func() { // the application writes the out ring
+		var head uint64
+		for sent := 0; sent < total; {
+			tail := s.OutTail()
+			free := ring - int(head-tail)
+			if free == 0 {
+				s.Wait(App, func() bool { return s.OutTail() != tail }, 0, time.Time{})
+				continue
+			}
+			k := min(free, total-sent, 1+rng.IntN(3000))
+			for j := range k {
+				s.Out[(head+uint64(j))&(ring-1)] = want[sent+j]
+			}
+			head += uint64(k)
+			sent += k
+			s.SetOutHead(head)
+			s.Notify(Proxy)
+		}
+	}()
+	got := make([]byte, 0, total) // the proxy reads it and frees the room
+	var tail uint64
+	for len(got) < total {
+		head := s.OutHead()
+		if head == tail {
+			s.Wait(Proxy, func() bool { return s.OutHead() != tail }, 0, time.Now().Add(5*time.Second))
+			require.NotEqual(t, tail, s.OutHead(), "woken without data: a lost wake-up")
+			continue
+		}
+		for ; tail < head; tail++ {
+			got = append(got, s.Out[tail&(ring-1)])
+		}
+		s.SetOutTail(tail)
+		s.Notify(App)
+	}
+	require.True(t, bytes.Equal(want, got))
+}
+
+// Kick wakes a parked waiter whose condition does not hold.
+func TestKick(t *testing.T) {
+	s, err := NewSlot(unsafeBytes(make([]uint64, SlotSize(MinRing)/8)), MinRing)
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() {
+		s.Wait(App, func() bool { return false }, 0, time.Time{})
+		close(done)
+	}()
+	time.Sleep(10 * time.Millisecond)
+	s.Kick(App)
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Kick did not wake the waiter")
+	}
+}
