@@ -63,6 +63,7 @@ type childParams struct {
 	Budget   time.Duration
 	Proxy    string // ntproxy socket to attach to (roleProxyStream)
 	Target   string // host:port to dial through it
+	Pool     bool   // dial it in shared-pool mode
 }
 
 // report is one line a child writes on stdout.

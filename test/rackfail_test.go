@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/config"
 	"github.com/ntstack/ntstack/internal/rack"
+	"github.com/ntstack/ntstack/qos"
 	"github.com/ntstack/ntstack/socklike"
 )
 
@@ -22,7 +24,15 @@ func roleProxyStream(ctl *childCtl, p childParams) error {
 	if err != nil {
 		return err
 	}
-	c, err := px.Dial("tcp", p.Target)
+	var c net.Conn
+	if p.Pool {
+		c, err = px.DialPool(context.Background(), p.Target, qos.Default)
+		if _, ok := c.(*socklike.PoolConn); err == nil && !ok {
+			return fmt.Errorf("dialed a %T, not a shared-pool connection", c)
+		}
+	} else {
+		c, err = px.Dial("tcp", p.Target)
+	}
 	if err != nil {
 		return err
 	}
@@ -55,9 +65,9 @@ func discard(ln net.Listener) {
 }
 
 // TestRackKill: an application killed mid-stream is reclaimed by ntproxy
-// (its connections and memory, on both hosts); a killed ntproxy fails its
-// applications' calls within a second, and once restarted they attach
-// again, dial and accept as before.
+// (its connections and memory, on both hosts), in proxy and in shared-pool
+// mode; a killed ntproxy fails its applications' calls within a second,
+// and once restarted they attach again, dial and accept as before.
 func TestRackKill(t *testing.T) {
 	r := startRack(t, rack.Spec{Hosts: []string{"a", "b"}})
 	a, b := r.Host("a"), r.Host("b")
@@ -66,6 +76,10 @@ func TestRackKill(t *testing.T) {
 	require.NoError(t, err)
 	defer ln.Close()
 	go discard(ln)
+	lnPool, err := srv.ListenPool(":7004", 0)
+	require.NoError(t, err)
+	defer lnPool.Close()
+	go discard(lnPool)
 
 	base := func(h *rack.Host) (apps, conns int, mem int64) {
 		s := snapshot(t, h)
@@ -77,24 +91,31 @@ func TestRackKill(t *testing.T) {
 	appsA, connsA, memA := base(a)
 	_, connsB, _ := base(b)
 
-	child := startChild(t, "proxystream", childParams{Proxy: a.Config.Path(config.ProxySocket), Target: "b:7001"})
-	require.True(t, child.next(20*time.Second).Ready)
-	require.Eventually(t, func() bool {
-		s := snapshot(t, a)
-		return len(s.Conns) == connsA+1 && s.Conns[len(s.Conns)-1].BytesTX > 1<<20
-	}, 10*time.Second, 10*time.Millisecond, "the child's stream never got going")
-	apps, _, mem := base(a)
-	require.Equal(t, appsA+1, apps)
-	require.Greater(t, mem, memA)
+	var killed time.Time
+	for _, mode := range []struct {
+		name   string
+		target string
+		pool   bool
+	}{{"proxy", "b:7001", false}, {"shared-pool", "b:7004", true}} {
+		child := startChild(t, "proxystream", childParams{Proxy: a.Config.Path(config.ProxySocket), Target: mode.target, Pool: mode.pool})
+		require.True(t, child.next(20*time.Second).Ready, mode.name)
+		require.Eventually(t, func() bool {
+			s := snapshot(t, a)
+			return len(s.Conns) == connsA+1 && s.Conns[len(s.Conns)-1].BytesTX > 1<<20
+		}, 10*time.Second, 10*time.Millisecond, "the child's %s stream never got going", mode.name)
+		apps, _, mem := base(a)
+		require.Equal(t, appsA+1, apps)
+		require.Greater(t, mem, memA)
 
-	killed := time.Now()
-	require.NoError(t, child.cmd.Process.Kill())
-	require.Eventually(t, func() bool {
-		apps, conns, mem := base(a)
-		_, connsb, _ := base(b)
-		return apps == appsA && conns == connsA && mem == memA && connsb == connsB
-	}, 5*time.Second, 5*time.Millisecond, "ntproxy did not reclaim the killed application")
-	t.Logf("killed application reclaimed on both hosts within %v", time.Since(killed).Round(time.Millisecond))
+		killed = time.Now()
+		require.NoError(t, child.cmd.Process.Kill())
+		require.Eventually(t, func() bool {
+			apps, conns, mem := base(a)
+			_, connsb, _ := base(b)
+			return apps == appsA && conns == connsA && mem == memA && connsb == connsB
+		}, 5*time.Second, 5*time.Millisecond, "ntproxy did not reclaim the killed %s application", mode.name)
+		t.Logf("killed %s application reclaimed on both hosts within %v", mode.name, time.Since(killed).Round(time.Millisecond))
+	}
 
 	// An application of a's, with a read blocked on a connection to b and
 	// a listener of its own.
@@ -109,21 +130,32 @@ func TestRackKill(t *testing.T) {
 	require.NoError(t, err)
 	defer lnA.Close()
 	go serveEcho(lnA)
-	readErr := make(chan error, 1)
-	go func() {
-		_, err := c.Read(make([]byte, 1))
-		readErr <- err
-	}()
+	echoPool, err := srv.ListenPool(":7005", 0)
+	require.NoError(t, err)
+	defer echoPool.Close()
+	go serveEcho(echoPool)
+	pc, err := app.DialPool(context.Background(), "b:7005", qos.Default)
+	require.NoError(t, err)
+	require.IsType(t, &socklike.PoolConn{}, pc)
+	readErr := make(chan error, 2)
+	for _, c := range []net.Conn{c, pc} {
+		go func() {
+			_, err := c.Read(make([]byte, 1))
+			readErr <- err
+		}()
+	}
 
 	require.NoError(t, r.Kill("a", "ntproxy"))
 	killed = time.Now()
-	select {
-	case err := <-readErr:
-		require.Error(t, err)
-		require.True(t, errors.Is(err, socklike.ErrProxyGone), "%v", err)
-		t.Logf("blocked read failed %v after kill -9 of ntproxy: %v", time.Since(killed).Round(time.Microsecond), err)
-	case <-time.After(time.Second):
-		t.Fatal("a read blocked through a killed ntproxy did not fail within 1s")
+	for range 2 {
+		select {
+		case err := <-readErr:
+			require.Error(t, err)
+			require.True(t, errors.Is(err, socklike.ErrProxyGone), "%v", err)
+			t.Logf("blocked read failed %v after kill -9 of ntproxy: %v", time.Since(killed).Round(time.Microsecond), err)
+		case <-time.After(time.Second):
+			t.Fatal("a read blocked through a killed ntproxy did not fail within 1s")
+		}
 	}
 	_, err = app.Dial("tcp", "b:7002")
 	require.Error(t, err, "no ntproxy, no dial")
