@@ -264,6 +264,7 @@ type ConnStat struct {
 	Remote     string `json:"remote"`
 	Dir        string `json:"dir"` // "out" (dialed) or "in" (accepted)
 	Path       string `json:"path"`
+	Mode       string `json:"mode,omitempty"` // "proxy", "pool" (shared-pool) or "direct"
 	Reason     string `json:"reason"`
 	Link       string `json:"link,omitempty"`
 	Partition  int    `json:"partition"`

@@ -187,11 +187,11 @@ func cannedSnapshot(host string) ctlapi.Snapshot {
 			{ID: 2, PID: 4343, UID: 0, Name: "nginx", Conns: 1, Memory: 1 << 20}},
 		Listeners: []ctlapi.ListenStat{{App: 2, Port: 80, Backlog: 128}},
 		Conns: []ctlapi.ConnStat{
-			{ID: 1, App: 1, Local: "a:49152", Remote: "b:6379", Dir: "out", Path: "ntb", Reason: "rack peer b over NTB link rack-a-b",
+			{ID: 1, App: 1, Local: "a:49152", Remote: "b:6379", Dir: "out", Path: "ntb", Mode: "pool", Reason: "rack peer b over NTB link rack-a-b; shared pool",
 				Link: "rack-a-b", Partition: 0, BytesTX: 1234, BytesRX: 5678, MsgsTX: 10, MsgsRX: 20, QueueDepth: 64},
-			{ID: 2, App: 1, Local: "a:49153", Remote: "a:80", Dir: "out", Path: "shm", Reason: "same host: shared memory, never the NTB",
+			{ID: 2, App: 1, Local: "a:49153", Remote: "a:80", Dir: "out", Path: "shm", Mode: "proxy", Reason: "same host: shared memory, never the NTB",
 				BytesTX: 11, BytesRX: 22},
-			{ID: 3, App: 2, Local: "a:80", Remote: "c:50000", Dir: "in", Path: "tcp", Reason: "no NTB link to c: TCP fallback 127.0.0.1:7481",
+			{ID: 3, App: 2, Local: "a:80", Remote: "c:50000", Dir: "in", Path: "tcp", Mode: "proxy", Reason: "no NTB link to c: TCP fallback 127.0.0.1:7481",
 				BytesTX: 33, BytesRX: 44},
 		},
 	}

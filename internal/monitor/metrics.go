@@ -38,7 +38,7 @@ func newCollector(m *Monitor) *collector {
 		return prometheus.NewDesc(prometheus.BuildFQName(MetricsNamespace, sub, name), help, labels, nil)
 	}
 	link := []string{"link", "partition"}
-	conn := []string{"id", "app", "remote", "path"}
+	conn := []string{"id", "app", "remote", "path", "mode"}
 	gw := []string{"kind", "listen", "to"}
 	return &collector{
 		m:            m,
@@ -126,7 +126,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	apps := appNames(snap)
 	for _, cs := range snap.Conns {
-		lv := []string{strconv.FormatUint(cs.ID, 10), apps(cs.App), cs.Remote, cs.Path}
+		lv := []string{strconv.FormatUint(cs.ID, 10), apps(cs.App), cs.Remote, cs.Path, cs.Mode}
 		emit(c.connTXBytes, prometheus.CounterValue, float64(cs.BytesTX), lv...)
 		emit(c.connRXBytes, prometheus.CounterValue, float64(cs.BytesRX), lv...)
 		emit(c.connTX, prometheus.CounterValue, float64(cs.MsgsTX), lv...)

@@ -481,10 +481,10 @@ func TestStatusAndMetrics(t *testing.T) {
 		`ntstack_partition_tx_bytes_total{link="rack-a-b",partition="0"} 1234`,
 		`ntstack_partition_rx_messages_total{link="rack-a-b",partition="0"} 20`,
 		`ntstack_partition_conns{link="rack-a-b",partition="1"} 0`,
-		`ntstack_conn_tx_bytes_total{app="redis-cli",id="1",path="ntb",remote="b:6379"} 1234`,
-		`ntstack_conn_rx_bytes_total{app="nginx",id="3",path="tcp",remote="c:50000"} 44`,
-		`ntstack_conn_queue_bytes{app="redis-cli",id="1",path="ntb",remote="b:6379"} 64`,
-		`ntstack_conn_drops_total{app="redis-cli",id="1",path="ntb",remote="b:6379"} 0`,
+		`ntstack_conn_tx_bytes_total{app="redis-cli",id="1",mode="pool",path="ntb",remote="b:6379"} 1234`,
+		`ntstack_conn_rx_bytes_total{app="nginx",id="3",mode="proxy",path="tcp",remote="c:50000"} 44`,
+		`ntstack_conn_queue_bytes{app="redis-cli",id="1",mode="pool",path="ntb",remote="b:6379"} 64`,
+		`ntstack_conn_drops_total{app="redis-cli",id="1",mode="pool",path="ntb",remote="b:6379"} 0`,
 		`go_goroutines`,
 	} {
 		require.Contains(t, text, want)
@@ -515,10 +515,10 @@ func TestWriteStatus(t *testing.T) {
 		"c - down - - - none never down since 10:00:01: silent for 2s (peer_timeout)\n",
 		"LISTENERS\nPORT UID PID APP BACKLOG\n80 0 4343 nginx[2] 128\n8080 1000 99 - -\n",
 		"APPLICATIONS\nID NAME PID UID CONNS MEMORY\n1 redis-cli 4242 1000 2 1MiB\n",
-		"CONNECTIONS\nID APP LOCAL REMOTE DIR PATH REASON BYTES-TX BYTES-RX\n",
-		"1 redis-cli[1] a:49152 b:6379 out ntb(rack-a-b/0) rack peer b over NTB link rack-a-b 1234 5678\n",
-		"2 redis-cli[1] a:49153 a:80 out shm same host: shared memory, never the NTB 11 22\n",
-		"3 nginx[2] a:80 c:50000 in tcp no NTB link to c: TCP fallback 127.0.0.1:7481 33 44\n",
+		"CONNECTIONS\nID APP LOCAL REMOTE DIR PATH MODE REASON BYTES-TX BYTES-RX\n",
+		"1 redis-cli[1] a:49152 b:6379 out ntb(rack-a-b/0) pool rack peer b over NTB link rack-a-b; shared pool 1234 5678\n",
+		"2 redis-cli[1] a:49153 a:80 out shm proxy same host: shared memory, never the NTB 11 22\n",
+		"3 nginx[2] a:80 c:50000 in tcp proxy no NTB link to c: TCP fallback 127.0.0.1:7481 33 44\n",
 	} {
 		require.Contains(t, out, want)
 	}

@@ -123,14 +123,14 @@ func WriteStatus(w io.Writer, st *ctlapi.Status) error {
 		}
 	}
 
-	section("CONNECTIONS", "ID", "APP", "LOCAL", "REMOTE", "DIR", "PATH", "REASON", "BYTES-TX", "BYTES-RX")
+	section("CONNECTIONS", "ID", "APP", "LOCAL", "REMOTE", "DIR", "PATH", "MODE", "REASON", "BYTES-TX", "BYTES-RX")
 	if snap != nil {
 		for _, c := range snap.Conns {
 			path := c.Path
 			if c.Link != "" {
 				path = fmt.Sprintf("%s(%s/%d)", c.Path, c.Link, c.Partition)
 			}
-			row(c.ID, appName(c.App), c.Local, c.Remote, c.Dir, path, c.Reason, c.BytesTX, c.BytesRX)
+			row(c.ID, appName(c.App), c.Local, c.Remote, c.Dir, path, c.Mode, c.Reason, c.BytesTX, c.BytesRX)
 		}
 	}
 

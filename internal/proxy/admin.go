@@ -37,7 +37,7 @@ func (s *Server) Snapshot() ctlapi.Snapshot {
 	for _, pc := range conns {
 		cs := ctlapi.ConnStat{
 			ID: pc.id, App: pc.app, Local: pc.local, Remote: pc.remote, Dir: pc.dir,
-			Path: pc.path, Reason: pc.reason, Link: pc.link, Partition: pc.partition,
+			Path: pc.path, Mode: pc.mode(), Reason: pc.reason, Link: pc.link, Partition: pc.partition,
 			BytesTX: pc.bytesTX.Load(), BytesRX: pc.bytesRX.Load(),
 			MsgsTX: pc.msgsTX.Load(), MsgsRX: pc.msgsRX.Load(),
 			QueueDepth: int(pc.inFlight[0].Load() + pc.inFlight[1].Load()),

@@ -44,6 +44,17 @@ type pconn struct {
 	ends      [2]net.Conn
 }
 
+// mode names pc's data-path mode.
+func (pc *pconn) mode() string {
+	switch {
+	case pc.direct:
+		return "direct"
+	case pc.slot != nil:
+		return "pool"
+	}
+	return "proxy"
+}
+
 // leggy reports whether pc crosses to a peer proxy, over a leg.
 func (pc *pconn) leggy() bool {
 	return pc.path == ctlapi.PathNTB || pc.path == ctlapi.PathRDMA || pc.path == ctlapi.PathTCP
