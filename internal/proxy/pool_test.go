@@ -6,6 +6,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"syscall"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/config"
 	"github.com/ntstack/ntstack/internal/ctlapi"
+	"github.com/ntstack/ntstack/internal/pool"
 	"github.com/ntstack/ntstack/qos"
 	"github.com/ntstack/ntstack/socklike"
 )
@@ -171,4 +173,38 @@ func TestPoolDetach(t *testing.T) {
 	for _, c := range conns {
 		c.Close()
 	}
+}
+
+// An application that writes nonsense into its slot's indices loses that
+// connection (reset), never the proxy: the others carry on.
+func TestPoolCorruptIndices(t *testing.T) {
+	r := newRack(t, "", "pool_ring = 65536")
+	poolEcho(t, r)
+	client := attach(t, r.ca)
+	ctx := context.Background()
+	bad, err := client.DialPool(ctx, "b:80", qos.Default)
+	require.NoError(t, err)
+	good, err := client.DialPool(ctx, "b:80", qos.Default)
+	require.NoError(t, err)
+	roundTrip(t, bad, 1, 1000)
+
+	// Play the application: an out head far beyond what the ring holds.
+	var slot *poolUse
+	r.a.mu.Lock()
+	for _, pc := range r.a.conns {
+		if pc.slot != nil && pc.bytesTX.Load() == 1000 {
+			slot = pc.slot
+		}
+	}
+	r.a.mu.Unlock()
+	require.NotNil(t, slot)
+	slot.SetOutHead(slot.OutHead() + 1<<40)
+	slot.Kick(pool.Proxy)
+
+	_, err = bad.Read(make([]byte, 1))
+	require.ErrorIs(t, err, syscall.ECONNRESET)
+	roundTrip(t, good, 2, 500000)
+	require.NoError(t, bad.Close())
+	require.NoError(t, good.Close())
+	require.Eventually(t, func() bool { return len(r.a.Snapshot().Conns) == 0 }, 5*time.Second, 10*time.Millisecond)
 }
