@@ -212,6 +212,9 @@ func (s *Server) detach(a *app) {
 	for _, pc := range conns {
 		pc.close()
 	}
+	if a.pool != nil {
+		a.pool.kickAll() // slots held for the application's close take a.gone instead
+	}
 	a.unix.Close()
 	a.ep.Close() // ends the service goroutines' Accept; nothing touches the link after
 	a.wg.Wait()

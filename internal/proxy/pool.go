@@ -102,11 +102,7 @@ func (p *appPool) inUse() int64 {
 // back within poolDrainWait the mapping is left in place (never unmapped
 // under a goroutine that may still touch it) and only the file is closed.
 func (p *appPool) close() error {
-	for i := range p.slots() {
-		if s, err := p.slot(i); err == nil {
-			s.Kick(pool.Proxy)
-		}
-	}
+	p.kickAll()
 	deadline := time.Now().Add(poolDrainWait)
 	for {
 		p.mu.Lock()
@@ -119,6 +115,16 @@ func (p *appPool) close() error {
 			return errors.Join(fmt.Errorf("pool: %d slots still in use after %v; left mapped", used, poolDrainWait), p.f.Close())
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// kickAll wakes this process's waits on every slot: their application
+// has gone.
+func (p *appPool) kickAll() {
+	for i := range p.slots() {
+		if s, err := p.slot(i); err == nil {
+			s.Kick(pool.Proxy)
+		}
 	}
 }
 
