@@ -147,6 +147,16 @@ func (c *PoolConn) failure() error {
 
 var errPoolCorrupt = errors.New("shared pool slot indices out of range")
 
+// corrupt is the error of indices out of range: the connection's failure,
+// if ntproxy went away meanwhile (and may have taken the slot back), else
+// errPoolCorrupt.
+func (c *PoolConn) corrupt() error {
+	if err := c.failure(); err != nil {
+		return err
+	}
+	return errPoolCorrupt
+}
+
 // Read reads what the peer wrote, blocking until at least one byte is
 // there, the peer finished (io.EOF), the deadline passed or the connection
 // failed. What arrived before a reset is still read first.
@@ -161,11 +171,15 @@ func (c *PoolConn) Read(b []byte) (int, error) {
 		if dl != 0 && time.Now().UnixNano() >= dl {
 			return 0, c.opErr("read", os.ErrDeadlineExceeded)
 		}
+		if err := c.failure(); err != nil {
+			// Not the slot's bytes first: ntproxy may have taken it back.
+			return 0, c.opErr("read", err)
+		}
 		pf := c.slot.ProxyFlags()
 		head := c.slot.InHead()
 		if avail := head - c.inTail; avail > 0 {
 			if avail > uint64(len(c.slot.In)) || head < c.inTail {
-				return 0, c.opErr("read", errPoolCorrupt)
+				return 0, c.opErr("read", c.corrupt())
 			}
 			if len(b) == 0 {
 				return 0, nil
@@ -180,8 +194,6 @@ func (c *PoolConn) Read(b []byte) (int, error) {
 		switch {
 		case pf&pool.FlagFin != 0: // set after the last byte's head: none is left
 			return 0, io.EOF
-		case c.failure() != nil:
-			return 0, c.opErr("read", c.failure())
 		case pf&pool.FlagReset != 0:
 			return 0, c.opErr("read", syscall.ECONNRESET)
 		}
@@ -219,7 +231,7 @@ func (c *PoolConn) Write(b []byte) (int, error) {
 		tail := c.slot.OutTail()
 		used := c.outHead - tail
 		if tail > c.outHead || used > uint64(len(c.slot.Out)) {
-			return n, c.opErr("write", errPoolCorrupt)
+			return n, c.opErr("write", c.corrupt())
 		}
 		if free := len(c.slot.Out) - int(used); free > 0 {
 			k := ringCopyIn(c.slot.Out, c.outHead, b[n:min(len(b), n+poolChunk, n+free)])
