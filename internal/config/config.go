@@ -35,11 +35,14 @@ const (
 	DefaultMaxAppsPerUID = 64
 	DefaultDirectWindow  = 4 << 20
 	DefaultDirectQuota   = 256 << 20
-	// A shared pool of 32 slots of two 1 MiB rings (one socklike window
-	// each way, as a proxied connection gets) is 64 MiB of address space
-	// per application; only the rings' written pages take memory.
+	// A shared pool of 32 slots of two 4 MiB rings is 256 MiB of address
+	// space per application; only the rings' written pages take memory
+	// (up to 8 MiB for a connection that streams, as a proxied one's leg
+	// buffers take in each proxy). 4 MiB rings stream about 40 % faster
+	// than 1 MiB ones on the 2-vCPU test machine (a 1 MiB-write stream
+	// 4.0 vs 2.8 GB/s, medians of 3), at the same round-trip latency.
 	DefaultPoolSlots = 32
-	DefaultPoolRing  = 1 << 20
+	DefaultPoolRing  = 4 << 20
 )
 
 // Config is one host's configuration.
