@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -158,11 +159,17 @@ func (s *Server) handoff(ctx context.Context, l *listener, in appproto.Incoming,
 	}
 	if err := appproto.WriteFrame(ac, in); err != nil {
 		ac.Close()
-		return nil, ctlapi.Errorf(ctlapi.CodeRefused, "introduce connection to the application on port %d: %v", l.port, err)
+		return nil, errIntroduce{ctlapi.Errorf(ctlapi.CodeRefused, "introduce connection to the application on port %d: %v", l.port, err)}
 	}
 	pc.peerApp = l.app
 	return ac, nil
 }
+
+// errIntroduce is a handoff that failed while the application may have
+// been told of the connection (its Incoming written, perhaps in part).
+type errIntroduce struct{ error }
+
+func (e errIntroduce) Unwrap() error { return e.error }
 
 // runRackAccept takes l's connections from one rack peer.
 func (s *Server) runRackAccept(l *listener, link *rackLink, ln *socklike.Listener) {
@@ -280,7 +287,11 @@ func (s *Server) serveInbound(fc net.Conn, in inbound) {
 	incoming.Reason = pc.reason
 	ac, err := s.handoff(ctx, l, incoming, pc)
 	if err != nil {
-		pc.abandonSlot(s, l.app)
+		if errors.As(err, new(errIntroduce)) {
+			pc.abandonSlot(s, l.app) // the application may hold it
+		} else {
+			pc.dropSlot() // never named to the application
+		}
 		refuse(err)
 		return
 	}

@@ -132,10 +132,6 @@ func (p *appPool) kickAll() {
 // its connections' goroutines to let go of their slots.
 const poolDrainWait = 5 * time.Second
 
-func (p *appPool) String() string {
-	return fmt.Sprintf("%d slots of 2x%d bytes", p.slots(), p.ring)
-}
-
 // poolUse is a connection's slot of its application's pool.
 type poolUse struct {
 	*pool.Slot
