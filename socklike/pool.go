@@ -35,6 +35,7 @@ type sharedPool struct {
 	// mu protects the following fields.
 	refs  int // open connections, and one for the attachment
 	conns map[*PoolConn]struct{}
+	dead  error // why the attachment ended: no new connections
 }
 
 func mapPool(f *os.File, slots, ring int) (*sharedPool, error) {
@@ -60,9 +61,12 @@ func (sp *sharedPool) open(i int, spin time.Duration) (*PoolConn, error) {
 	}
 	c := &PoolConn{slot: s, sp: sp, spin: spin}
 	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.dead != nil { // and perhaps unmapped
+		return nil, sp.dead
+	}
 	sp.refs++
 	sp.conns[c] = struct{}{}
-	sp.mu.Unlock()
 	return c, nil
 }
 
@@ -81,10 +85,14 @@ func (sp *sharedPool) release(c *PoolConn) {
 	}
 }
 
-// failAll fails every open connection with err (ntproxy went away).
+// failAll fails every open connection with err (ntproxy went away), and
+// every later open.
 func (sp *sharedPool) failAll(err error) {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
+	if sp.dead == nil {
+		sp.dead = err
+	}
 	for c := range sp.conns {
 		c.fail(err)
 	}
