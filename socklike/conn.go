@@ -175,6 +175,8 @@ func (c *Conn) Read(b []byte) (int, error) {
 	c.ep.calls.Add(1)
 	c.rlock.Lock()
 	defer c.rlock.Unlock()
+	c.ep.enterCall()
+	defer c.ep.exitCall()
 	sp := spinner{ep: c.ep}
 	defer sp.stop()
 	n, err := c.readLoop(b, &sp)
@@ -300,6 +302,8 @@ func (c *Conn) Write(b []byte) (int, error) {
 	c.ep.calls.Add(1)
 	c.wlock.Lock()
 	defer c.wlock.Unlock()
+	c.ep.enterCall()
+	defer c.ep.exitCall()
 	if err := c.writeErr(); err != nil {
 		return 0, err
 	}

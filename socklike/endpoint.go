@@ -177,6 +177,7 @@ type Endpoint struct {
 	handoffs    atomic.Uint64 // wake-ups of parked goroutines, for spinners
 	active      atomic.Int32  // goroutines spin-polling
 	parked      atomic.Int32  // goroutines parked, waiting for the poller
+	inCall      atomic.Int32  // goroutines inside Read or Write (past its lock), parked or not
 	accepting   atomic.Int32  // goroutines in Accept: the poller arms once calls stop (see idleGrace)
 	calls       atomic.Uint64 // Read and Write calls: the poller stays off while they come
 	kick        chan struct{} // wakes the poller when it waits for work
@@ -364,6 +365,25 @@ func (ep *Endpoint) session(ctx context.Context) (*state, error) {
 			return nil, fmt.Errorf("no session with the peer (%s link %v): %w", ep.dev.Name(), ep.dev.Link(), ctx.Err())
 		}
 	}
+}
+
+// enterCall and exitCall bracket a Read or Write past its lock. While more
+// goroutines are inside calls than parked, one of them runs (or is about
+// to) and polls the rings before it parks or returns, so the poller stays
+// off the doorbell (see runPoller); the last one out with others parked
+// hands the watch back to the poller.
+func (ep *Endpoint) enterCall() { ep.inCall.Add(1) }
+
+func (ep *Endpoint) exitCall() {
+	if n := ep.inCall.Add(-1); ep.parked.Load() >= n && n > 0 {
+		ep.kickPoller()
+	}
+}
+
+// callersRun reports whether a goroutine inside a call is not parked: it
+// polls the rings itself soon, and it needs this process's CPU.
+func (ep *Endpoint) callersRun() bool {
+	return ep.active.Load() > 0 || ep.inCall.Load() > ep.parked.Load()
 }
 
 // kickPoller wakes the poller if it waits for work.

@@ -193,7 +193,15 @@ func (st *state) poll(self *Conn, b []byte) (n, records int) {
 			break
 		}
 	}
-	st.serveUnits() // frames the RX path queued (ACCEPT, CLOSE answers)
+	if n == 0 {
+		// Serve frames the RX path queued (ACCEPT, CLOSE answers; their
+		// queueFrame also tried) and whatever else waits. Not when the
+		// caller's data came: it returns to its application now rather
+		// than copying other connections' bulk records first — a
+		// request/response flow's reader would otherwise send its
+		// neighbour's records before taking its own response.
+		st.serveUnits()
+	}
 	if records > 0 {
 		st.ep.noteProgress()
 	}
@@ -435,7 +443,7 @@ func (st *state) runPoller() {
 		st.serveUnits()
 		if ctlDone {
 			// Somebody polls, or calls keep coming: nothing to do.
-			if c := ep.calls.Load(); ep.active.Load() > 0 || (c != calls && ep.parked.Load() == 0) {
+			if c := ep.calls.Load(); ep.callersRun() || (c != calls && ep.parked.Load() == 0) {
 				calls, idleSince = c, time.Time{}
 				pause(idleGrace)
 				continue
@@ -485,6 +493,14 @@ func (st *state) runPoller() {
 		// quiet process. Goroutines this loop just woke sit on that P's run
 		// queue, so let them run first.
 		runtime.Gosched()
+		if ctlDone && ep.callersRun() {
+			// A caller ran meanwhile and is not parked: it polls. The
+			// doorbell wait would hold this process's P (see above)
+			// while that caller waits to run — with GOMAXPROCS 1 until
+			// the doorbell rings, which with nothing more to publish on
+			// the other side may be never, or until sysmon retakes it.
+			continue
+		}
 		ep.counters.pollerSleeps.Add(1)
 		if _, err := ep.dev.WaitDoorbell(ctx, bits); err != nil && ctx.Err() == nil {
 			st.sess.Fail(fmt.Errorf("wait for doorbell: %w", err))
