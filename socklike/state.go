@@ -22,10 +22,11 @@ type state struct {
 	units   []*unit
 	conns   []atomic.Pointer[Conn] // by local id; nil = free
 
-	nextUnit atomic.Uint32 // round-robin placement
-	nextGen  atomic.Uint32 // connection incarnations
-	live     atomic.Int32  // connections holding an id
-	rxRings  int64         // bytes of the inbound data rings, together
+	nextUnit atomic.Uint32  // round-robin placement
+	nextGen  atomic.Uint32  // connection incarnations
+	live     atomic.Int32   // connections holding an id
+	rxRings  int64          // bytes of the inbound data rings, together
+	smallAt  []atomic.Int64 // per data partition: ep.now() of its last small-message record (see Conn.noteData)
 
 	mu sync.Mutex
 	// mu protects the following fields.
@@ -90,6 +91,26 @@ func (st *state) share() int64 {
 // minShare is the least window share: below it credit round trips
 // dominate.
 const minShare = 16 << 10
+
+// smallRecent is how long a connection counts as bulk after its last large
+// record, and a partition as carrying small-message traffic after the last
+// small record of a connection that is not bulk (see Conn.noteData):
+// longer than the gaps of a sporadic flow (a message a millisecond).
+const smallRecent = 10 * time.Millisecond
+
+// bulkBesideSmall reports whether c is a bulk connection whose partition
+// also carries a small-message connection now: its window then shrinks to
+// Config.SharedWindow, so that a small message never finds more than that
+// of c's data ahead of it in the ring.
+func (st *state) bulkBesideSmall(c *Conn) bool {
+	part := int(c.rxPart.Load())
+	if part < 0 || part >= len(st.smallAt) {
+		return false
+	}
+	now := st.ep.now() + 1
+	big, small := c.bigAt.Load(), st.smallAt[part].Load()
+	return big != 0 && now-big <= int64(smallRecent) && small != 0 && now-small <= int64(smallRecent)
+}
 
 // releaseID frees c's id. Only the connection that holds an id frees it:
 // a second release (two teardown paths racing) must not free the id of the
@@ -160,7 +181,7 @@ func (st *state) flushCtl() bool {
 // serving it (CoreInline: whoever passes by sends for everyone).
 func (st *state) serveUnits() {
 	for _, u := range st.units {
-		u.tryServe()
+		u.tryServe(nil)
 	}
 }
 
@@ -174,6 +195,11 @@ const pollBatch = 64
 // into b (self and b may be nil). It returns the bytes copied into b and
 // the records consumed.
 func (st *state) poll(self *Conn, b []byte) (n, records int) {
+	return st.pollServe(self, b, true)
+}
+
+// pollServe is poll, serving the units afterwards only if serve is set.
+func (st *state) pollServe(self *Conn, b []byte, serve bool) (n, records int) {
 	records = st.pollRing(st.control, nil, nil)
 	first := 0
 	if self != nil {
@@ -193,7 +219,7 @@ func (st *state) poll(self *Conn, b []byte) (n, records int) {
 			break
 		}
 	}
-	if n == 0 {
+	if n == 0 && serve {
 		// Serve frames the RX path queued (ACCEPT, CLOSE answers; their
 		// queueFrame also tried) and whatever else waits. Not when the
 		// caller's data came: it returns to its application now rather

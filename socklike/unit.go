@@ -101,7 +101,11 @@ func (u *unit) postLocked(c *Conn) {
 	}
 	c.inSched = true
 	u.mu.Lock()
-	u.sched.Push(c.class(), c)
+	if c.smallLocked() {
+		u.sched.PushExpress(c.class(), c)
+	} else {
+		u.sched.Push(c.class(), c)
+	}
 	u.mu.Unlock()
 	u.queued.Add(1)
 	u.posts.Add(1)
@@ -110,6 +114,18 @@ func (u *unit) postLocked(c *Conn) {
 	default:
 	}
 }
+
+// smallWrite is the largest write (and record) that counts as a small
+// message: one whose latency matters more than its throughput. A connection with only a
+// small write (or connection frames) to send is served ahead of the bulk
+// writers of its class (qos.Scheduler.PushExpress): it goes into the ring
+// before their next records, not after a round of them. Per-connection
+// order is untouched — a connection is queued once, with all it has.
+const smallWrite = 4 << 10
+
+// smallLocked reports whether c has only a small write or frames to send
+// (c.smu held).
+func (c *Conn) smallLocked() bool { return len(c.out)-c.outOff <= smallWrite && !c.moving }
 
 // tryServe serves the unit if nobody else does. Combining has a lost-wake
 // race — a connection queued just after the server's last look, whose
@@ -120,13 +136,21 @@ func (u *unit) postLocked(c *Conn) {
 // from yielding for as long as the ring stayed full, so a goroutine of the
 // same process waiting for a response waited for the scheduler's 10 ms
 // preemption.
-func (u *unit) tryServe() (progress bool, wait time.Duration, contended bool) {
+//
+// self, if not nil, is the caller's own connection with a small write
+// posted: the pass ends once that write is out, so the caller returns to
+// its application (to read the response) instead of first sending a round
+// of its neighbours' bulk records; their own writers serve those.
+func (u *unit) tryServe(self *Conn) (progress bool, wait time.Duration, contended bool) {
 	for u.queued.Load() > 0 {
 		seen := u.posts.Load()
 		if !u.serveMu.TryLock() {
 			return progress, wait, true
 		}
-		p, w, requeued := u.serve()
+		p, w, requeued := u.serve(self)
+		if self != nil && self.wdone.Load() {
+			self = nil // a second pass (below) serves everybody
+		}
 		u.serveMu.Unlock()
 		if p {
 			u.st.ep.noteProgress()
@@ -154,7 +178,7 @@ const (
 // sent anything, and if it did not, how long a token bucket asks to wait
 // (0: blocked on ring space or nothing to do), and how many connections it
 // queued on u again.
-func (u *unit) serve() (progress bool, wait time.Duration, requeued int) {
+func (u *unit) serve(self *Conn) (progress bool, wait time.Duration, requeued int) {
 	var open uint64 // partitions (slots) with a batch open
 	defer func() {
 		for i, p := range u.parts {
@@ -174,6 +198,9 @@ func (u *unit) serve() (progress bool, wait time.Duration, requeued int) {
 		}
 		u.queued.Add(-1)
 		sent, w, requeue := c.serveOnce(u, &open, &full, &moved)
+		if c == self && !requeue && self.wdone.Load() {
+			return true, 0, requeued // the caller's small write is out: let it go (see tryServe)
+		}
 		if sent {
 			progress, misses = true, 0
 		} else {
@@ -246,7 +273,7 @@ func (u *unit) runWorker(tx, rx bool, cpu int) {
 	for ctx.Err() == nil {
 		busy := false
 		if tx && u.queued.Load() > 0 {
-			progress, wait, _ := u.serve()
+			progress, wait, _ := u.serve(nil)
 			busy = progress
 			if !progress && wait > 0 {
 				time.Sleep(wait)
