@@ -54,7 +54,8 @@ type Conn struct {
 	rn     int          // bytes delivered into the posted buffer
 	rready atomic.Bool  // rn > 0
 
-	bigAt atomic.Int64 // ep.now() when a DATA record of more than smallWrite last came (0: never)
+	bigAt     atomic.Int64 // ep.now()+1 when a DATA record of more than smallWrite last came (0: never)
+	bulkEpoch atomic.Int64 // the last period (of smallRecent) c was counted as bulk in
 
 	// Send side. sent-peerRead ≤ window, the peer's receive window.
 	window   int64
@@ -271,20 +272,25 @@ func (c *Conn) unpost() int {
 	return n
 }
 
-// noteData notes a DATA record of n bytes for c from partition part, for
-// bulkBesideSmall: a record of more than smallWrite marks c as a bulk
+// noteData notes a DATA record of n bytes for c from partition part (its
+// RX lock held), for sharedShare: a record of more than smallWrite marks c as a bulk
 // connection for a while; a small record of a connection that has sent no
 // large one for that long marks the partition as carrying latency traffic.
 // (A bulk connection's own small records — headers between its bodies —
 // do not count.)
 func (c *Conn) noteData(part, n int) {
 	now := c.ep.now() + 1 // never 0
+	pt := &c.st.traffic[part]
 	if n > smallWrite {
 		c.bigAt.Store(now)
+		if e := now / c.ep.smallFor; c.bulkEpoch.Load() != e {
+			c.bulkEpoch.Store(e)
+			pt.countBulk(e)
+		}
 		return
 	}
-	if at := c.bigAt.Load(); at == 0 || now-at > int64(smallRecent) {
-		c.st.smallAt[part].Store(now)
+	if at := c.bigAt.Load(); at == 0 || now-at > c.ep.smallFor {
+		pt.smallAt.Store(now)
 	}
 }
 
@@ -302,8 +308,8 @@ const creditEvery = 16
 func (c *Conn) consumed(n int) {
 	total := c.read.Add(int64(n))
 	share := c.st.share()
-	if w := int64(c.ep.cfg.SharedWindow); w > 0 && w < share && c.st.bulkBesideSmall(c) {
-		share = w
+	if w := c.st.sharedShare(c); w > 0 {
+		share = min(share, w)
 	}
 	grant := total - (int64(c.ep.cfg.Window) - share)
 	if grant-c.creditOut >= share/creditEvery {

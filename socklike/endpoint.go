@@ -65,7 +65,7 @@ const (
 	DefaultSpinBudget   = 50 * time.Microsecond
 	DefaultWindow       = 1 << 20
 	DefaultMTU          = 64 << 10
-	DefaultSharedWindow = 256 << 10
+	DefaultSharedWindow = 128 << 10
 	DefaultBacklog      = 128
 	DefaultMaxConns     = 4096
 
@@ -88,15 +88,18 @@ type Config struct {
 	// MTU is the largest DATA frame; larger writes are cut into MTU-sized
 	// frames so small messages interleave with bulk ones.
 	MTU int
-	// SharedWindow is the receive window of a bulk connection (one that
-	// received records larger than 4 KiB within the last 10 ms) while its
-	// partition also carries a small-message connection (one that did
-	// not): the credit it is granted shrinks to this, so a small message
-	// finds at most this much of each bulk flow's data ahead of it in the
-	// ring — with the full 1 MiB window, ~80 µs of copying. Partitions
-	// without small-message traffic keep the full window. Default
-	// DefaultSharedWindow; negative: no limit. Only the receiving side's
-	// setting matters.
+	// SharedWindow bounds the bulk data a small message can find ahead of
+	// it in a partition's ring. While a partition carries a small-message
+	// connection (one that sent no record larger than 4 KiB within the
+	// last 10 ms), the receive windows of its connections shrink to
+	// SharedWindow split among the bulk ones (those that did; at least
+	// 16 KiB each) — by holding back credit, as for the ring shares —
+	// instead of Window each: with the 1 MiB default Window one bulk flow
+	// can queue ~80 µs of copying ahead of a small message. (A small
+	// flow never has that much in flight, so the limit costs it nothing.)
+	// Partitions without small-message traffic keep the full window.
+	// Default DefaultSharedWindow; negative: no limit. Only the receiving
+	// side's setting matters.
 	SharedWindow int
 	// Backlog is the per-listener queue of accepted, unaccepted connections.
 	Backlog int
@@ -194,6 +197,7 @@ type Endpoint struct {
 	active      atomic.Int32  // goroutines spin-polling
 	parked      atomic.Int32  // goroutines parked, waiting for the poller
 	inCall      atomic.Int32  // goroutines inside Read or Write (past its lock), parked or not
+	smallFor    int64         // smallRecent, in ns (tests lengthen it before connecting)
 	accepting   atomic.Int32  // goroutines in Accept: the poller arms once calls stop (see idleGrace)
 	calls       atomic.Uint64 // Read and Write calls: the poller stays off while they come
 	kick        chan struct{} // wakes the poller when it waits for work
@@ -243,6 +247,7 @@ func Attach(dev ntb.Device, cfg Config) (*Endpoint, error) {
 		sessCh:      make(chan struct{}),
 		spaceCh:     make(chan struct{}),
 		kick:        make(chan struct{}, 1),
+		smallFor:    int64(smallRecent),
 	}
 	ep.quota.Name, ep.quota.Limit = "receive-window memory quota", cfg.MemoryQuota
 	link, err := partition.Open(dev, partition.Config{Partitions: cfg.Partitions, OnSession: ep.install, Logf: cfg.Logf})
@@ -313,7 +318,7 @@ func (ep *Endpoint) install(s *partition.Session) {
 		parts:   s.Partitions(),
 		control: s.Control(),
 		conns:   make([]atomic.Pointer[Conn], ep.cfg.MaxConns+1),
-		smallAt: make([]atomic.Int64, len(s.Partitions())),
+		traffic: make([]partTraffic, len(s.Partitions())),
 	}
 	st.nextID = 1
 	for _, p := range st.parts {

@@ -22,11 +22,11 @@ type state struct {
 	units   []*unit
 	conns   []atomic.Pointer[Conn] // by local id; nil = free
 
-	nextUnit atomic.Uint32  // round-robin placement
-	nextGen  atomic.Uint32  // connection incarnations
-	live     atomic.Int32   // connections holding an id
-	rxRings  int64          // bytes of the inbound data rings, together
-	smallAt  []atomic.Int64 // per data partition: ep.now() of its last small-message record (see Conn.noteData)
+	nextUnit atomic.Uint32 // round-robin placement
+	nextGen  atomic.Uint32 // connection incarnations
+	live     atomic.Int32  // connections holding an id
+	rxRings  int64         // bytes of the inbound data rings, together
+	traffic  []partTraffic // per data partition, what it carries (see Conn.noteData)
 
 	mu sync.Mutex
 	// mu protects the following fields.
@@ -96,20 +96,62 @@ const minShare = 16 << 10
 // record, and a partition as carrying small-message traffic after the last
 // small record of a connection that is not bulk (see Conn.noteData):
 // longer than the gaps of a sporadic flow (a message a millisecond).
+// Endpoint.smallFor holds it.
 const smallRecent = 10 * time.Millisecond
 
-// bulkBesideSmall reports whether c is a bulk connection whose partition
-// also carries a small-message connection now: its window then shrinks to
-// Config.SharedWindow, so that a small message never finds more than that
-// of c's data ahead of it in the ring.
-func (st *state) bulkBesideSmall(c *Conn) bool {
-	part := int(c.rxPart.Load())
-	if part < 0 || part >= len(st.smallAt) {
-		return false
+// partTraffic is what a data partition has carried lately, as its
+// receiver sees it: when a small message last came, and how many bulk
+// connections sent records in the current and the previous smallRecent
+// period. Written under the partition's RX lock (one writer), read by
+// anyone.
+type partTraffic struct {
+	smallAt atomic.Int64    // ep.now()+1 of the last small-message record; 0: never
+	epoch   [2]atomic.Int64 // the period each slot counts (ep.now()/ep.smallFor)
+	bulk    [2]atomic.Int32 // bulk connections seen in that period
+}
+
+// countBulk counts a bulk connection seen for the first time in period e.
+func (pt *partTraffic) countBulk(e int64) {
+	slot := e & 1
+	if pt.epoch[slot].Load() != e {
+		pt.epoch[slot].Store(e)
+		pt.bulk[slot].Store(0)
 	}
-	now := st.ep.now() + 1
-	big, small := c.bigAt.Load(), st.smallAt[part].Load()
-	return big != 0 && now-big <= int64(smallRecent) && small != 0 && now-small <= int64(smallRecent)
+	pt.bulk[slot].Add(1)
+}
+
+// bulkConns is how many bulk connections the partition carried in the
+// current or the previous period (at least 1).
+func (pt *partTraffic) bulkConns(e int64) int64 {
+	n := int32(1)
+	for slot := range pt.epoch {
+		if at := pt.epoch[slot].Load(); at == e || at == e-1 {
+			n = max(n, pt.bulk[slot].Load())
+		}
+	}
+	return int64(n)
+}
+
+// sharedShare is c's window while its partition carries a small-message
+// connection: Config.SharedWindow split among the partition's bulk
+// connections (at least minShare each), so that a small message finds at
+// most about that much bulk data ahead of it in the ring. Every connection
+// of the partition gets it, not only those that sent large records lately:
+// one that was idle, or paused longer than smallRecent, would otherwise
+// come back with its whole window in one burst. 0 when the partition
+// carries no small messages (or SharedWindow is off).
+func (st *state) sharedShare(c *Conn) int64 {
+	w := int64(st.ep.cfg.SharedWindow)
+	part := int(c.rxPart.Load())
+	if w <= 0 || part < 0 || part >= len(st.traffic) {
+		return 0
+	}
+	pt := &st.traffic[part]
+	now, recent := st.ep.now()+1, st.ep.smallFor
+	if small := pt.smallAt.Load(); small == 0 || now-small > recent {
+		return 0
+	}
+	return max(w/pt.bulkConns(now/recent), minShare)
 }
 
 // releaseID frees c's id. Only the connection that holds an id frees it:
