@@ -24,8 +24,9 @@
 // waiting call spins (Config.SpinBudget, longer while the endpoint is
 // busy; at most GOMAXPROCS goroutines at once), then parks. One poller
 // goroutine per endpoint sleeps on the doorbell while something is parked
-// and nobody spins, or once no Read or Write has come for a couple of
-// milliseconds (so frames nobody waits for, like an OPEN, are still
+// and no other caller runs (a doorbell wait keeps the process's P, so it
+// must not starve a runnable caller), or once no Read or Write has come
+// for a couple of milliseconds (so frames nobody waits for, like an OPEN, are still
 // answered). So a busy pair never takes a doorbell and an idle pair costs
 // next to nothing. Connections move between units (Conn.Migrate,
 // Conn.SetPriority, Config.Rebalance) without reordering a byte.
