@@ -47,9 +47,10 @@ type Scheduler[T any] struct {
 	// class (0: DefaultMaxRounds).
 	MaxRounds int
 
-	queues [NumClasses]fifo[T]
-	streak [NumClasses]int
-	ready  uint8 // bit c: queues[c] is not empty
+	queues  [NumClasses]fifo[T]
+	express [NumClasses]fifo[T] // served before queues[c], in order
+	streak  [NumClasses]int
+	ready   uint8 // bit c: queues[c] or express[c] is not empty
 }
 
 // Push queues item in class c (clamped to Lowest).
@@ -59,11 +60,21 @@ func (s *Scheduler[T]) Push(c Class, item T) {
 	s.ready |= 1 << c
 }
 
+// PushExpress queues item in class c ahead of the items Push queued there:
+// a class's express items are served first, in the order they came. Class
+// order and the round limits are unchanged. For items whose service is
+// short (a small message beside bulk transfers of the same class).
+func (s *Scheduler[T]) PushExpress(c Class, item T) {
+	c = min(c, Lowest)
+	s.express[c].push(item)
+	s.ready |= 1 << c
+}
+
 // Len is the number of queued items.
 func (s *Scheduler[T]) Len() int {
 	n := 0
 	for i := range s.queues {
-		n += s.queues[i].len()
+		n += s.queues[i].len() + s.express[i].len()
 	}
 	return n
 }
@@ -87,8 +98,12 @@ func (s *Scheduler[T]) Next() (item T, c Class, ok bool) {
 	} else {
 		s.streak[c] = 0
 	}
-	item = s.queues[c].pop()
-	if s.queues[c].len() == 0 {
+	if s.express[c].len() > 0 {
+		item = s.express[c].pop()
+	} else {
+		item = s.queues[c].pop()
+	}
+	if s.queues[c].len() == 0 && s.express[c].len() == 0 {
 		s.ready &^= 1 << c
 	}
 	return item, c, true

@@ -27,6 +27,28 @@ func TestSchedulerPriorityAndRoundRobin(t *testing.T) {
 	require.Equal(t, 0, s.Len())
 }
 
+func TestSchedulerExpress(t *testing.T) {
+	var s Scheduler[string]
+	s.Push(0, "bulk1")
+	s.Push(0, "bulk2")
+	s.Push(2, "low")
+	s.PushExpress(0, "small1")
+	s.PushExpress(2, "small-low")
+	s.PushExpress(0, "small2")
+	var got []string
+	for {
+		v, _, ok := s.Next()
+		if !ok {
+			break
+		}
+		got = append(got, v)
+	}
+	// Express items first within their class, in order; classes keep
+	// their order (class 2's express item does not pass class 0).
+	require.Equal(t, []string{"small1", "small2", "bulk1", "bulk2", "small-low", "low"}, got)
+	require.Equal(t, 0, s.Len())
+}
+
 func TestSchedulerNoStarvation(t *testing.T) {
 	s := Scheduler[int]{MaxRounds: 4}
 	s.Push(Lowest, 7)

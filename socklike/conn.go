@@ -50,9 +50,12 @@ type Conn struct {
 	// rxmu protects the following fields; rxPart is also read atomically.
 	held   []heldFrame  // frames from a partition the peer moved us to, early
 	rxPart atomic.Int32 // partition the peer sends on; -1 until known
-	rbuf   []byte       // a blocked Read's buffer, posted for delivery
-	rn     int          // bytes delivered into rbuf
+	rbuf   []byte       // a blocked Read's buffer, posted for delivery; nil once full
+	rn     int          // bytes delivered into the posted buffer
 	rready atomic.Bool  // rn > 0
+
+	bigAt     atomic.Int64 // ep.now()+1 when a DATA record of more than smallWrite last came (0: never)
+	bulkEpoch atomic.Int64 // the last period (of smallRecent) c was counted as bulk in
 
 	// Send side. sent-peerRead ≤ window, the peer's receive window.
 	window   int64
@@ -175,6 +178,8 @@ func (c *Conn) Read(b []byte) (int, error) {
 	c.ep.calls.Add(1)
 	c.rlock.Lock()
 	defer c.rlock.Unlock()
+	c.ep.enterCall()
+	defer c.ep.exitCall()
 	sp := spinner{ep: c.ep}
 	defer sp.stop()
 	n, err := c.readLoop(b, &sp)
@@ -267,6 +272,28 @@ func (c *Conn) unpost() int {
 	return n
 }
 
+// noteData notes a DATA record of n bytes for c from partition part (its
+// RX lock held), for sharedShare: a record of more than smallWrite marks c as a bulk
+// connection for a while; a small record of a connection that has sent no
+// large one for that long marks the partition as carrying latency traffic.
+// (A bulk connection's own small records — headers between its bodies —
+// do not count.)
+func (c *Conn) noteData(part, n int) {
+	now := c.ep.now() + 1 // never 0
+	pt := &c.st.traffic[part]
+	if n > smallWrite {
+		c.bigAt.Store(now)
+		if e := now / c.ep.smallFor; c.bulkEpoch.Load() != e {
+			c.bulkEpoch.Store(e)
+			pt.countBulk(e)
+		}
+		return
+	}
+	if at := c.bigAt.Load(); at == 0 || now-at > c.ep.smallFor {
+		pt.smallAt.Store(now)
+	}
+}
+
 // creditEvery is the fraction of the window read before credit goes back.
 // A sixteenth keeps a streaming writer fed well within its spin budget
 // (64 KiB with the default window), at one 16-byte frame per 64 KiB read.
@@ -281,6 +308,9 @@ const creditEvery = 16
 func (c *Conn) consumed(n int) {
 	total := c.read.Add(int64(n))
 	share := c.st.share()
+	if w := c.st.sharedShare(c); w > 0 {
+		share = min(share, w)
+	}
 	grant := total - (int64(c.ep.cfg.Window) - share)
 	if grant-c.creditOut >= share/creditEvery {
 		c.creditOut = grant
@@ -300,6 +330,8 @@ func (c *Conn) Write(b []byte) (int, error) {
 	c.ep.calls.Add(1)
 	c.wlock.Lock()
 	defer c.wlock.Unlock()
+	c.ep.enterCall()
+	defer c.ep.exitCall()
 	if err := c.writeErr(); err != nil {
 		return 0, err
 	}
@@ -312,6 +344,10 @@ func (c *Conn) Write(b []byte) (int, error) {
 	c.unit.postLocked(c)
 	c.smu.Unlock()
 	inline := c.ep.cfg.CoreModel == CoreInline
+	var self *Conn // a small write: serve it first and go (see tryServe)
+	if len(b) <= smallWrite {
+		self = c
+	}
 	sp := spinner{ep: c.ep}
 	defer sp.stop()
 	for {
@@ -324,7 +360,8 @@ func (c *Conn) Write(b []byte) (int, error) {
 		var wait time.Duration
 		contended := false
 		if inline {
-			c.st.poll(nil, nil) // credits, ring space, and serving the unit
+			// Credits, ring space, and (for a bulk write) serving the unit.
+			c.st.pollServe(nil, nil, self == nil)
 			if c.wdone.Load() {
 				continue
 			}
@@ -332,7 +369,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 			u := c.unit
 			c.smu.Unlock()
 			var progress bool
-			if progress, wait, contended = u.tryServe(); progress {
+			if progress, wait, contended = u.tryServe(self); progress {
 				if len(b) > yieldAbove {
 					runtime.Gosched() // let a small flow's goroutine in (see yieldAbove)
 				}
@@ -751,6 +788,9 @@ func (c *Conn) freeLocked() bool {
 func (c *Conn) deliver(part int, kind uint32, payload []byte) error {
 	c.rxmu.Lock()
 	defer c.rxmu.Unlock()
+	if kind == kindData {
+		c.noteData(part, len(payload))
+	}
 	rp := int(c.rxPart.Load())
 	if rp < 0 && (kind == kindAccept || kind == kindRefuse) {
 		c.rxPart.Store(int32(part)) // the acceptor's partition
@@ -782,11 +822,20 @@ func (c *Conn) deliver(part int, kind uint32, payload []byte) error {
 func (c *Conn) actLocked(kind uint32, payload []byte) error {
 	switch kind {
 	case kindData:
-		if c.rbuf != nil && c.rn == 0 && c.queued.Load() == 0 && c.flags.Load()&fClosed == 0 {
-			n := copy(c.rbuf, payload)
-			c.rbuf, c.rn = nil, n
+		if c.rbuf != nil && c.queued.Load() == 0 && c.flags.Load()&fClosed == 0 {
+			// Straight into the blocked Read's buffer, after what earlier
+			// records put there: a reader that does not get the CPU
+			// before its next record (another reader of this process
+			// polls meanwhile) still gets it with one copy, not two
+			// (ring -> queue -> buffer), until its buffer is full.
+			n := copy(c.rbuf[c.rn:], payload)
+			c.rn += n
+			if c.rn == len(c.rbuf) {
+				c.rbuf = nil
+			}
 			c.rready.Store(true)
 			if n < len(payload) {
+				c.rbuf = nil
 				c.enqueue(payload[n:])
 			}
 			c.wake(c.rnotify)
@@ -844,6 +893,7 @@ func (c *Conn) actLocked(kind uint32, payload []byte) error {
 func (c *Conn) takeDirect(part, n int) bool {
 	c.rxmu.Lock()
 	if int(c.rxPart.Load()) == part && len(c.held) == 0 && c.queued.Load() == 0 && c.rn == 0 && c.acceptData(n) {
+		c.noteData(part, n)
 		c.recvd.Add(int64(n))
 		c.rbuf = nil
 		return true

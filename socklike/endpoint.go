@@ -24,8 +24,9 @@
 // waiting call spins (Config.SpinBudget, longer while the endpoint is
 // busy; at most GOMAXPROCS goroutines at once), then parks. One poller
 // goroutine per endpoint sleeps on the doorbell while something is parked
-// and nobody spins, or once no Read or Write has come for a couple of
-// milliseconds (so frames nobody waits for, like an OPEN, are still
+// and no other caller runs (a doorbell wait keeps the process's P, so it
+// must not starve a runnable caller), or once no Read or Write has come
+// for a couple of milliseconds (so frames nobody waits for, like an OPEN, are still
 // answered). So a busy pair never takes a doorbell and an idle pair costs
 // next to nothing. Connections move between units (Conn.Migrate,
 // Conn.SetPriority, Config.Rebalance) without reordering a byte.
@@ -62,11 +63,12 @@ import (
 
 // Defaults for Config.
 const (
-	DefaultSpinBudget = 50 * time.Microsecond
-	DefaultWindow     = 1 << 20
-	DefaultMTU        = 64 << 10
-	DefaultBacklog    = 128
-	DefaultMaxConns   = 4096
+	DefaultSpinBudget   = 50 * time.Microsecond
+	DefaultWindow       = 1 << 20
+	DefaultMTU          = 64 << 10
+	DefaultSharedWindow = 128 << 10
+	DefaultBacklog      = 128
+	DefaultMaxConns     = 4096
 
 	minWindow = 4 << 10
 	maxWindow = 64 << 20
@@ -87,6 +89,19 @@ type Config struct {
 	// MTU is the largest DATA frame; larger writes are cut into MTU-sized
 	// frames so small messages interleave with bulk ones.
 	MTU int
+	// SharedWindow bounds the bulk data a small message can find ahead of
+	// it in a partition's ring. While a partition carries a small-message
+	// connection (one that sent no record larger than 4 KiB within the
+	// last 10 ms), the receive windows of its connections shrink to
+	// SharedWindow split among the bulk ones (those that did; at least
+	// 16 KiB each) — by holding back credit, as for the ring shares —
+	// instead of Window each: with the 1 MiB default Window one bulk flow
+	// can queue ~80 µs of copying ahead of a small message. (A small
+	// flow never has that much in flight, so the limit costs it nothing.)
+	// Partitions without small-message traffic keep the full window.
+	// Default DefaultSharedWindow; negative: no limit. Only the receiving
+	// side's setting matters.
+	SharedWindow int
 	// Backlog is the per-listener queue of accepted, unaccepted connections.
 	Backlog int
 	// MaxConns bounds connections per endpoint (ids are 20 bits).
@@ -145,11 +160,16 @@ func (c *Config) setDefaults() error {
 	if c.Batch == 0 {
 		c.Batch = c.MTU
 	}
+	if c.SharedWindow == 0 {
+		c.SharedWindow = DefaultSharedWindow
+	}
 	switch {
 	case c.Window < minWindow || c.Window > maxWindow:
 		return fmt.Errorf("window %d outside [%d, %d]", c.Window, minWindow, maxWindow)
 	case c.MTU < 1:
 		return fmt.Errorf("mtu %d", c.MTU)
+	case c.SharedWindow > 0 && c.SharedWindow < minWindow:
+		return fmt.Errorf("shared window %d below %d", c.SharedWindow, minWindow)
 	case c.Batch < 1:
 		return fmt.Errorf("batch %d", c.Batch)
 	case c.Partitions < 1 || c.Partitions > partition.MaxPartitions:
@@ -177,6 +197,8 @@ type Endpoint struct {
 	handoffs    atomic.Uint64 // wake-ups of parked goroutines, for spinners
 	active      atomic.Int32  // goroutines spin-polling
 	parked      atomic.Int32  // goroutines parked, waiting for the poller
+	inCall      atomic.Int32  // goroutines inside Read or Write (past its lock), parked or not
+	smallFor    int64         // smallRecent, in ns (tests lengthen it before connecting)
 	accepting   atomic.Int32  // goroutines in Accept: the poller arms once calls stop (see idleGrace)
 	calls       atomic.Uint64 // Read and Write calls: the poller stays off while they come
 	kick        chan struct{} // wakes the poller when it waits for work
@@ -226,6 +248,7 @@ func Attach(dev ntb.Device, cfg Config) (*Endpoint, error) {
 		sessCh:      make(chan struct{}),
 		spaceCh:     make(chan struct{}),
 		kick:        make(chan struct{}, 1),
+		smallFor:    int64(smallRecent),
 	}
 	ep.quota.Name, ep.quota.Limit = "receive-window memory quota", cfg.MemoryQuota
 	link, err := partition.Open(dev, partition.Config{Partitions: cfg.Partitions, OnSession: ep.install, Logf: cfg.Logf})
@@ -296,6 +319,7 @@ func (ep *Endpoint) install(s *partition.Session) {
 		parts:   s.Partitions(),
 		control: s.Control(),
 		conns:   make([]atomic.Pointer[Conn], ep.cfg.MaxConns+1),
+		traffic: make([]partTraffic, len(s.Partitions())),
 	}
 	st.nextID = 1
 	for _, p := range st.parts {
@@ -364,6 +388,25 @@ func (ep *Endpoint) session(ctx context.Context) (*state, error) {
 			return nil, fmt.Errorf("no session with the peer (%s link %v): %w", ep.dev.Name(), ep.dev.Link(), ctx.Err())
 		}
 	}
+}
+
+// enterCall and exitCall bracket a Read or Write past its lock. While more
+// goroutines are inside calls than parked, one of them runs (or is about
+// to) and polls the rings before it parks or returns, so the poller stays
+// off the doorbell (see runPoller); the last one out with others parked
+// hands the watch back to the poller.
+func (ep *Endpoint) enterCall() { ep.inCall.Add(1) }
+
+func (ep *Endpoint) exitCall() {
+	if n := ep.inCall.Add(-1); ep.parked.Load() >= n && n > 0 {
+		ep.kickPoller()
+	}
+}
+
+// callersRun reports whether a goroutine inside a call is not parked: it
+// polls the rings itself soon, and it needs this process's CPU.
+func (ep *Endpoint) callersRun() bool {
+	return ep.active.Load() > 0 || ep.inCall.Load() > ep.parked.Load()
 }
 
 // kickPoller wakes the poller if it waits for work.

@@ -228,28 +228,37 @@ func TestNoLossUnderPressure(t *testing.T) {
 
 // streamInFrom is streamIn for a stream whose first skip bytes were read.
 func streamInFrom(c *Conn, seed uint64, skip, want int64, stall func()) error {
+	off, err := streamInCount(c, seed, skip, stall)
+	if err != nil {
+		return err
+	}
+	if off != want {
+		return fmt.Errorf("stream %d ended at %d bytes, want %d", seed, off, want)
+	}
+	return nil
+}
+
+// streamInCount reads to EOF, checking every byte from offset skip on, and
+// returns the offset it ended at.
+func streamInCount(c *Conn, seed uint64, skip int64, stall func()) (int64, error) {
 	buf := make([]byte, 16<<10)
 	off := skip
 	for {
 		n, err := c.Read(buf[:1+rand.IntN(len(buf))])
 		for i := range n {
 			if buf[i] != pattern(seed, off+int64(i)) {
-				return fmt.Errorf("stream %d byte %d: got %#x, want %#x", seed, off+int64(i), buf[i], pattern(seed, off+int64(i)))
+				return off, fmt.Errorf("stream %d byte %d: got %#x, want %#x", seed, off+int64(i), buf[i], pattern(seed, off+int64(i)))
 			}
 		}
 		off += int64(n)
 		if err == io.EOF {
-			break
+			return off, nil
 		}
 		if err != nil {
-			return err
+			return off, err
 		}
 		stall()
 	}
-	if off != want {
-		return fmt.Errorf("stream %d ended at %d bytes, want %d", seed, off, want)
-	}
-	return nil
 }
 
 // With QoS each class has its partition; SetPriority moves a connection
@@ -330,4 +339,112 @@ func TestPartitionRate(t *testing.T) {
 	// 4 MiB at 8 MiB/s with a 0.8 MiB burst: ≥ 0.4 s.
 	require.Greater(t, el, 350*time.Millisecond)
 	t.Logf("4 MiB at a %d MiB/s limit took %v", rate>>20, el)
+}
+
+// A bulk connection's unread data stays within Config.SharedWindow while a
+// small-message connection shares its partition, and uses its full share
+// while none does. Every byte still arrives, in order.
+func TestSharedWindow(t *testing.T) {
+	const shared = 32 << 10
+	a, b := endpoints(t, "ntbtest", Config{SharedWindow: shared})
+	// The small flow counts as such for a second after each message, not
+	// 10 ms: under -race on a busy machine it stalls longer than that.
+	a.smallFor, b.smallFor = int64(time.Second), int64(time.Second)
+	bw, br := connPair(t, a, b, 1) // bulk: a -> b
+	sw, sr := connPair(t, a, b, 2) // small messages: a -> b and back
+	require.Equal(t, bw.Partition(), sw.Partition())
+
+	// The bulk reader pauses now and then, so the writer keeps its whole
+	// allowance in flight; inFlight samples what is sent and unread.
+	stopBulk, stopSmall := make(chan struct{}), make(chan struct{})
+	errs := make(chan error, 3)
+	var written atomic.Int64
+	go func() {
+		buf := make([]byte, 64<<10)
+		for off := int64(0); ; off += int64(len(buf)) {
+			select {
+			case <-stopBulk:
+				written.Store(off)
+				errs <- bw.CloseWrite()
+				return
+			default:
+			}
+			for i := range buf {
+				buf[i] = pattern(3, off+int64(i))
+			}
+			if _, err := bw.Write(buf); err != nil {
+				errs <- err
+				return
+			}
+		}
+	}()
+	type result struct {
+		n   int64
+		err error
+	}
+	read := make(chan result, 1)
+	go func() {
+		n := 0
+		var r result
+		r.n, r.err = streamInCount(br, 3, 0, func() {
+			if n++; n%8 == 0 {
+				time.Sleep(100 * time.Microsecond)
+			}
+		})
+		read <- r
+	}()
+	// inFlight samples, for d, the bulk bytes sent and not yet read. With
+	// beside set it first waits until the receiver treats the partition as
+	// carrying small messages and has read past what earlier credit
+	// allowed.
+	inFlight := func(d time.Duration, beside bool) (most int64) {
+		if beside {
+			require.Eventually(t, func() bool { return br.st.sharedShare(br) > 0 }, 10*time.Second, time.Millisecond,
+				"the receiver should see the small-message flow")
+			// Credit granted before allowed at most Window more.
+			for from := br.read.Load(); br.read.Load() < from+int64(b.cfg.Window); {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		for end := time.Now().Add(d); time.Now().Before(end); {
+			sent := bw.sent.Load() // first: it only grows after what was read
+			most = max(most, sent-br.read.Load())
+			runtime.Gosched()
+		}
+		return most
+	}
+
+	alone := inFlight(50*time.Millisecond, false)
+	require.Greater(t, alone, int64(shared), "without small messages the bulk connection should use more than the shared window")
+
+	go func() {
+		msg := make([]byte, 64)
+		for {
+			select {
+			case <-stopSmall:
+				errs <- nil
+				return
+			default:
+			}
+			_, err := sw.Write(msg)
+			if err == nil {
+				_, err = io.ReadFull(sw, msg)
+			}
+			if err != nil {
+				errs <- err
+				return
+			}
+		}
+	}()
+	go func() { _, _ = io.Copy(sr, sr) }()
+	beside := inFlight(100*time.Millisecond, true)
+	close(stopSmall)
+	close(stopBulk)
+	require.LessOrEqual(t, beside, int64(shared), "unread bulk data beside a small-message flow")
+	for range 2 {
+		require.NoError(t, <-errs)
+	}
+	r := <-read
+	require.NoError(t, r.err)
+	require.Equal(t, written.Load(), r.n, "bulk bytes read")
 }

@@ -26,6 +26,7 @@ type state struct {
 	nextGen  atomic.Uint32 // connection incarnations
 	live     atomic.Int32  // connections holding an id
 	rxRings  int64         // bytes of the inbound data rings, together
+	traffic  []partTraffic // per data partition, what it carries (see Conn.noteData)
 
 	mu sync.Mutex
 	// mu protects the following fields.
@@ -90,6 +91,68 @@ func (st *state) share() int64 {
 // minShare is the least window share: below it credit round trips
 // dominate.
 const minShare = 16 << 10
+
+// smallRecent is how long a connection counts as bulk after its last large
+// record, and a partition as carrying small-message traffic after the last
+// small record of a connection that is not bulk (see Conn.noteData):
+// longer than the gaps of a sporadic flow (a message a millisecond).
+// Endpoint.smallFor holds it.
+const smallRecent = 10 * time.Millisecond
+
+// partTraffic is what a data partition has carried lately, as its
+// receiver sees it: when a small message last came, and how many bulk
+// connections sent records in the current and the previous smallRecent
+// period. Written under the partition's RX lock (one writer), read by
+// anyone.
+type partTraffic struct {
+	smallAt atomic.Int64    // ep.now()+1 of the last small-message record; 0: never
+	epoch   [2]atomic.Int64 // the period each slot counts (ep.now()/ep.smallFor)
+	bulk    [2]atomic.Int32 // bulk connections seen in that period
+}
+
+// countBulk counts a bulk connection seen for the first time in period e.
+func (pt *partTraffic) countBulk(e int64) {
+	slot := e & 1
+	if pt.epoch[slot].Load() != e {
+		pt.epoch[slot].Store(e)
+		pt.bulk[slot].Store(0)
+	}
+	pt.bulk[slot].Add(1)
+}
+
+// bulkConns is how many bulk connections the partition carried in the
+// current or the previous period (at least 1).
+func (pt *partTraffic) bulkConns(e int64) int64 {
+	n := int32(1)
+	for slot := range pt.epoch {
+		if at := pt.epoch[slot].Load(); at == e || at == e-1 {
+			n = max(n, pt.bulk[slot].Load())
+		}
+	}
+	return int64(n)
+}
+
+// sharedShare is c's window while its partition carries a small-message
+// connection: Config.SharedWindow split among the partition's bulk
+// connections (at least minShare each), so that a small message finds at
+// most about that much bulk data ahead of it in the ring. Every connection
+// of the partition gets it, not only those that sent large records lately:
+// one that was idle, or paused longer than smallRecent, would otherwise
+// come back with its whole window in one burst. 0 when the partition
+// carries no small messages (or SharedWindow is off).
+func (st *state) sharedShare(c *Conn) int64 {
+	w := int64(st.ep.cfg.SharedWindow)
+	part := int(c.rxPart.Load())
+	if w <= 0 || part < 0 || part >= len(st.traffic) {
+		return 0
+	}
+	pt := &st.traffic[part]
+	now, recent := st.ep.now()+1, st.ep.smallFor
+	if small := pt.smallAt.Load(); small == 0 || now-small > recent {
+		return 0
+	}
+	return max(w/pt.bulkConns(now/recent), minShare)
+}
 
 // releaseID frees c's id. Only the connection that holds an id frees it:
 // a second release (two teardown paths racing) must not free the id of the
@@ -160,7 +223,7 @@ func (st *state) flushCtl() bool {
 // serving it (CoreInline: whoever passes by sends for everyone).
 func (st *state) serveUnits() {
 	for _, u := range st.units {
-		u.tryServe()
+		u.tryServe(nil)
 	}
 }
 
@@ -174,6 +237,11 @@ const pollBatch = 64
 // into b (self and b may be nil). It returns the bytes copied into b and
 // the records consumed.
 func (st *state) poll(self *Conn, b []byte) (n, records int) {
+	return st.pollServe(self, b, true)
+}
+
+// pollServe is poll, serving the units afterwards only if serve is set.
+func (st *state) pollServe(self *Conn, b []byte, serve bool) (n, records int) {
 	records = st.pollRing(st.control, nil, nil)
 	first := 0
 	if self != nil {
@@ -193,7 +261,15 @@ func (st *state) poll(self *Conn, b []byte) (n, records int) {
 			break
 		}
 	}
-	st.serveUnits() // frames the RX path queued (ACCEPT, CLOSE answers)
+	if n == 0 && serve {
+		// Serve frames the RX path queued (ACCEPT, CLOSE answers; their
+		// queueFrame also tried) and whatever else waits. Not when the
+		// caller's data came: it returns to its application now rather
+		// than copying other connections' bulk records first — a
+		// request/response flow's reader would otherwise send its
+		// neighbour's records before taking its own response.
+		st.serveUnits()
+	}
 	if records > 0 {
 		st.ep.noteProgress()
 	}
@@ -435,7 +511,7 @@ func (st *state) runPoller() {
 		st.serveUnits()
 		if ctlDone {
 			// Somebody polls, or calls keep coming: nothing to do.
-			if c := ep.calls.Load(); ep.active.Load() > 0 || (c != calls && ep.parked.Load() == 0) {
+			if c := ep.calls.Load(); ep.callersRun() || (c != calls && ep.parked.Load() == 0) {
 				calls, idleSince = c, time.Time{}
 				pause(idleGrace)
 				continue
@@ -485,6 +561,14 @@ func (st *state) runPoller() {
 		// quiet process. Goroutines this loop just woke sit on that P's run
 		// queue, so let them run first.
 		runtime.Gosched()
+		if ctlDone && ep.callersRun() {
+			// A caller ran meanwhile and is not parked: it polls. The
+			// doorbell wait would hold this process's P (see above)
+			// while that caller waits to run — with GOMAXPROCS 1 until
+			// the doorbell rings, which with nothing more to publish on
+			// the other side may be never, or until sysmon retakes it.
+			continue
+		}
 		ep.counters.pollerSleeps.Add(1)
 		if _, err := ep.dev.WaitDoorbell(ctx, bits); err != nil && ctx.Err() == nil {
 			st.sess.Fail(fmt.Errorf("wait for doorbell: %w", err))

@@ -101,7 +101,11 @@ func (u *unit) postLocked(c *Conn) {
 	}
 	c.inSched = true
 	u.mu.Lock()
-	u.sched.Push(c.class(), c)
+	if c.smallLocked() {
+		u.sched.PushExpress(c.class(), c)
+	} else {
+		u.sched.Push(c.class(), c)
+	}
 	u.mu.Unlock()
 	u.queued.Add(1)
 	u.posts.Add(1)
@@ -111,23 +115,48 @@ func (u *unit) postLocked(c *Conn) {
 	}
 }
 
+// smallWrite is the largest write (and record) that counts as a small
+// message: one whose latency matters more than its throughput. A connection with only a
+// small write (or connection frames) to send is served ahead of the bulk
+// writers of its class (qos.Scheduler.PushExpress): it goes into the ring
+// before their next records, not after a round of them. Per-connection
+// order is untouched — a connection is queued once, with all it has.
+const smallWrite = 4 << 10
+
+// smallLocked reports whether c has only a small write or frames to send
+// (c.smu held).
+func (c *Conn) smallLocked() bool { return len(c.out)-c.outOff <= smallWrite && !c.moving }
+
 // tryServe serves the unit if nobody else does. Combining has a lost-wake
 // race — a connection queued just after the server's last look, whose
 // poster found the lock taken — so a server looks again after unlocking
-// if anything was queued during its pass.
-func (u *unit) tryServe() (progress bool, wait time.Duration, contended bool) {
+// if anything was queued during its pass by somebody else. Its own
+// requeues (connections with more to send, or blocked on a full ring) do
+// not count: looping on them kept the caller from polling its rings and
+// from yielding for as long as the ring stayed full, so a goroutine of the
+// same process waiting for a response waited for the scheduler's 10 ms
+// preemption.
+//
+// self, if not nil, is the caller's own connection with a small write
+// posted: the pass ends once that write is out, so the caller returns to
+// its application (to read the response) instead of first sending a round
+// of its neighbours' bulk records; their own writers serve those.
+func (u *unit) tryServe(self *Conn) (progress bool, wait time.Duration, contended bool) {
 	for u.queued.Load() > 0 {
 		seen := u.posts.Load()
 		if !u.serveMu.TryLock() {
 			return progress, wait, true
 		}
-		p, w := u.serve()
+		p, w, requeued := u.serve(self)
+		if self != nil && self.wdone.Load() {
+			self = nil // a second pass (below) serves everybody
+		}
 		u.serveMu.Unlock()
 		if p {
 			u.st.ep.noteProgress()
 		}
 		progress, wait = progress || p, w
-		if u.posts.Load() == seen {
+		if u.posts.Load() == seen+uint32(requeued) {
 			return progress, wait, false
 		}
 	}
@@ -147,8 +176,9 @@ const (
 
 // serve runs one pass over the queued connections. It reports whether it
 // sent anything, and if it did not, how long a token bucket asks to wait
-// (0: blocked on ring space or nothing to do).
-func (u *unit) serve() (progress bool, wait time.Duration) {
+// (0: blocked on ring space or nothing to do), and how many connections it
+// queued on u again.
+func (u *unit) serve(self *Conn) (progress bool, wait time.Duration, requeued int) {
 	var open uint64 // partitions (slots) with a batch open
 	defer func() {
 		for i, p := range u.parts {
@@ -164,10 +194,13 @@ func (u *unit) serve() (progress bool, wait time.Duration) {
 		c, _, ok := u.sched.Next()
 		u.mu.Unlock()
 		if !ok {
-			return progress, wait
+			return progress, wait, requeued
 		}
 		u.queued.Add(-1)
 		sent, w, requeue := c.serveOnce(u, &open, &full, &moved)
+		if c == self && !requeue && self.wdone.Load() {
+			return true, 0, requeued // the caller's small write is out: let it go (see tryServe)
+		}
 		if sent {
 			progress, misses = true, 0
 		} else {
@@ -181,19 +214,20 @@ func (u *unit) serve() (progress bool, wait time.Duration) {
 			if c.unit == u {
 				c.inSched = false
 				u.postLocked(c)
+				requeued++
 			} else {
 				c.unit.postLocked(c) // it moved
 			}
 			c.smu.Unlock()
 		}
 		if misses > int(u.queued.Load())+1 {
-			return progress, wait // everybody queued is blocked
+			return progress, wait, requeued // everybody queued is blocked
 		}
 		if moved >= passBytes {
-			return progress, wait // publish, and let the others in
+			return progress, wait, requeued // publish, and let the others in
 		}
 	}
-	return progress, wait
+	return progress, wait, requeued
 }
 
 // armSpace arms the space doorbell of every full partition of the unit and
@@ -239,7 +273,7 @@ func (u *unit) runWorker(tx, rx bool, cpu int) {
 	for ctx.Err() == nil {
 		busy := false
 		if tx && u.queued.Load() > 0 {
-			progress, wait := u.serve()
+			progress, wait, _ := u.serve(nil)
 			busy = progress
 			if !progress && wait > 0 {
 				time.Sleep(wait)

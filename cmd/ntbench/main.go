@@ -147,6 +147,7 @@ type options struct {
 	core       string        // ntb: core model
 	mtu        int           // ntb: segment size
 	recvWindow int           // ntb: per-connection receive window
+	sharedWin  int           // ntb: receive window of bulk connections beside small-message ones
 	priority   int           // ntb: class of the bulk flows (mixed) or of every connection
 	cpuprofile string        // CPU profile of the client; the server's gets ".server", proxy daemons ".proxy-a"/".proxy-b"
 	stats      bool          // ntb: print socklike's event counters
@@ -241,6 +242,7 @@ Flags:
 	fs.BoolVar(&o.qos, "qos", false, "ntb: one partition per priority class (socklike Config.QoS)")
 	fs.StringVar(&o.core, "core", "inline", "ntb: core model: inline (callers drive the rings), shared (a worker per partition) or split (TX and RX workers)")
 	fs.IntVar(&o.recvWindow, "recvwindow", socklike.DefaultWindow, "ntb: each connection's receive window in bytes (socklike Config.Window)")
+	fs.IntVar(&o.sharedWin, "sharedwindow", socklike.DefaultSharedWindow, "ntb: receive window of a bulk connection while a small-message connection shares its partition (socklike Config.SharedWindow; negative: none)")
 	fs.IntVar(&o.mtu, "mtu", socklike.DefaultMTU, "ntb: largest record; larger writes are segmented (a write-sized MTU switches segmentation off)")
 	fs.IntVar(&o.priority, "priority", 0, "ntb: priority class 0-7 of the bulk flows in mixed mode, of every connection otherwise")
 	fs.BoolVar(&o.stats, "stats", false, "ntb: print both endpoints' event counters (parks, poller sleeps, ring full, credit waits) to stderr")

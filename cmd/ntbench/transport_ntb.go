@@ -47,7 +47,7 @@ func init() {
 // endpointConfig is the socklike configuration the flags ask for.
 func endpointConfig(o *options) socklike.Config {
 	core, _ := socklike.ParseCoreModel(o.core) // checked with the flags
-	return socklike.Config{SpinBudget: o.spin, Partitions: o.partitions, QoS: o.qos, CoreModel: core, MTU: o.mtu, Window: o.recvWindow}
+	return socklike.Config{SpinBudget: o.spin, Partitions: o.partitions, QoS: o.qos, CoreModel: core, MTU: o.mtu, Window: o.recvWindow, SharedWindow: o.sharedWin}
 }
 
 // endpointListener closes the server's endpoint and removes the link file

@@ -94,7 +94,7 @@ const (
 // the spin budget and segment sizes of the flags; the partition layout is
 // ntproxy's.
 func appConfig(o *options) socklike.Config {
-	return socklike.Config{SpinBudget: o.spin, MTU: o.mtu, Window: o.recvWindow}
+	return socklike.Config{SpinBudget: o.spin, MTU: o.mtu, Window: o.recvWindow, SharedWindow: o.sharedWin}
 }
 
 var (
