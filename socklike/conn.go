@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ntstack/ntstack/internal/pool"
 	"github.com/ntstack/ntstack/internal/ring"
 	"github.com/ntstack/ntstack/qos"
 )
@@ -1040,9 +1041,10 @@ type spinner struct {
 // last busyWindow spins for up to busySpin instead of SpinBudget. An idle
 // endpoint, and a sporadic one (a message a millisecond), keeps the short
 // budget, so neither costs more CPU.
+// (Shared-pool connections, socklike/pool.go, wait the same way.)
 const (
-	busyWindow = time.Millisecond
-	busySpin   = 500 * time.Microsecond
+	busyWindow = pool.BusyWindow
+	busySpin   = pool.BusySpin
 )
 
 // spin reports whether to keep polling (true) or park (false).

@@ -42,7 +42,11 @@ func mapPool(f *os.File, slots, ring int) (*sharedPool, error) {
 	if err := pool.CheckGeometry(slots, ring); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrProxy, err)
 	}
-	mem, err := proc.MapShared(f, slots*pool.SlotSize(ring))
+	size := slots * pool.SlotSize(ring)
+	if fi, err := f.Stat(); err != nil || fi.Size() < int64(size) {
+		return nil, fmt.Errorf("%w: shared pool file smaller than its %d slots of %d-byte rings (%v)", ErrProxy, slots, ring, err)
+	}
+	mem, err := proc.MapShared(f, size)
 	if err != nil {
 		return nil, fmt.Errorf("shared pool: %w", err)
 	}

@@ -15,7 +15,9 @@
 // frame; the proxy answers with one reply frame:
 //
 //	PortDial:   DialRequest  → DialReply, then the connection carries the
-//	            application's stream to the remote end.
+//	            application's stream to the remote end — unless the reply
+//	            grants a pool slot (shared-pool mode) or a direct link,
+//	            which carry it instead.
 //	PortListen: ListenRequest → ListenReply; the connection stays open for
 //	            as long as the listener lives. For every connection that
 //	            arrives the proxy opens a connection to the application's

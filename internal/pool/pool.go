@@ -84,7 +84,9 @@ const (
 )
 
 // Spin budgets: a waiter spins BusySpin instead of its usual budget when
-// its connection moved within BusyWindow, as socklike's calls do.
+// its connection moved within BusyWindow. socklike's spinners use the same
+// two (a parked side costs a cross-process wake-up at both ends of a gap
+// between records; an idle or sporadic connection keeps the short budget).
 const (
 	BusySpin   = 500 * time.Microsecond
 	BusyWindow = time.Millisecond

@@ -80,6 +80,9 @@ func NewMemfd(name string, size int64) (*os.File, error) {
 	return nil, fmt.Errorf("memfd_create %s: %w", name, ErrNotSupported)
 }
 
+// SealSize is not supported on this platform.
+func SealSize(f *os.File) error { return fmt.Errorf("seal %s: %w", f.Name(), ErrNotSupported) }
+
 // MapShared is not supported on this platform.
 func MapShared(f *os.File, size int) ([]byte, error) {
 	return nil, fmt.Errorf("map %s: %w", f.Name(), ErrNotSupported)

@@ -8,9 +8,10 @@ import (
 )
 
 // NewMemfd creates an anonymous shared-memory file of size bytes
-// (memfd_create), to be mapped here and passed to another process.
+// (memfd_create), to be mapped here and passed to another process. Its
+// size is sealed (SealSize).
 func NewMemfd(name string, size int64) (*os.File, error) {
-	fd, err := unix.MemfdCreate("ntstack-"+name, unix.MFD_CLOEXEC)
+	fd, err := unix.MemfdCreate("ntstack-"+name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, fmt.Errorf("memfd_create %s: %w", name, err)
 	}
@@ -19,7 +20,23 @@ func NewMemfd(name string, size int64) (*os.File, error) {
 		f.Close()
 		return nil, fmt.Errorf("size memfd %s: %w", name, err)
 	}
+	if err := SealSize(f); err != nil {
+		f.Close()
+		return nil, err
+	}
 	return f, nil
+}
+
+// SealSize fixes the size of f, a memfd created with MFD_ALLOW_SEALING,
+// for good: a process it is passed to cannot shrink it under this one's
+// mapping (touching a page past the end would kill this process with
+// SIGBUS), nor grow it, nor remove the seals. Its contents stay writable,
+// and holes can still be punched.
+func SealSize(f *os.File) error {
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		return fmt.Errorf("seal the size of %s: %w", f.Name(), err)
+	}
+	return nil
 }
 
 // MapShared maps the first size bytes of f, readable and writable, shared

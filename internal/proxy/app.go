@@ -122,6 +122,10 @@ func (s *Server) attach(c *net.UnixConn) (_ *app, err error) {
 	if a.dev, err = shm.OpenFile(a.memfd, fmt.Sprintf("app-%d", a.id), o); err != nil {
 		return nil, refuse(ctlapi.CodeInternal, "%v", err)
 	}
+	// Sized now: the application must not shrink it under our mapping.
+	if err := proc.SealSize(a.memfd); err != nil {
+		return nil, refuse(ctlapi.CodeInternal, "%v", err)
+	}
 	if a.ep, err = socklike.Attach(a.dev, s.appCfg); err != nil {
 		return nil, refuse(ctlapi.CodeInternal, "%v", err)
 	}

@@ -508,30 +508,44 @@ func (l *leg) runDeliver() {
 			return
 		}
 		l.dmu.Lock()
-		l.rx.trim(l.rx.base + uint64(n))
-		l.rxDelivered += uint64(n)
-		if fin {
-			l.finDone = true
-		}
-		ack := uint64(0)
-		if fin || l.rxDelivered-l.rxAcked >= l.ackEvery() {
-			l.rxAcked = l.rxDelivered
-			ack = l.rxDelivered
-		}
+		ack := l.deliveredLocked(l.rx.base+uint64(n), fin)
 		l.dmu.Unlock()
-		if n > 0 {
-			l.pc.bytesRX.Add(uint64(n))
-			l.pc.msgsRX.Add(1)
-		}
-		if ack > 0 || fin {
-			l.mu.Lock()
-			l.ackWanted = max(l.ackWanted, ack)
-			l.cond.Broadcast()
-			l.mu.Unlock()
-		}
-		if fin {
-			l.maybeDone()
-		}
+		l.wantAck(ack, fin)
+	}
+}
+
+// deliveredLocked records (dmu held) that rx's bytes before seq have
+// reached the application, and its FIN if fin; it returns the
+// acknowledgement due now (0: none yet): every ackEvery bytes, and at the
+// FIN.
+func (l *leg) deliveredLocked(seq uint64, fin bool) uint64 {
+	if n := seq - l.rx.base; n > 0 {
+		l.rx.trim(seq)
+		l.rxDelivered = seq
+		l.pc.bytesRX.Add(n)
+		l.pc.msgsRX.Add(1)
+	}
+	if fin {
+		l.finDone = true
+	}
+	if fin || l.rxDelivered-l.rxAcked >= l.ackEvery() {
+		l.rxAcked = l.rxDelivered
+		return l.rxDelivered
+	}
+	return 0
+}
+
+// wantAck has runSend acknowledge up to ack (dmu not held), and after the
+// FIN (fin) ends the leg if both directions are done.
+func (l *leg) wantAck(ack uint64, fin bool) {
+	if ack > 0 || fin {
+		l.mu.Lock()
+		l.ackWanted = max(l.ackWanted, ack)
+		l.cond.Broadcast()
+		l.mu.Unlock()
+	}
+	if fin {
+		l.maybeDone()
 	}
 }
 

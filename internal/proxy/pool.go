@@ -182,13 +182,10 @@ func (l *leg) rxAddedLocked() {
 	if l.slot == nil {
 		return
 	}
-	if l.discard {
-		l.rx.trim(l.rx.end())
-		l.rxDelivered = l.rxSeq
-		if l.rxDelivered-l.rxAcked >= l.ackEvery() {
-			l.rxAcked = l.rxDelivered
-			l.mu.Lock()
-			l.ackWanted = max(l.ackWanted, l.rxAcked)
+	if l.discard { // counted as received: the application had them, and closed
+		if ack := l.deliveredLocked(l.rx.end(), false); ack > 0 {
+			l.mu.Lock() // after dmu, as generation() takes it
+			l.ackWanted = max(l.ackWanted, ack)
 			l.cond.Broadcast()
 			l.mu.Unlock()
 		}
@@ -260,35 +257,14 @@ func (l *leg) poolIn(af uint32, tail uint64) error {
 		l.discard = true // nothing more will be read: drop what is and what comes
 		tail = l.rx.end()
 	}
-	if tail != l.rx.base {
-		if tail < l.rx.base || tail > l.rx.end() {
-			l.dmu.Unlock()
-			return fmt.Errorf("in ring tail %d outside %d..%d", tail, l.rx.base, l.rx.end())
-		}
-		l.pc.bytesRX.Add(tail - l.rx.base)
-		l.pc.msgsRX.Add(1)
-		l.rx.trim(tail)
-		l.rxDelivered = tail
+	if tail < l.rx.base || tail > l.rx.end() {
+		l.dmu.Unlock()
+		return fmt.Errorf("in ring tail %d outside %d..%d", tail, l.rx.base, l.rx.end())
 	}
-	fin := l.finAt >= 0 && l.rx.n == 0 && !l.finDone
-	if fin {
-		l.finDone = true
-	}
-	ack := uint64(0)
-	if fin || l.rxDelivered-l.rxAcked >= l.ackEvery() {
-		l.rxAcked = l.rxDelivered
-		ack = l.rxDelivered
-	}
+	fin := l.finAt >= 0 && tail == l.rx.end() && !l.finDone
+	ack := l.deliveredLocked(tail, fin)
 	l.dmu.Unlock()
-	if ack > 0 || fin {
-		l.mu.Lock()
-		l.ackWanted = max(l.ackWanted, ack)
-		l.cond.Broadcast()
-		l.mu.Unlock()
-	}
-	if fin {
-		l.maybeDone()
-	}
+	l.wantAck(ack, fin)
 	return nil
 }
 

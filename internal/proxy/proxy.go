@@ -9,9 +9,15 @@
 // takes connections from both. The Server copies bytes between the
 // application's connection and the other side ("proxy" mode: applications
 // never touch the fabric windows, so one cannot read another's traffic).
+// In shared-pool mode (pool.go) a connection to a rack peer moves its
+// bytes through a slot of a pool the application shares with the Server
+// alone, which its leg sends from and receives into; in direct mode
+// (direct.go) the two proxies grant the connection a link of its own and
+// leave the data path.
 //
 // An application that exits or crashes loses its Unix socket; the Server
-// then closes its connections and listeners and frees its memory link.
+// then closes its connections and listeners and frees its memory link and
+// its pool (once every slot is back).
 //
 // Concurrency: all methods are safe for concurrent use. Lifetime: Close
 // stops everything and waits for the goroutines; it is idempotent.

@@ -145,7 +145,10 @@ func Open(name string, o Options) (*Device, error) {
 // socket (SCM_RIGHTS), and each side attaches with OpenFile. ntproxy gives
 // every application such a private link.
 func NewMemLink(name string) (*os.File, error) {
-	fd, err := unix.MemfdCreate("ntstack-"+name, unix.MFD_CLOEXEC)
+	// Sealing allowed: its creator seals the size once it is set (OpenFile
+	// sizes it), so that the peer cannot shrink it under the creator's
+	// mapping.
+	fd, err := unix.MemfdCreate("ntstack-"+name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, fmt.Errorf("create memory link %q: %w", name, err)
 	}
