@@ -54,6 +54,10 @@ type Conn struct {
 	rbuf   []byte       // a blocked Read's buffer, posted for delivery; nil once full
 	rn     int          // bytes delivered into the posted buffer
 	rready atomic.Bool  // rn > 0
+	// inRead is set while a Read runs; readerAt is ep.now() when the last
+	// one returned (see state.leaveForReader).
+	inRead   atomic.Bool
+	readerAt atomic.Int64
 
 	bigAt     atomic.Int64 // ep.now()+1 when a DATA record of more than smallWrite last came (0: never)
 	bulkEpoch atomic.Int64 // the last period (of smallRecent) c was counted as bulk in
@@ -181,6 +185,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 	defer c.rlock.Unlock()
 	c.ep.enterCall()
 	defer c.ep.exitCall()
+	c.inRead.Store(true)
 	sp := spinner{ep: c.ep}
 	defer sp.stop()
 	n, err := c.readLoop(b, &sp)
@@ -188,6 +193,8 @@ func (c *Conn) Read(b []byte) (int, error) {
 		c.consumed(m)
 		n, err = m, nil
 	}
+	c.readerAt.Store(c.ep.now())
+	c.inRead.Store(false)
 	if n > yieldAbove {
 		runtime.Gosched()
 	}
@@ -293,6 +300,13 @@ func (c *Conn) noteData(part, n int) {
 	if at := c.bigAt.Load(); at == 0 || now-at > c.ep.smallFor {
 		pt.smallAt.Store(now)
 	}
+}
+
+// bulk reports whether c received a record of more than smallWrite within
+// the last smallRecent.
+func (c *Conn) bulk() bool {
+	at := c.bigAt.Load()
+	return at != 0 && c.ep.now()+1-at <= c.ep.smallFor
 }
 
 // creditEvery is the fraction of the window read before credit goes back.
@@ -791,6 +805,7 @@ func (c *Conn) deliver(part int, kind uint32, payload []byte) error {
 	defer c.rxmu.Unlock()
 	if kind == kindData {
 		c.noteData(part, len(payload))
+		c.ep.counters.dataRecords.Add(1)
 	}
 	rp := int(c.rxPart.Load())
 	if rp < 0 && (kind == kindAccept || kind == kindRefuse) {
@@ -895,6 +910,7 @@ func (c *Conn) takeDirect(part, n int) bool {
 	c.rxmu.Lock()
 	if int(c.rxPart.Load()) == part && len(c.held) == 0 && c.queued.Load() == 0 && c.rn == 0 && c.acceptData(n) {
 		c.noteData(part, n)
+		c.ep.counters.dataRecords.Add(1)
 		c.recvd.Add(int64(n))
 		c.rbuf = nil
 		return true
@@ -914,6 +930,7 @@ func (c *Conn) enqueue(p []byte) {
 		c.read.Add(int64(len(p))) // nobody will read it
 		return
 	}
+	c.ep.counters.queuedRecords.Add(1)
 	c.qmu.Lock()
 	c.q.push(p)
 	c.qmu.Unlock()

@@ -19,7 +19,9 @@
 // (strict priority, round-robin within a class, Config.Batch bytes a
 // round). In CoreInline, the default, whoever finds the unit free — usually
 // the writer itself — sends for everybody queued, and a blocked Read posts
-// its buffer so whoever polls the rings copies its data straight in; in
+// its buffer so whoever polls the rings copies its data straight in (a bulk
+// reader leaves a record whose own reader is about to come for it, rather
+// than copy it into a queue: state.leaveForReader); in
 // CoreShared and CoreSplit worker threads drive the units instead. A
 // waiting call spins (Config.SpinBudget, longer while the endpoint is
 // busy; at most GOMAXPROCS goroutines at once), then parks. One poller
@@ -316,12 +318,13 @@ func (ep *Endpoint) closeWith(cause error) error {
 // install is called by the link when a session is established.
 func (ep *Endpoint) install(s *partition.Session) {
 	st := &state{
-		ep:      ep,
-		sess:    s,
-		parts:   s.Partitions(),
-		control: s.Control(),
-		conns:   make([]atomic.Pointer[Conn], ep.cfg.MaxConns+1),
-		traffic: make([]partTraffic, len(s.Partitions())),
+		ep:       ep,
+		sess:     s,
+		parts:    s.Partitions(),
+		control:  s.Control(),
+		conns:    make([]atomic.Pointer[Conn], ep.cfg.MaxConns+1),
+		traffic:  make([]partTraffic, len(s.Partitions())),
+		headWait: make([]int64, len(s.Partitions())),
 	}
 	st.nextID = 1
 	for _, p := range st.parts {

@@ -448,3 +448,45 @@ func TestSharedWindow(t *testing.T) {
 	require.NoError(t, r.err)
 	require.Equal(t, written.Load(), r.n, "bulk bytes read")
 }
+
+// A bulk reader leaves its neighbours' records at the head of the ring for
+// their own readers (state.leaveForReader), but only while they are about
+// to come: a neighbour whose application stops reading must not stall the
+// partition. Here y's reader reads a little, then stays away while x
+// streams 32 MiB through the same partition; x must finish meanwhile, and
+// y's records, queued after the bound, must arrive intact once it reads
+// again.
+func TestAbsentReaderDoesNotStall(t *testing.T) {
+	const xBytes, yBytes = 32 << 20, 4 << 20
+	a, b := endpoints(t, "ntbtest", Config{})
+	xw, xr := connPair(t, a, b, 1)
+	yw, yr := connPair(t, a, b, 2)
+	require.Equal(t, xw.Partition(), yw.Partition())
+	errs := make(chan error, 3)
+	go func() { errs <- streamOut(xw, 1, xBytes, rand.New(rand.NewPCG(1, 1))) }()
+	go func() { errs <- streamOut(yw, 2, yBytes, rand.New(rand.NewPCG(2, 2))) }()
+
+	// y's reader takes 64 KiB (so y counts as bulk, and its reader was
+	// just in Read), then goes away until x is done.
+	first := make([]byte, 64<<10)
+	_, err := io.ReadFull(yr, first)
+	require.NoError(t, err)
+	for i, v := range first {
+		require.Equal(t, pattern(2, int64(i)), v, "y byte %d", i)
+	}
+	xDone := make(chan error, 1)
+	go func() { xDone <- streamIn(xr, 1, xBytes, nil) }()
+	select {
+	case err := <-xDone:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("x stalled while y's reader was away")
+	}
+	require.NoError(t, streamInFrom(yr, 2, int64(len(first)), yBytes, func() {}))
+	for range 2 {
+		require.NoError(t, <-errs)
+	}
+	st := b.Stats()
+	t.Logf("receiver: %d DATA records, %d queued", st.DataRecords, st.QueuedRecords)
+	require.Positive(t, st.QueuedRecords, "y's records should have been queued while its reader was away")
+}

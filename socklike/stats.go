@@ -5,28 +5,32 @@ import "sync/atomic"
 // Stats are an endpoint's event counters since it was opened, for
 // diagnosis and metrics. Every field only grows.
 type Stats struct {
-	Parks        int64 // Read, Write or Dial calls that gave up spinning and slept
-	PollerSleeps int64 // times the poller slept on the doorbell
-	RingFull     int64 // sends that found a data ring full
-	CreditWaits  int64 // sends that found the peer's window used up
-	Migrations   int64 // connections moved to another partition
-	StaleFrames  int64 // frames for connections that had ended, dropped
+	Parks         int64 // Read, Write or Dial calls that gave up spinning and slept
+	PollerSleeps  int64 // times the poller slept on the doorbell
+	RingFull      int64 // sends that found a data ring full
+	CreditWaits   int64 // sends that found the peer's window used up
+	Migrations    int64 // connections moved to another partition
+	StaleFrames   int64 // frames for connections that had ended, dropped
+	DataRecords   int64 // DATA records received
+	QueuedRecords int64 // of those, queued (whole or in part) because no Read buffer took them: copied twice
 }
 
 // counters backs Stats.
 type counters struct {
-	parks, pollerSleeps, ringFull, creditWaits, migrations, staleFrames atomic.Int64
+	parks, pollerSleeps, ringFull, creditWaits, migrations, staleFrames, dataRecords, queuedRecords atomic.Int64
 }
 
 // Stats returns the endpoint's counters.
 func (ep *Endpoint) Stats() Stats {
 	c := &ep.counters
 	return Stats{
-		Parks:        c.parks.Load(),
-		PollerSleeps: c.pollerSleeps.Load(),
-		RingFull:     c.ringFull.Load(),
-		CreditWaits:  c.creditWaits.Load(),
-		Migrations:   c.migrations.Load(),
-		StaleFrames:  c.staleFrames.Load(),
+		Parks:         c.parks.Load(),
+		PollerSleeps:  c.pollerSleeps.Load(),
+		RingFull:      c.ringFull.Load(),
+		CreditWaits:   c.creditWaits.Load(),
+		Migrations:    c.migrations.Load(),
+		StaleFrames:   c.staleFrames.Load(),
+		DataRecords:   c.dataRecords.Load(),
+		QueuedRecords: c.queuedRecords.Load(),
 	}
 }
