@@ -163,14 +163,25 @@ func (c *Conn) ID() uint32 { return c.id }
 func (c *Conn) LocalAddr() net.Addr  { return c.local }
 func (c *Conn) RemoteAddr() net.Addr { return c.remote }
 
+// Setting a deadline wakes a parked call, which parks again watching it
+// (see park).
 func (c *Conn) SetDeadline(t time.Time) error {
-	c.rdl.Set(t)
-	c.wdl.Set(t)
+	c.SetReadDeadline(t)
+	c.SetWriteDeadline(t)
 	return nil
 }
 
-func (c *Conn) SetReadDeadline(t time.Time) error  { c.rdl.Set(t); return nil }
-func (c *Conn) SetWriteDeadline(t time.Time) error { c.wdl.Set(t); return nil }
+func (c *Conn) SetReadDeadline(t time.Time) error {
+	c.rdl.Set(t)
+	signal(c.rnotify)
+	return nil
+}
+
+func (c *Conn) SetWriteDeadline(t time.Time) error {
+	c.wdl.Set(t)
+	signal(c.wnotify)
+	return nil
+}
 
 func (c *Conn) opErr(op string, err error) error {
 	return &net.OpError{Op: op, Net: "ntb", Source: c.local, Addr: c.remote, Err: err}
@@ -193,11 +204,11 @@ func (c *Conn) Read(b []byte) (int, error) {
 		c.consumed(m)
 		n, err = m, nil
 	}
+	if n > yieldAbove {
+		runtime.Gosched() // still in Read: its next records wait for it
+	}
 	c.readerAt.Store(c.ep.now())
 	c.inRead.Store(false)
-	if n > yieldAbove {
-		runtime.Gosched()
-	}
 	return n, err
 }
 
@@ -714,6 +725,21 @@ func (c *Conn) park(sp *spinner, notify chan struct{}, dl *deadline.Deadline, ex
 		// goroutine that yielded wait for dozens of rounds.)
 		c.ep.kickPoller()
 	}
+	if extra == nil && !dl.Armed() {
+		// Close, setting a deadline and the end of the session signal
+		// notify too; a lone channel receive costs a fraction of the
+		// select below, and a busy reader parks once per record.
+		<-notify
+	} else {
+		c.parkSelect(notify, dl, extra)
+	}
+	c.sleepers.Add(-1)
+	c.ep.parked.Add(-1)
+}
+
+// parkSelect waits for notify, the deadline, Close, the end of the session
+// or extra.
+func (c *Conn) parkSelect(notify chan struct{}, dl *deadline.Deadline, extra <-chan struct{}) {
 	select {
 	case <-notify:
 	case <-dl.Wait():
@@ -721,8 +747,6 @@ func (c *Conn) park(sp *spinner, notify chan struct{}, dl *deadline.Deadline, ex
 	case <-c.st.sess.Done():
 	case <-extra:
 	}
-	c.sleepers.Add(-1)
-	c.ep.parked.Add(-1)
 }
 
 // Close closes the connection: blocked calls return net.ErrClosed, the
@@ -736,6 +760,8 @@ func (c *Conn) Close() error {
 	c.localClosed = true
 	c.flags.Or(fClosed)
 	close(c.closedCh)
+	signal(c.rnotify) // for calls parked on notify alone (see park)
+	signal(c.wnotify)
 	if c.err == nil {
 		c.sendLocked(kindClose, nil)
 	}

@@ -58,6 +58,9 @@ func (d *Deadline) Wait() <-chan struct{} {
 	return d.expired
 }
 
+// Armed reports whether a deadline is set (passed or not).
+func (d *Deadline) Armed() bool { return d.armed.Load() }
+
 // Passed reports whether the current deadline has passed.
 func (d *Deadline) Passed() bool {
 	if !d.armed.Load() {
