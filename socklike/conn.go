@@ -313,11 +313,11 @@ func (c *Conn) noteData(part, n int) {
 	}
 }
 
-// bulk reports whether c received a record of more than smallWrite within
-// the last smallRecent.
-func (c *Conn) bulk() bool {
+// bulkAt reports whether c received a record of more than smallWrite
+// within smallRecent before now (ep.now()).
+func (c *Conn) bulkAt(now int64) bool {
 	at := c.bigAt.Load()
-	return at != 0 && c.ep.now()+1-at <= c.ep.smallFor
+	return at != 0 && now+1-at <= c.ep.smallFor
 }
 
 // creditEvery is the fraction of the window read before credit goes back.

@@ -294,7 +294,7 @@ const (
 )
 
 // leaveForReader reports whether a bulk reader's poll of data partition
-// part (RX lock held) should leave the DATA record at its head, for
+// part (RX lock held, ep.now() now) should leave the DATA record at its head, for
 // connection id, to that connection's own reader instead of queueing it.
 //
 // A record that meets no posted Read buffer is copied twice: into the
@@ -315,12 +315,11 @@ const (
 // within readerBack; and the record has waited at the head for less than
 // headWaitMax. The poller and the workers never leave a record, so a
 // reader that does not come costs its neighbours at most that long.
-func (st *state) leaveForReader(part int, id uint32) bool {
+func (st *state) leaveForReader(part int, id uint32, now int64) bool {
 	c := st.lookup(id)
 	if c == nil {
 		return false
 	}
-	now := st.ep.now()
 	if !c.inRead.Load() && now-c.readerAt.Load() > int64(readerBack) {
 		return false
 	}
@@ -383,8 +382,10 @@ func (st *state) pollLocked(p *partition.Partition, self *Conn, b []byte, patien
 			return 0, records
 		}
 		kind, id := splitTag(tag)
-		if patient && kind == kindData && id != self.id && self.bulk() && st.leaveForReader(part, id) {
-			return 0, records
+		if patient && kind == kindData && id != self.id {
+			if now := st.ep.now(); self.bulkAt(now) && st.leaveForReader(part, id, now) {
+				return 0, records
+			}
 		}
 		if p != st.control {
 			st.headWait[part] = 0
