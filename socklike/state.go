@@ -387,7 +387,7 @@ func (st *state) pollLocked(p *partition.Partition, self *Conn, b []byte, patien
 				return 0, records
 			}
 		}
-		if p != st.control {
+		if p != st.control && st.headWait[part] != 0 {
 			st.headWait[part] = 0
 		}
 		records++
