@@ -1090,17 +1090,6 @@ const (
 	busySpin   = pool.BusySpin
 )
 
-// spinYieldEvery is how many rounds a spinner polls between yields of the
-// CPU, to this process's goroutines and to other processes. Where the
-// process it waits for shares its CPU (an application and ntproxy, four
-// processes on two cores) the gap between yields is the wait at each hop:
-// yielding every 16 rounds instead of 64 took proxied 64 B round trips
-// from p50 38 to 22 µs (p99 77 to 49 µs) and 64 KiB ones from 84 to 60 µs,
-// with direct round trips unchanged (4 alternating runs each); every 8
-// rounds cut the proxied median to 18 µs but cost the direct one 0.3 µs.
-// The shared pool's waits yield as often (pool.Slot.Wait).
-const spinYieldEvery = 16
-
 // spin reports whether to keep polling (true) or park (false).
 func (s *spinner) spin() bool {
 	ep := s.ep
@@ -1122,13 +1111,13 @@ func (s *spinner) spin() bool {
 	s.iter++
 	// A goroutine this spinner just handed data or completion to runs only
 	// when the spinner yields, on a P they share: yield at once then, not
-	// only every spinYieldEvery rounds, or a request/response flow beside a bulk one
+	// only every Config.SpinYield rounds, or a request/response flow beside a bulk one
 	// waits tens of microseconds for each response.
 	if h := ep.handoffs.Load(); h != s.handoffs {
 		s.handoffs = h
 		runtime.Gosched()
 	}
-	if s.iter%spinYieldEvery == 0 {
+	if s.iter%ep.cfg.SpinYield == 0 {
 		if ep.now()-max(s.start, ep.progress.Load()) > s.budget {
 			return false
 		}

@@ -96,6 +96,12 @@ type rackLink struct {
 	ep   *socklike.Endpoint
 }
 
+// forwarderSpinYield is the spin yield (socklike.Config.SpinYield) of
+// ntproxy's endpoints: its goroutines hand every message on to each other
+// (a leg's receiver to the deliverer, the pump to the sender), so a spinner
+// must let them in often.
+const forwarderSpinYield = 16
+
 // New opens the NTB links of cfg's peers. It does not serve applications
 // until Serve.
 func New(cfg *config.Config, o Options) (_ *Server, err error) {
@@ -121,7 +127,7 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 		s.logf = func(string, ...any) {}
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.appCfg = socklike.Config{SpinBudget: cfg.Proxy.SpinBudget.Duration}
+	s.appCfg = socklike.Config{SpinBudget: cfg.Proxy.SpinBudget.Duration, SpinYield: forwarderSpinYield}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -133,6 +139,7 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 		}
 		ep, err := socklike.Open(p.Link, socklike.Config{
 			SpinBudget: cfg.Proxy.SpinBudget.Duration,
+			SpinYield:  forwarderSpinYield,
 			MTU:        socklike.DefaultMTU + legHdr, // a leg frame of a full record is one record
 			Partitions: cfg.Proxy.Partitions,
 			Fabric:     shm.Options{Dir: cfg.Proxy.FabricDir, WindowSize: cfg.Proxy.Window, HeartbeatTimeout: cfg.Proxy.LinkTimeout.Duration},
