@@ -257,7 +257,7 @@ func (st *state) pollServe(self *Conn, b []byte, serve bool) (n, records int) {
 		if !p.TryLockRX() {
 			continue
 		}
-		got, r := st.pollLocked(p, self, b, self != nil)
+		got, r := st.pollLocked(p, self, b)
 		left = left || st.headWait[p.Index] != 0
 		p.UnlockRX()
 		records += r
@@ -294,8 +294,9 @@ const (
 )
 
 // leaveForReader reports whether a bulk reader's poll of data partition
-// part (RX lock held, ep.now() now) should leave the DATA record at its head, for
-// connection id, to that connection's own reader instead of queueing it.
+// part (RX lock held; now is ep.now()) should leave the DATA record at its
+// head, for connection id, to that connection's own reader instead of
+// queueing it.
 //
 // A record that meets no posted Read buffer is copied twice: into the
 // connection's queue, then out to the application. With more connections
@@ -352,7 +353,7 @@ func (st *state) pollRing(p *partition.Partition, self *Conn, b []byte) int {
 	if !p.TryLockRX() {
 		return 0
 	}
-	_, records := st.pollLocked(p, self, b, false)
+	_, records := st.pollLocked(p, self, b)
 	p.UnlockRX()
 	return records
 }
@@ -369,12 +370,11 @@ func (st *state) armUnit(u *unit) {
 
 // pollLocked consumes up to pollBatch records of ring p (RX lock held),
 // returning at the first DATA record for self, which goes straight into b.
-// patient (a reader's call, self set; never the poller's or a worker's)
-// leaves a DATA record at the head of the ring for its own reader while
-// that reader is about to take it, if self is a bulk reader (see
-// leaveForReader); a latency-sensitive reader takes its neighbours'
-// records and moves on.
-func (st *state) pollLocked(p *partition.Partition, self *Conn, b []byte, patient bool) (n, records int) {
+// A bulk reader's poll (self set; the poller's and the workers' have none)
+// leaves a neighbour's DATA record at the head of the ring while that
+// neighbour's reader is about to take it (see leaveForReader); a
+// latency-sensitive reader takes its neighbours' records and moves on.
+func (st *state) pollLocked(p *partition.Partition, self *Conn, b []byte) (n, records int) {
 	part := p.Index
 	for records < pollBatch {
 		tag, payload, ok, err := p.Peek()
@@ -382,7 +382,7 @@ func (st *state) pollLocked(p *partition.Partition, self *Conn, b []byte, patien
 			return 0, records
 		}
 		kind, id := splitTag(tag)
-		if patient && kind == kindData && id != self.id {
+		if self != nil && kind == kindData && id != self.id {
 			if now := st.ep.now(); self.bulkAt(now) && st.leaveForReader(part, id, now) {
 				return 0, records
 			}
@@ -515,7 +515,7 @@ func le32(v uint32) []byte { return []byte{byte(v), byte(v >> 8), byte(v >> 16),
 // drainLocked consumes everything queued in ring p (RX lock held).
 func (st *state) drainLocked(p *partition.Partition) {
 	for {
-		if _, records := st.pollLocked(p, nil, nil, false); records == 0 {
+		if _, records := st.pollLocked(p, nil, nil); records == 0 {
 			return
 		}
 	}
