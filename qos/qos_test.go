@@ -8,19 +8,24 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// drain takes everything off s, in the order Next gives it.
+func drain(s *Scheduler[string]) []string {
+	var got []string
+	for {
+		v, _, ok := s.Next()
+		if !ok {
+			return got
+		}
+		got = append(got, v)
+	}
+}
+
 func TestSchedulerPriorityAndRoundRobin(t *testing.T) {
 	var s Scheduler[string]
 	s.Push(3, "c3")
 	s.Push(0, "a")
 	s.Push(0, "b")
-	var got []string
-	for {
-		v, _, ok := s.Next()
-		if !ok {
-			break
-		}
-		got = append(got, v)
-	}
+	got := drain(&s)
 	// Class 0 first, in push order; the lower class after (it waited two
 	// rounds, below MaxRounds).
 	require.Equal(t, []string{"a", "b", "c3"}, got)
@@ -35,14 +40,7 @@ func TestSchedulerExpress(t *testing.T) {
 	s.PushExpress(0, "small1")
 	s.PushExpress(2, "small-low")
 	s.PushExpress(0, "small2")
-	var got []string
-	for {
-		v, _, ok := s.Next()
-		if !ok {
-			break
-		}
-		got = append(got, v)
-	}
+	got := drain(&s)
 	// Express items first within their class, in order; classes keep
 	// their order (class 2's express item does not pass class 0).
 	require.Equal(t, []string{"small1", "small2", "bulk1", "bulk2", "small-low", "low"}, got)

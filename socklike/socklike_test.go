@@ -212,3 +212,45 @@ func TestDeadlineError(t *testing.T) {
 	var ne net.Error
 	require.True(t, errors.As(err, &ne) && ne.Timeout())
 }
+
+// A Read parked with no deadline waits on its notify channel alone (see
+// park): Close, and a deadline set while it waits, must still wake it.
+func TestParkedReadWakes(t *testing.T) {
+	a, b := endpoints(t, "ntbtest", Config{SpinBudget: -1}) // park at once
+	c1, _ := connPair(t, a, b, 12)
+	c3, _ := connPair(t, a, b, 13)
+	readErr := func(c *Conn) <-chan error {
+		ch := make(chan error, 1)
+		go func() {
+			_, err := c.Read(make([]byte, 1))
+			ch <- err
+		}()
+		require.Eventually(t, func() bool { return c.sleepers.Load() > 0 }, 5*time.Second, time.Millisecond, "the Read should park")
+		return ch
+	}
+	wait := func(ch <-chan error) error {
+		select {
+		case err := <-ch:
+			return err
+		case <-time.After(5 * time.Second):
+			t.Fatal("the parked Read was not woken")
+			return nil
+		}
+	}
+
+	closed := readErr(c1)
+	require.NoError(t, c1.Close())
+	require.ErrorIs(t, wait(closed), net.ErrClosed)
+
+	timedOut := readErr(c3)
+	require.NoError(t, c3.SetReadDeadline(time.Now().Add(10*time.Millisecond)))
+	require.ErrorIs(t, wait(timedOut), os.ErrDeadlineExceeded)
+}
+
+func TestSpinYieldConfig(t *testing.T) {
+	var cfg Config
+	require.NoError(t, cfg.setDefaults())
+	require.Equal(t, DefaultSpinYield, cfg.SpinYield)
+	cfg = Config{SpinYield: -1}
+	require.ErrorContains(t, cfg.setDefaults(), "spin yield")
+}
