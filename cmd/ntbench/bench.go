@@ -264,6 +264,7 @@ func (r *runner) result(t transport, mode string, size int, samples []sample, st
 		Count:      msgs,
 		DurationNs: wall.Nanoseconds(),
 		GOMAXPROCS: r.procs,
+		ReadBuf:    r.o.readBuf,
 		Host:       r.host,
 		Time:       start.UTC().Format(time.RFC3339),
 	}

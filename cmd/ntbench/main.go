@@ -147,6 +147,7 @@ type options struct {
 	core       string        // ntb: core model
 	mtu        int           // ntb: segment size
 	recvWindow int           // ntb: per-connection receive window
+	readBuf    int           // the server's read buffer per connection
 	sharedWin  int           // ntb: receive window of bulk connections beside small-message ones
 	priority   int           // ntb: class of the bulk flows (mixed) or of every connection
 	cpuprofile string        // CPU profile of the client; the server's gets ".server", proxy daemons ".proxy-a"/".proxy-b"
@@ -235,6 +236,7 @@ Flags:
 	fs.IntVar(&o.warmup, "warmup", 1000, "unmeasured messages per connection before measuring")
 	fs.IntVar(&o.conns, "conns", 1, "parallel connections, each in its own goroutine; figures are aggregates")
 	fs.IntVar(&o.window, "window", 32, "messages in flight per connection (rate mode)")
+	fs.IntVar(&o.readBuf, "readbuf", defaultReadBuf, "the server's read buffer per connection, in bytes (pingpong, stream, rate); many connections' buffers together can outgrow the CPU caches")
 	fs.StringVar(&o.pin, "pin", "split", "`placement`: split (client and server on different CPUs), same (both on one CPU) or none")
 	fs.IntVar(&o.gomaxprocs, "gomaxprocs", 0, "GOMAXPROCS of client and server (0: the CPUs each is pinned to, or the start-up value with -pin none)")
 	fs.DurationVar(&o.spin, "spin", socklike.DefaultSpinBudget, "ntb: how long a blocked call polls before it parks (socklike Config.SpinBudget; negative: never spin)")
@@ -272,6 +274,8 @@ func (o *options) check(extra []string) error {
 		return fmt.Errorf("-conns %d: need at least 1", o.conns)
 	case o.window < 1:
 		return fmt.Errorf("-window %d: need at least 1", o.window)
+	case o.readBuf < 1 || o.readBuf > maxSize:
+		return fmt.Errorf("-readbuf %d: want 1 to %d bytes", o.readBuf, maxSize)
 	case o.gomaxprocs < 0:
 		return fmt.Errorf("-gomaxprocs %d: need 0 or more", o.gomaxprocs)
 	case o.priority < 0 || o.priority > 7:

@@ -117,6 +117,30 @@ func TestJSONRun(t *testing.T) {
 	}
 }
 
+// TestRingManyConns runs the bare-ring floor with more connections than
+// CPUs and a read buffer smaller than a message: every byte checked, and
+// the rows say how they were measured. (Its pollers once held their P,
+// and the other links' heartbeats lapsed.)
+func TestRingManyConns(t *testing.T) {
+	out := runBench(t, "-json", "-transports=ring", "-modes=pingpong,stream", "-size=65536",
+		"-count=200", "-warmup=10", "-conns=16", "-readbuf=4096", "-verify", "-pin="+testPin(t))
+	sc := bufio.NewScanner(strings.NewReader(out))
+	rows := 0
+	for sc.Scan() {
+		var r result
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("line %q: %v", sc.Text(), err)
+		}
+		rows++
+		if r.Transport != "ring" || r.Conns != 16 || r.ReadBuf != 4096 || r.Count < 1 || r.BytesPerS <= 0 {
+			t.Errorf("row %+v", r)
+		}
+	}
+	if rows != 2 {
+		t.Errorf("%d rows, want 2:\n%s", rows, out)
+	}
+}
+
 func TestTableRun(t *testing.T) {
 	out := runBench(t, "-transports=tcp,unix", "-modes=pingpong", "-size=64", "-count=50", "-warmup=5", "-pin="+testPin(t))
 	for _, want := range []string{"GOMAXPROCS", "transport mode", "\ntcp       pingpong      64", "\nunix      pingpong      64", "against tcp in this run", "unix pingpong 64: p50 "} {

@@ -174,13 +174,14 @@ func (p pattern) matches(off int64, b []byte) bool {
 	return true
 }
 
-// serverBuf is the server's read buffer per connection: large enough that
-// a 64 KiB message or several small ones move in one read.
-const serverBuf = 256 << 10
+// defaultReadBuf is the server's read buffer per connection (-readbuf):
+// large enough that a 64 KiB message or several small ones move in one
+// read.
+const defaultReadBuf = 256 << 10
 
 // echo writes back everything it reads, until end of stream.
-func echo(c net.Conn, _ *options) error {
-	buf := make([]byte, serverBuf)
+func echo(c net.Conn, o *options) error {
+	buf := make([]byte, o.readBuf)
 	for {
 		n, err := c.Read(buf)
 		if n > 0 {
@@ -216,7 +217,7 @@ func sink(c net.Conn, o *options) error {
 	if o.verify {
 		pat = newPattern(0)
 	}
-	buf := make([]byte, serverBuf)
+	buf := make([]byte, o.readBuf)
 	var hdr [streamHeader]byte
 	var total int64
 	for {

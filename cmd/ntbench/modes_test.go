@@ -42,7 +42,7 @@ func TestPattern(t *testing.T) {
 // TestModes runs every mode's client against its server over net.Pipe,
 // with verification on.
 func TestModes(t *testing.T) {
-	o := &options{count: 50, warmup: 7, window: 4, verify: true}
+	o := &options{count: 50, warmup: 7, window: 4, verify: true, readBuf: defaultReadBuf}
 	for _, m := range modes {
 		if m.client == nil {
 			continue // mixed: TestMixed
@@ -82,7 +82,7 @@ func TestModes(t *testing.T) {
 // TestMeasureStopsAtDeadline checks that a passed deadline ends every mode
 // with no or few messages and no error.
 func TestMeasureStopsAtDeadline(t *testing.T) {
-	o := &options{count: 1_000_000, window: 4}
+	o := &options{count: 1_000_000, window: 4, readBuf: defaultReadBuf}
 	for _, m := range modes {
 		if m.client == nil {
 			continue // mixed: TestMixed
@@ -102,7 +102,7 @@ func TestMeasureStopsAtDeadline(t *testing.T) {
 // TestMixed runs mixed mode over pipes: one pingpong flow beside two
 // streams, each served by the kind its first byte announces.
 func TestMixed(t *testing.T) {
-	o := &options{count: 40, warmup: 5, verify: true}
+	o := &options{count: 40, warmup: 5, verify: true, readBuf: defaultReadBuf}
 	var conns []net.Conn
 	served := make(chan error, 3)
 	for range 3 {
@@ -144,7 +144,7 @@ func TestMixed(t *testing.T) {
 // of the stream.
 func corruptEcho(n int64) func(net.Conn, *options) error {
 	return func(c net.Conn, _ *options) error {
-		buf := make([]byte, serverBuf)
+		buf := make([]byte, defaultReadBuf)
 		for off := int64(0); ; {
 			k, err := c.Read(buf)
 			if err != nil {
@@ -162,7 +162,7 @@ func corruptEcho(n int64) func(net.Conn, *options) error {
 }
 
 func TestVerifyDetectsCorruption(t *testing.T) {
-	o := &options{count: 20, window: 4, verify: true}
+	o := &options{count: 20, window: 4, verify: true, readBuf: defaultReadBuf}
 	for _, name := range []string{"pingpong", "rate"} {
 		t.Run(name, func(t *testing.T) {
 			m, _ := modeNamed(name)
@@ -213,7 +213,7 @@ func TestStreamChecksAck(t *testing.T) {
 			total += n
 		}
 	}()
-	o := &options{count: 3, warmup: 2}
+	o := &options{count: 3, warmup: 2, readBuf: defaultReadBuf}
 	err := newStream(cc, 100, o).warmup()
 	if err == nil || !strings.Contains(err.Error(), "server acknowledged 199 bytes, 200 were sent") {
 		t.Errorf("warmup = %v, want an ack mismatch", err)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,7 +19,12 @@ import (
 // ring is the floor: the same shared-memory rings the ntb transport uses,
 // driven by busy polling with no socket layer — no framing, connection
 // multiplexing, flow control, doorbells or parking. One link per
-// connection; the server opens -conns links up front.
+// connection, each with an equal share of the default window (so that
+// their rings together are the size of the ntb transport's one); the
+// server opens -conns links up front. A side with nothing to do yields to
+// its process's other goroutines: with more connections than CPUs a
+// poller that never yields holds its P until the runtime preempts it, and
+// the others' links miss their heartbeats.
 func init() {
 	register(transport{
 		name: "ring",
@@ -26,7 +32,7 @@ func init() {
 			base := fmt.Sprintf("ntbench-ring-%d", os.Getpid())
 			ln := &ringListener{base: base, conns: make(chan net.Conn, o.conns), done: make(chan struct{})}
 			for i := range o.conns {
-				if err := ln.open(i, o.conns); err != nil {
+				if err := ln.open(i, o.conns, ringWindow(o)); err != nil {
 					ln.Close()
 					return nil, "", err
 				}
@@ -38,7 +44,7 @@ func init() {
 			i := ringDials[base]
 			ringDials[base]++
 			ringMu.Unlock()
-			c, err := openRing(fmt.Sprintf("%s-%d", base, i))
+			c, err := openRing(fmt.Sprintf("%s-%d", base, i), ringWindow(o))
 			if err != nil {
 				return nil, err
 			}
@@ -49,6 +55,12 @@ func init() {
 			return c, nil
 		},
 	})
+}
+
+// ringWindow is each link's window: the default one split among the
+// connections, at least 256 KiB.
+func ringWindow(o *options) int {
+	return max(shm.DefaultWindowSize/o.conns, 256<<10) &^ (os.Getpagesize() - 1)
 }
 
 // ringDials counts the client's dials per server, which name its links.
@@ -69,8 +81,8 @@ type ringListener struct {
 	all []*ringConn
 }
 
-func (l *ringListener) open(i, stride int) error {
-	c, err := openRing(fmt.Sprintf("%s-%d", l.base, i))
+func (l *ringListener) open(i, stride, window int) error {
+	c, err := openRing(fmt.Sprintf("%s-%d", l.base, i), window)
 	if err != nil {
 		return err
 	}
@@ -83,7 +95,7 @@ func (l *ringListener) open(i, stride int) error {
 		case <-l.done:
 			return
 		}
-		l.open(i+stride, stride)
+		l.open(i+stride, stride, window)
 		select {
 		case l.conns <- c:
 		case <-l.done:
@@ -127,8 +139,8 @@ type ringConn struct {
 	once    sync.Once
 }
 
-func openRing(name string) (*ringConn, error) {
-	dev, err := shm.Open(name, shm.Options{})
+func openRing(name string, window int) (*ringConn, error) {
+	dev, err := shm.Open(name, shm.Options{WindowSize: window})
 	if err != nil {
 		return nil, err
 	}
@@ -168,6 +180,7 @@ func (c *ringConn) Write(b []byte) (int, error) {
 			if c.closed.Load() {
 				return n, net.ErrClosed
 			}
+			runtime.Gosched()
 		default:
 			return n, err
 		}
@@ -203,6 +216,9 @@ func (c *ringConn) Read(b []byte) (int, error) {
 		if c.closed.Load() {
 			return 0, io.EOF
 		}
+		p.UnlockRX()
+		runtime.Gosched()
+		p.LockRX()
 	}
 }
 
