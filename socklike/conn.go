@@ -945,6 +945,19 @@ func (c *Conn) takeDirect(part, n int) bool {
 	return false
 }
 
+// takeRestDirect reports whether the rest of a record a Read took part of
+// may be copied straight into the next Read: nothing was delivered into
+// its posted buffer meanwhile. On true the buffer is withdrawn.
+func (c *Conn) takeRestDirect() bool {
+	c.rxmu.Lock()
+	defer c.rxmu.Unlock()
+	if c.rn != 0 || c.queued.Load() != 0 {
+		return false
+	}
+	c.rbuf = nil
+	return true
+}
+
 // acceptData reports whether n more bytes fit in our receive window.
 func (c *Conn) acceptData(n int) bool {
 	return c.recvd.Load()+int64(n)-c.read.Load() <= int64(c.ep.cfg.Window)

@@ -343,6 +343,7 @@ func (ep *Endpoint) install(s *partition.Session) {
 		conns:    make([]atomic.Pointer[Conn], ep.cfg.MaxConns+1),
 		traffic:  make([]partTraffic, len(s.Partitions())),
 		headWait: make([]int64, len(s.Partitions())),
+		headOff:  make([]int, len(s.Partitions())),
 	}
 	st.nextID = 1
 	for _, p := range st.parts {

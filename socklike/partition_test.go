@@ -490,3 +490,71 @@ func TestAbsentReaderDoesNotStall(t *testing.T) {
 	t.Logf("receiver: %d DATA records, %d queued", st.DataRecords, st.QueuedRecords)
 	require.Positive(t, st.QueuedRecords, "y's records should have been queued while its reader was away")
 }
+
+// TestSmallReadsCopyOnce checks that Reads smaller than a record take it
+// in parts straight from the ring rather than queueing the rest, and that
+// a reader that goes away in the middle of a record does not stall the
+// other connection of its partition: the rest is queued for it then.
+func TestSmallReadsCopyOnce(t *testing.T) {
+	const xBytes, yBytes = 8 << 20, 16 << 20
+	a, b := endpoints(t, "ntbtest", Config{})
+	xw, xr := connPair(t, a, b, 1)
+	yw, yr := connPair(t, a, b, 2)
+	require.Equal(t, xw.Partition(), yw.Partition())
+	errs := make(chan error, 2)
+	write := func(c *Conn, seed uint64, n int64) {
+		buf := make([]byte, 64<<10)
+		for off := int64(0); off < n; off += int64(len(buf)) {
+			for i := range buf {
+				buf[i] = pattern(seed, off+int64(i))
+			}
+			if _, err := c.Write(buf); err != nil {
+				errs <- err
+				return
+			}
+		}
+		errs <- c.CloseWrite()
+	}
+	readIn := func(c *Conn, seed uint64, off, n int64, size int) int64 {
+		buf := make([]byte, size)
+		for off < n {
+			k, err := c.Read(buf[:min(int64(size), n-off)])
+			require.NoError(t, err)
+			for i := range k {
+				if buf[i] != pattern(seed, off+int64(i)) {
+					t.Fatalf("stream %d byte %d: got %#x, want %#x", seed, off+int64(i), buf[i], pattern(seed, off+int64(i)))
+				}
+			}
+			off += int64(k)
+		}
+		return off
+	}
+
+	// Alone, x is read 4 KiB at a time: its 64 KiB records are not queued.
+	go write(xw, 1, xBytes)
+	before := b.Stats()
+	off := readIn(xr, 1, 0, xBytes/2, 4<<10)
+	st := b.Stats()
+	records, queued := st.DataRecords-before.DataRecords, st.QueuedRecords-before.QueuedRecords
+	t.Logf("x read in 4 KiB pieces: %d records, %d queued", records, queued)
+	// (A record that comes while the reader is parked meets its 4 KiB
+	// buffer and is queued; the reader, slower than the writer, seldom
+	// parks. Queueing the rest of every record was the old way.)
+	require.Less(t, queued, records/2, "records read in parts should stay in the ring")
+
+	// x's reader stops 1000 bytes into a record; y's stream must go on.
+	off = readIn(xr, 1, off, off+1000, 1000)
+	go write(yw, 2, yBytes)
+	yDone := make(chan int64, 1)
+	go func() { yDone <- readIn(yr, 2, 0, yBytes, 64<<10) }()
+	select {
+	case n := <-yDone:
+		require.Equal(t, int64(yBytes), n)
+	case <-time.After(30 * time.Second):
+		t.Fatal("y stalled behind the rest of x's record")
+	}
+	require.Equal(t, int64(xBytes), readIn(xr, 1, off, xBytes, 4<<10))
+	for range 2 {
+		require.NoError(t, <-errs)
+	}
+}
