@@ -48,7 +48,7 @@ var (
 		Transport: "tcp", Mode: "pingpong", Size: 64, Conns: 1,
 		P50: 17_300, P90: 19_000, P99: 25_100, P999: 60_200, Max: 1_200_000, Stalls: 3,
 		MsgsPerS: 57_200, BytesPerS: 57_200 * 64, CPUPct: 98.5,
-		Pin: "split", Count: 28_600, DurationNs: 500_000_000, GOMAXPROCS: 2, Host: testHost,
+		Pin: "split", Count: 28_600, DurationNs: 500_000_000, GOMAXPROCS: 2, ReadBuf: 256 << 10, Host: testHost,
 	}
 	ntbPingpong = result{
 		Transport: "ntb", Mode: "pingpong", Size: 64, Conns: 1,
@@ -127,7 +127,7 @@ func TestJSON(t *testing.T) {
 		"transport": "tcp", "mode": "pingpong", "size": 64.0, "conns": 1.0,
 		"p50_ns": 17300.0, "p90_ns": 19000.0, "p99_ns": 25100.0, "p999_ns": 60200.0, "max_ns": 1.2e6,
 		"stalls": 3.0, "msgs_per_s": 57200.0, "bytes_per_s": 57200.0 * 64, "cpu_pct": 98.5,
-		"pin": "split", "count": 28600.0, "duration_ns": 5e8, "gomaxprocs": 2.0,
+		"pin": "split", "count": 28600.0, "duration_ns": 5e8, "gomaxprocs": 2.0, "read_buf": 262144.0,
 		"host": map[string]any{"hostname": "vm", "nproc": 2.0, "cpu_model": "AMD EPYC", "kernel": "6.1.0"},
 	}
 	for k, v := range want {
