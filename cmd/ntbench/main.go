@@ -57,7 +57,15 @@
 //	           two cores busy
 //
 // JSON rows also carry pin, count (measured messages, all connections),
-// duration_ns (measured wall time), gomaxprocs, window (rate) and host.
+// duration_ns (measured wall time), gomaxprocs, window (rate), read_buf
+// and host.
+//
+// The server reads each connection into a buffer of its own, -readbuf
+// bytes (256 KiB by default). With many connections these buffers
+// together outgrow the CPU caches — 16 × 256 KiB is twice a 2 MiB L2 —
+// and every byte is copied into them, so the aggregate stream figure then
+// measures the buffers as much as the transport; -readbuf 32768 reads as
+// io.Copy does.
 // After the table ntbench compares every transport with tcp of the same run,
 // when tcp is among the transports.
 //
