@@ -322,7 +322,7 @@ const (
 // reader that does not come costs its neighbours at most that long.
 //
 // A blocked reader whose posted buffer is smaller than the record (n
-// bytes) is woken instead, to take the record in parts from the ring
+// bytes, or what a Read left of it) is woken instead, to take the record in parts from the ring
 // (takeRest): filling its buffer would queue the rest. 64 KiB streams read
 // 32 KiB at a time: 8.1 -> 10.9 GB/s at 64 connections.
 func (st *state) leaveForReader(part int, id uint32, n int, now int64) bool {
@@ -396,7 +396,8 @@ func (st *state) pollLocked(p *partition.Partition, self *Conn, b []byte) (n, re
 		}
 		kind, id := splitTag(tag)
 		if self != nil && kind == kindData && id != self.id {
-			if now := st.ep.now(); self.bulkAt(now) && st.leaveForReader(part, id, len(payload), now) {
+			rest := len(payload) - st.headOff[part] // self is set only for data partitions
+			if now := st.ep.now(); self.bulkAt(now) && st.leaveForReader(part, id, rest, now) {
 				return 0, records
 			}
 		}
