@@ -459,9 +459,7 @@ func TestSharedWindow(t *testing.T) {
 func TestAbsentReaderDoesNotStall(t *testing.T) {
 	const xBytes, yBytes = 32 << 20, 4 << 20
 	a, b := endpoints(t, "ntbtest", Config{})
-	xw, xr := connPair(t, a, b, 1)
-	yw, yr := connPair(t, a, b, 2)
-	require.Equal(t, xw.Partition(), yw.Partition())
+	xw, xr, yw, yr := samePartition(t, a, b, 1, 2)
 	errs := make(chan error, 3)
 	go func() { errs <- streamOut(xw, 1, xBytes, rand.New(rand.NewPCG(1, 1))) }()
 	go func() { errs <- streamOut(yw, 2, yBytes, rand.New(rand.NewPCG(2, 2))) }()
@@ -498,9 +496,7 @@ func TestAbsentReaderDoesNotStall(t *testing.T) {
 func TestSmallReadsCopyOnce(t *testing.T) {
 	const xBytes, yBytes = 8 << 20, 16 << 20
 	a, b := endpoints(t, "ntbtest", Config{})
-	xw, xr := connPair(t, a, b, 1)
-	yw, yr := connPair(t, a, b, 2)
-	require.Equal(t, xw.Partition(), yw.Partition())
+	xw, xr, yw, yr := samePartition(t, a, b, 1, 2)
 	errs := make(chan error, 4)
 	write := func(c *Conn, seed uint64, n int64) {
 		buf := make([]byte, 64<<10)
@@ -515,25 +511,29 @@ func TestSmallReadsCopyOnce(t *testing.T) {
 		}
 		errs <- c.CloseWrite()
 	}
-	readIn := func(c *Conn, seed uint64, off, n int64, size int) int64 {
+	// readIn reads c's stream from offset off up to n, size bytes a Read,
+	// checking every byte.
+	readIn := func(c *Conn, seed uint64, off, n int64, size int) error {
 		buf := make([]byte, size)
 		for off < n {
 			k, err := c.Read(buf[:min(int64(size), n-off)])
-			require.NoError(t, err)
+			if err != nil {
+				return fmt.Errorf("stream %d: read at %d: %w", seed, off, err)
+			}
 			for i := range k {
 				if buf[i] != pattern(seed, off+int64(i)) {
-					t.Fatalf("stream %d byte %d: got %#x, want %#x", seed, off+int64(i), buf[i], pattern(seed, off+int64(i)))
+					return fmt.Errorf("stream %d byte %d: got %#x, want %#x", seed, off+int64(i), buf[i], pattern(seed, off+int64(i)))
 				}
 			}
 			off += int64(k)
 		}
-		return off
+		return nil
 	}
 
 	// Alone, x is read 4 KiB at a time: its 64 KiB records are not queued.
 	go write(xw, 1, xBytes)
 	before := b.Stats()
-	off := readIn(xr, 1, 0, xBytes/2, 4<<10)
+	require.NoError(t, readIn(xr, 1, 0, xBytes/2, 4<<10))
 	st := b.Stats()
 	records, queued := st.DataRecords-before.DataRecords, st.QueuedRecords-before.QueuedRecords
 	t.Logf("x read in 4 KiB pieces: %d records, %d queued", records, queued)
@@ -548,16 +548,14 @@ func TestSmallReadsCopyOnce(t *testing.T) {
 	// One P, as in a process pinned to one CPU: there a reader that is
 	// not polling is parked, with its buffer posted.
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-	zw, zr := connPair(t, a, b, 3)
-	ww, wr := connPair(t, a, b, 4)
-	require.Equal(t, zw.Partition(), ww.Partition())
+	zw, zr, ww, wr := samePartition(t, a, b, 3, 4)
 	go write(zw, 3, xBytes)
 	go write(ww, 4, xBytes)
 	before = b.Stats()
-	zDone := make(chan int64, 1)
+	zDone := make(chan error, 1)
 	go func() { zDone <- readIn(zr, 3, 0, xBytes, 4<<10) }()
-	require.Equal(t, int64(xBytes), readIn(wr, 4, 0, xBytes, 4<<10))
-	require.Equal(t, int64(xBytes), <-zDone)
+	require.NoError(t, readIn(wr, 4, 0, xBytes, 4<<10))
+	require.NoError(t, <-zDone)
 	st = b.Stats()
 	records, queued = st.DataRecords-before.DataRecords, st.QueuedRecords-before.QueuedRecords
 	t.Logf("two connections read in 4 KiB pieces: %d records, %d queued", records, queued)
@@ -567,18 +565,29 @@ func TestSmallReadsCopyOnce(t *testing.T) {
 	}
 
 	// x's reader stops 1000 bytes into a record; y's stream must go on.
-	off = readIn(xr, 1, off, off+1000, 1000)
+	const stop = xBytes/2 + 1000
+	require.NoError(t, readIn(xr, 1, xBytes/2, stop, 1000))
 	go write(yw, 2, yBytes)
-	yDone := make(chan int64, 1)
+	yDone := make(chan error, 1)
 	go func() { yDone <- readIn(yr, 2, 0, yBytes, 64<<10) }()
 	select {
-	case n := <-yDone:
-		require.Equal(t, int64(yBytes), n)
+	case err := <-yDone:
+		require.NoError(t, err)
 	case <-time.After(30 * time.Second):
 		t.Fatal("y stalled behind the rest of x's record")
 	}
-	require.Equal(t, int64(xBytes), readIn(xr, 1, off, xBytes, 4<<10))
+	require.NoError(t, readIn(xr, 1, stop, xBytes, 4<<10))
 	for range 2 {
 		require.NoError(t, <-errs)
 	}
+}
+
+// samePartition dials two connections from a to b (on ports p and q) and
+// checks that they share a data partition: writer and reader of each.
+func samePartition(t *testing.T, a, b *Endpoint, p, q int) (xw, xr, yw, yr *Conn) {
+	t.Helper()
+	xw, xr = connPair(t, a, b, p)
+	yw, yr = connPair(t, a, b, q)
+	require.Equal(t, xw.Partition(), yw.Partition())
+	return xw, xr, yw, yr
 }
