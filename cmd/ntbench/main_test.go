@@ -117,10 +117,11 @@ func TestJSONRun(t *testing.T) {
 	}
 }
 
-// TestRingManyConns runs the bare-ring floor with more connections than
-// CPUs and a read buffer smaller than a message: every byte checked, and
-// the rows say how they were measured. (Its pollers once held their P,
-// and the other links' heartbeats lapsed.)
+// TestRingManyConns runs the bare-ring baseline with more connections
+// than CPUs and a read buffer smaller than a message: every byte checked,
+// and the rows say how they were measured. (Its pollers once held their P
+// until preemption; runs then took seconds and the links' heartbeats
+// lapsed.)
 func TestRingManyConns(t *testing.T) {
 	out := runBench(t, "-json", "-transports=ring", "-modes=pingpong,stream", "-size=65536",
 		"-count=200", "-warmup=10", "-conns=16", "-readbuf=4096", "-verify", "-pin="+testPin(t))

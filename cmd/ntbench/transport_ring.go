@@ -57,6 +57,12 @@ func init() {
 	})
 }
 
+// ringHeartbeatTimeout is how long a ring link's peer may stay silent
+// before the link is down: four times the fabric's default, since a
+// baseline's links should outlast a loaded machine's scheduling gaps (16
+// links under -race beside other tests missed 250 ms).
+const ringHeartbeatTimeout = time.Second
+
 // ringWindow is each link's window: the default one split among the
 // connections, at least 256 KiB.
 func ringWindow(o *options) int {
@@ -140,7 +146,7 @@ type ringConn struct {
 }
 
 func openRing(name string, window int) (*ringConn, error) {
-	dev, err := shm.Open(name, shm.Options{WindowSize: window})
+	dev, err := shm.Open(name, shm.Options{WindowSize: window, HeartbeatTimeout: ringHeartbeatTimeout})
 	if err != nil {
 		return nil, err
 	}
