@@ -21,7 +21,8 @@ import (
 //	DATA    bytes                                   stream bytes, at most the sender's credit
 //	FIN     -                                       no more DATA from me (CloseWrite)
 //	CLOSE   -                                       no more frames of any kind from me
-//	CREDIT  consumed u64, gen u32                   bytes of your DATA my application has read
+//	CREDIT  consumed u64, gen u32, floor u32        you may have window bytes beyond consumed in flight;
+//	                                                floor of them will be free once I have read all
 //	MOVE    partition u32                           my frames for this connection continue on that partition
 //
 // CREDIT travels on the control ring, every other frame on the data
@@ -85,6 +86,7 @@ type acceptMsg struct {
 type creditMsg struct {
 	consumed uint64
 	gen      uint32
+	floor    uint32 // credit the writer can count on once all is read (see Conn.consumed)
 }
 
 func (m openMsg) encode(b []byte) []byte {
@@ -103,7 +105,8 @@ func (m acceptMsg) encode(b []byte) []byte {
 
 func (m creditMsg) encode(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint64(b, m.consumed)
-	return binary.LittleEndian.AppendUint32(b, m.gen)
+	b = binary.LittleEndian.AppendUint32(b, m.gen)
+	return binary.LittleEndian.AppendUint32(b, m.floor)
 }
 
 // Decoders of peer-written payloads: exact lengths, validated values.
@@ -144,8 +147,12 @@ func decodeU32(p []byte, what string) (uint32, error) {
 }
 
 func decodeCredit(p []byte) (creditMsg, error) {
-	if len(p) != 12 {
-		return creditMsg{}, fmt.Errorf("credit frame of %d bytes, want 12", len(p))
+	if len(p) != 16 {
+		return creditMsg{}, fmt.Errorf("credit frame of %d bytes, want 16", len(p))
 	}
-	return creditMsg{consumed: binary.LittleEndian.Uint64(p), gen: binary.LittleEndian.Uint32(p[8:])}, nil
+	m := creditMsg{consumed: binary.LittleEndian.Uint64(p), gen: binary.LittleEndian.Uint32(p[8:]), floor: binary.LittleEndian.Uint32(p[12:])}
+	if m.floor == 0 || m.floor > maxWindow {
+		return creditMsg{}, fmt.Errorf("credit frame floor %d outside [1, %d]", m.floor, maxWindow)
+	}
+	return m, nil
 }

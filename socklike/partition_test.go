@@ -591,3 +591,91 @@ func samePartition(t *testing.T, a, b *Endpoint, p, q int) (xw, xr, yw, yr *Conn
 	require.Equal(t, xw.Partition(), yw.Partition())
 	return xw, xr, yw, yr
 }
+
+// TestCreditKeepsRecordsWhole: a writer whose share is about one MTU
+// waits for credit for a whole record rather than send what a part-read
+// record freed, and a writer waiting so is not stranded when the share
+// shrinks under it or grows.
+func TestCreditKeepsRecordsWhole(t *testing.T) {
+	const msg, total = 64 << 10, 8 << 20
+	a, b := endpoints(t, "ntbtest", Config{MTU: msg})
+	w, r := connPair(t, a, b, 1)
+	// Idle connections bring the share down to between one and two MTUs.
+	port := 2
+	for ; r.st.share() >= 2*msg; port++ {
+		connPair(t, a, b, port)
+	}
+	t.Logf("share %d bytes with %d connections", r.st.share(), port-1)
+
+	// stream sends n bytes in msg-byte writes and reads them 32 KiB at a
+	// time (as io.Copy does), checking every byte; during runs meanwhile.
+	off := int64(0)
+	stream := func(n int64, during func()) {
+		t.Helper()
+		wrote := make(chan error, 1)
+		go func(from int64) {
+			buf := make([]byte, msg)
+			for o := from; o < from+n; o += msg {
+				for i := range buf {
+					buf[i] = pattern(5, o+int64(i))
+				}
+				if _, err := w.Write(buf); err != nil {
+					wrote <- err
+					return
+				}
+			}
+			wrote <- nil
+		}(off)
+		read := make(chan error, 1)
+		go func(from int64) {
+			buf := make([]byte, 32<<10)
+			for o := from; o < from+n; {
+				k, err := r.Read(buf)
+				if err != nil {
+					read <- err
+					return
+				}
+				for i := range k {
+					if buf[i] != pattern(5, o+int64(i)) {
+						read <- fmt.Errorf("byte %d: got %#x, want %#x", o+int64(i), buf[i], pattern(5, o+int64(i)))
+						return
+					}
+				}
+				o += int64(k)
+			}
+			read <- nil
+		}(off)
+		during()
+		select {
+		case err := <-read:
+			require.NoError(t, err)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("stream stalled: %d of %d bytes read", r.read.Load()-off, n)
+		}
+		require.NoError(t, <-wrote)
+		off += n
+	}
+
+	before := b.Stats().DataRecords
+	stream(total, func() {})
+	records := b.Stats().DataRecords - before
+	t.Logf("%d writes of %d bytes came as %d records", total/msg, msg, records)
+	// Sending on whatever credit came back cut them into two to four.
+	require.LessOrEqual(t, records, int64(total/msg)*11/10, "records cut by credit")
+
+	// The share falls to the least while the writer waits for the old
+	// floor, then rises again.
+	var idle []*Conn
+	stream(total, func() {
+		for p := port; p < port+64; p++ {
+			c, d := connPair(t, a, b, p)
+			idle = append(idle, c, d)
+		}
+		t.Logf("share %d bytes", r.st.share())
+	})
+	stream(total, func() {
+		for _, c := range idle {
+			c.Close()
+		}
+	})
+}

@@ -497,7 +497,7 @@ func (st *state) dispatchControl(kind, id uint32, payload []byte) error {
 	if c == nil || c.gen != m.gen {
 		return nil // stale: for a connection closed since (see frame.go)
 	}
-	return c.credit(m.consumed)
+	return c.credit(m)
 }
 
 // dispatch acts on one frame from data partition part (RX lock held). An

@@ -52,7 +52,7 @@ func TestTap(t *testing.T) {
 		require.NoError(t, c1.Migrate(1))
 		msg := []byte("SET k v")
 		total := 0
-		for total < 8<<10 { // past a sixteenth of the window: CREDIT
+		for total < 8<<10 { // past an eighth of the window: CREDIT
 			_, err := c1.Write(msg)
 			require.NoError(t, err)
 			total += len(msg)

@@ -44,7 +44,7 @@ func sample(t0 time.Time) []Record {
 		rec(1, socklike.TapRX, 0, socklike.FrameAccept, 3, 3, le(uint32(9), uint32(1<<20), uint32(2), uint32(7))),
 		rec(2, socklike.TapTX, 0, socklike.FrameData, 9, 3, set),
 		rec(3, socklike.TapRX, 0, socklike.FrameData, 3, 3, legFrame(1, 0, "+OK\r\n")),
-		rec(4, socklike.TapRX, socklike.TapControl, socklike.FrameCredit, 3, 3, le(uint64(len(set)), uint32(2))),
+		rec(4, socklike.TapRX, socklike.TapControl, socklike.FrameCredit, 3, 3, le(uint64(len(set)), uint32(2), uint32(64<<10))),
 		rec(5, socklike.TapTX, 1, socklike.FrameMove, 9, 3, le(uint32(1))),
 		rec(6, socklike.TapRX, 0, socklike.FrameRefuse, 4, 4, le(uint32(1))),
 		rec(7, socklike.TapTX, 1, socklike.FrameFin, 9, 3, nil),
@@ -117,6 +117,7 @@ func TestWriteRead(t *testing.T) {
 		case socklike.FrameCredit:
 			require.Equal(t, uint64(len(recs[2].Payload)), n.Consumed)
 			require.Equal(t, uint32(2), n.Gen)
+			require.Equal(t, uint32(64<<10), n.Floor)
 		case socklike.FrameMove:
 			require.Equal(t, uint32(1), n.Partition)
 		case socklike.FrameRefuse:
@@ -236,19 +237,19 @@ func TestTshark(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "sample.pcapng")
 	require.NoError(t, os.WriteFile(file, writeFile(t, recs, DefaultSnap), 0o644))
 	lines := tsharkFields(t, file, "ntstack.dirname", "ntstack.kindname", "ntstack.conn", "ntstack.local", "ntstack.ring",
-		"ntstack.open.port", "ntstack.accept.id", "ntstack.credit.consumed", "ntstack.move.partition",
+		"ntstack.open.port", "ntstack.accept.id", "ntstack.credit.consumed", "ntstack.credit.floor", "ntstack.move.partition",
 		"ntstack.refuse.code", "ntstack.leg.type", "ntstack.text")
 	want := []string{
-		"tx|OPEN|3|3|0|6379||||||",
-		"rx|ACCEPT|3|3|0||9|||||",
-		"tx|DATA|9|3|0||||||1|*3..$3..SET..$1..k..$1..v..",
-		"rx|DATA|3|3|0||||||1|+OK..",
-		fmt.Sprintf("rx|CREDIT|3|3|255|||%d||||", len(recs[2].Payload)),
-		"tx|MOVE|9|3|1||||1|||",
-		"rx|REFUSE|4|4|0|||||1||",
-		"tx|FIN|9|3|1|||||||",
-		"tx|CLOSE|9|3|1|||||||",
-		"rx|CLOSE|3|3|0|||||||",
+		"tx|OPEN|3|3|0|6379|||||||",
+		"rx|ACCEPT|3|3|0||9||||||",
+		"tx|DATA|9|3|0|||||||1|*3..$3..SET..$1..k..$1..v..",
+		"rx|DATA|3|3|0|||||||1|+OK..",
+		fmt.Sprintf("rx|CREDIT|3|3|255|||%d|%d||||", len(recs[2].Payload), 64<<10),
+		"tx|MOVE|9|3|1|||||1|||",
+		"rx|REFUSE|4|4|0||||||1||",
+		"tx|FIN|9|3|1||||||||",
+		"tx|CLOSE|9|3|1||||||||",
+		"rx|CLOSE|3|3|0||||||||",
 	}
 	require.Equal(t, want, lines)
 }

@@ -61,6 +61,7 @@ type NTStack struct {
 	HasDialGen bool
 	Code       uint32 // REFUSE
 	Consumed   uint64 // CREDIT
+	Floor      uint32 // CREDIT: credit the writer can count on once all is read
 	Partition  uint32 // MOVE
 }
 
@@ -86,8 +87,10 @@ func (n *NTStack) NextLayerType() gopacket.LayerType {
 // -1 for DATA's any length.
 func bodyLen(k socklike.FrameKind) (int, bool) {
 	switch k {
-	case socklike.FrameOpen, socklike.FrameAccept, socklike.FrameCredit:
+	case socklike.FrameOpen, socklike.FrameAccept:
 		return 12, true
+	case socklike.FrameCredit:
+		return 16, true
 	case socklike.FrameRefuse, socklike.FrameMove:
 		return 4, true
 	case socklike.FrameFin, socklike.FrameClose:
@@ -173,6 +176,9 @@ func (n *NTStack) DecodeFromBytes(data []byte, df gopacket.DecodeFeedback) error
 		}
 		if has(12) {
 			n.Gen = le.Uint32(body[8:])
+		}
+		if has(16) {
+			n.Floor = le.Uint32(body[12:])
 		}
 	case socklike.FrameMove:
 		if has(4) {

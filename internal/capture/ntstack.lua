@@ -47,6 +47,7 @@ f.acceptid = ProtoField.uint32("ntstack.accept.id", "Acceptor's connection id")
 f.dialgen = ProtoField.uint32("ntstack.accept.dialgen", "Dialer's generation (echo)")
 f.code = ProtoField.uint32("ntstack.refuse.code", "Refusal", base.DEC, refusals)
 f.consumed = ProtoField.uint64("ntstack.credit.consumed", "Bytes consumed")
+f.floor = ProtoField.uint32("ntstack.credit.floor", "Credit floor")
 f.partition = ProtoField.uint32("ntstack.move.partition", "New partition")
 f.legtype = ProtoField.uint8("ntstack.leg.type", "Leg frame type", base.DEC, legtypes)
 f.legseq = ProtoField.uint64("ntstack.leg.seq", "Leg sequence")
@@ -135,6 +136,7 @@ function p.dissector(tvb, pinfo, tree)
 	elseif kind == 7 then
 		if has(8) then t:add_le(f.consumed, tvb(b, 8)); info = info .. " consumed " .. tostring(tvb(b, 8):le_uint64()) end
 		if has(12) then t:add_le(f.gen, tvb(b + 8, 4)) end
+		if has(16) then t:add_le(f.floor, tvb(b + 12, 4)) end
 	elseif kind == 8 then
 		if has(4) then t:add_le(f.partition, tvb(b, 4)); info = info .. " to " .. tvb(b, 4):le_uint() end
 	elseif kind == 4 then
