@@ -379,17 +379,20 @@ func (c *Conn) consumed(n int) {
 }
 
 // creditFloor is the least credit c sends a DATA record on (smu held):
-// the rest of the posted write, one MTU, or the peer's floor (see
-// consumed), whichever is least. Sending on less cuts records ever
+// the rest of the posted write, one MTU, the peer's floor (see consumed)
+// or DefaultMTU, whichever is least. Sending on less cuts records ever
 // smaller — a record read in parts comes back as credit in parts — and
 // each small record costs a credit round trip and a park on either side
-// (the "silly window" TCP avoids the same way).
+// (the "silly window" TCP avoids the same way). Records of DefaultMTU are
+// large enough; waiting for more starves a lone connection's pipe when its
+// MTU is the window (segmentation off: 9.1 GB/s sending on any credit, 6.8
+// waiting for half the window, 6.2 for the floor).
 func (c *Conn) creditFloor() int64 {
 	floor := c.peerFloor
 	if floor == 0 {
 		floor = c.window
 	}
-	return max(1, min(int64(len(c.out)-c.outOff), int64(c.ep.cfg.MTU), floor))
+	return max(1, min(int64(len(c.out)-c.outOff), int64(c.ep.cfg.MTU), floor, DefaultMTU))
 }
 
 // Write writes b in frames of at most the MTU, blocking while the peer's
