@@ -27,7 +27,7 @@ import (
 // P = 4..7 give 2 MiB.
 //
 // The control ring carries flow-control signals (credits) only, so they
-// never wait behind bulk data; at 16 bytes a record its 64 KiB hold 4096
+// never wait behind bulk data; at 24 bytes a record its 64 KiB hold 2730
 // of them, and its sender coalesces when it is full.
 //
 // Window header:
@@ -39,8 +39,11 @@ import (
 //	  8     8  window size W
 //	 16     8  ring size R
 const (
-	winMagic   = 0x5042544e // "NTBP"
-	winVersion = 2
+	winMagic = 0x5042544e // "NTBP"
+	// winVersion also versions the frames socklike sends through the
+	// rings, so a peer that speaks others is refused at attach, not at its
+	// first odd frame. 3: CREDIT carries a floor (16 bytes, not 12).
+	winVersion = 3
 
 	offWinMagic      = 0
 	offWinVersion    = 4
