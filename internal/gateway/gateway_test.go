@@ -27,7 +27,11 @@ type host struct {
 }
 
 // newRack starts hosts a and b joined by an emulated link, a forwarding
-// 127.0.0.1:0 to b:7000 and b exporting port 7000 to target.
+// 127.0.0.1:0 to b:7000 and b exporting port 7000 to target. Both
+// proxies run in the test process; under -race beside other packages on
+// two CPUs a link monitor once missed the default 250 ms heartbeat
+// timeout (TestCarry, CI at 876f930), and these tests are about carrying
+// data, not detecting a dead link: the link allows 2 s.
 func newRack(t *testing.T, mode, target string) (a, b host) {
 	t.Helper()
 	root := t.TempDir()
@@ -40,6 +44,7 @@ state_dir = %q
 fabric_dir = %q
 window = 4194304
 app_window = 2097152
+link_timeout = "2s"
 [gateway]
 mode = %q
 %s
