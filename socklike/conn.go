@@ -389,8 +389,8 @@ func (c *Conn) consumed(n int) {
 // waiting for half the window, 6.2 for the floor).
 func (c *Conn) creditFloor() int64 {
 	floor := c.peerFloor
-	if floor == 0 {
-		floor = c.window
+	if floor == 0 || floor > c.window {
+		floor = c.window // none yet, or more than the window could ever free
 	}
 	return max(1, min(int64(len(c.out)-c.outOff), int64(c.ep.cfg.MTU), floor, DefaultMTU))
 }

@@ -22,7 +22,8 @@ import (
 //	FIN     -                                       no more DATA from me (CloseWrite)
 //	CLOSE   -                                       no more frames of any kind from me
 //	CREDIT  consumed u64, gen u32, floor u32        you may have window bytes beyond consumed in flight;
-//	                                                floor of them will be free once I have read all
+//	                                                once I have read all you sent, at least floor of
+//	                                                them will be free (wait for that, not less)
 //	MOVE    partition u32                           my frames for this connection continue on that partition
 //
 // CREDIT travels on the control ring, every other frame on the data

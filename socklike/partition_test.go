@@ -606,6 +606,7 @@ func TestCreditKeepsRecordsWhole(t *testing.T) {
 		connPair(t, a, b, port)
 	}
 	t.Logf("share %d bytes with %d connections", r.st.share(), port-1)
+	require.GreaterOrEqual(t, r.st.share(), int64(msg), "a share of at least one record")
 
 	// stream sends n bytes in msg-byte writes and reads them 32 KiB at a
 	// time (as io.Copy does), checking every byte; during runs meanwhile.
@@ -672,6 +673,7 @@ func TestCreditKeepsRecordsWhole(t *testing.T) {
 			idle = append(idle, c, d)
 		}
 		t.Logf("share %d bytes", r.st.share())
+		require.Less(t, r.st.share(), int64(msg), "64 more connections should shrink the share below the floor sent")
 	})
 	stream(total, func() {
 		for _, c := range idle {

@@ -72,7 +72,7 @@ const LinkType = layers.LinkType(147)
 //	REFUSE  code u32                                 (4)
 //	DATA    stream bytes (on a FlagLeg link: leg frames, see LegHeaderLen)
 //	FIN, CLOSE  nothing
-//	CREDIT  consumed u64, gen u32                    (12)
+//	CREDIT  consumed u64, gen u32, floor u32         (16)
 //	MOVE    partition u32                            (4)
 const (
 	Version = 1
@@ -98,7 +98,7 @@ const (
 )
 
 // Snap lengths: payload bytes kept per frame. MinSnap keeps every control
-// frame whole (ACCEPT, the largest, has 16 bytes) and a leg header; MaxSnap
+// frame whole (ACCEPT and CREDIT, the largest, have 16 bytes) and a leg header; MaxSnap
 // keeps a whole ntproxy record (64 KiB and a 13-byte leg header).
 const (
 	DefaultSnap = 512
