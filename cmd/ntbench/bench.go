@@ -119,6 +119,9 @@ type runner struct {
 // runMode starts a server for t and m and measures every size against it,
 // handing each result to emit as soon as it is ready.
 func (r *runner) runMode(t transport, m mode, emit func(result)) error {
+	if t.local != nil {
+		return r.runLocal(t, m, emit)
+	}
 	args := []string{serverRole, "-transport=" + t.name, "-mode=" + m.name, "-cpu=" + strconv.Itoa(r.serverCPU)}
 	args = append(args, r.fwd...)
 	args = append(args, "-gomaxprocs="+strconv.Itoa(r.procs))
@@ -142,6 +145,32 @@ func (r *runner) runMode(t transport, m mode, emit func(result)) error {
 	statsHooks = nil
 	clientMu.Unlock()
 	return srv.stop()
+}
+
+// runLocal measures a bound, which needs no server, for every size.
+func (r *runner) runLocal(t transport, m mode, emit func(result)) error {
+	if m.name != "stream" {
+		fmt.Fprintf(r.stderr, "ntbench: %s measures stream only; no %s row\n", t.name, m.name)
+		return nil
+	}
+	for _, size := range r.o.sizes {
+		cpu0, err := proc.CPUTime()
+		if err != nil {
+			return err
+		}
+		start := time.Now()
+		samples, err := t.local(r.o, size)
+		if err != nil {
+			return fmt.Errorf("size %d: %w", size, err)
+		}
+		wall := time.Since(start)
+		cpu1, err := proc.CPUTime()
+		if err != nil {
+			return err
+		}
+		emit(r.result(t, m.name, size, samples, start, wall, cpu1-cpu0))
+	}
+	return nil
 }
 
 // measure runs one size over fresh connections to srv.

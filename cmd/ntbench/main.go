@@ -65,7 +65,11 @@
 // together outgrow the CPU caches — 16 × 256 KiB is twice a 2 MiB L2 —
 // and every byte is copied into them, so the aggregate stream figure then
 // measures the buffers as much as the transport; -readbuf 32768 reads as
-// io.Copy does.
+// io.Copy does. -transports copy measures that bound in the same run: the
+// bare copy of the stream out of an ntb-sized ring into -conns buffers of
+// -readbuf bytes, one CPU, nothing else (stream only; see
+// transport_copy.go). No transport that copies into those buffers once
+// can beat it.
 // After the table ntbench compares every transport with tcp of the same run,
 // when tcp is among the transports.
 //
@@ -233,8 +237,8 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	o.transports = transportNames()
-	fs.Var((*listFlag)(&o.transports), "transports", "comma-separated `list` of transports to compare: "+strings.Join(transportNames(), ", "))
+	o.transports = transportNames(false)
+	fs.Var((*listFlag)(&o.transports), "transports", "comma-separated `list` of transports to compare: "+strings.Join(transportNames(true), ", ")+" (copy, stream only: the bound of copying into the server's read buffers)")
 	o.modes = []string{"pingpong", "stream"}
 	fs.Var((*listFlag)(&o.modes), "modes", "comma-separated `list` of modes: pingpong, stream, rate, mixed")
 	o.sizes = []int{64, 4096, 65536}
@@ -299,7 +303,7 @@ func (o *options) check(extra []string) error {
 	}
 	for _, t := range o.transports {
 		if _, ok := transports[t]; !ok {
-			return fmt.Errorf("unknown transport %q (have %s)", t, strings.Join(transportNames(), ", "))
+			return fmt.Errorf("unknown transport %q (have %s)", t, strings.Join(transportNames(true), ", "))
 		}
 	}
 	for _, m := range o.modes {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -139,6 +140,32 @@ func TestRingManyConns(t *testing.T) {
 	}
 	if rows != 2 {
 		t.Errorf("%d rows, want 2:\n%s", rows, out)
+	}
+}
+
+// TestCopyBound runs the copy bound: one stream row per size with the
+// connections and read buffer it copied into, none for other modes, and it
+// is not among the transports a plain run compares.
+func TestCopyBound(t *testing.T) {
+	out := runBench(t, "-json", "-transports=copy", "-modes=pingpong,stream", "-size=4096,65536",
+		"-duration=50ms", "-conns=3", "-readbuf=32768", "-pin="+testPin(t))
+	var sizes []int
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		var r result
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("line %q: %v", sc.Text(), err)
+		}
+		if r.Transport != "copy" || r.Mode != "stream" || r.Conns != 3 || r.ReadBuf != 32768 || r.Count < 1 || r.BytesPerS <= 0 {
+			t.Errorf("row %+v", r)
+		}
+		sizes = append(sizes, r.Size)
+	}
+	if fmt.Sprint(sizes) != "[4096 65536]" {
+		t.Errorf("rows for sizes %v, want [4096 65536]:\n%s", sizes, out)
+	}
+	if slices.Contains(transportNames(false), "copy") {
+		t.Errorf("default transports %v include the copy bound", transportNames(false))
 	}
 }
 

@@ -30,6 +30,10 @@ type transport struct {
 	listen func(o *options) (ln net.Listener, addr string, err error)
 	// dial runs in the client process, once per connection.
 	dial func(o *options, addr string) (net.Conn, error)
+	// local, set instead of listen and dial, is a bound rather than a
+	// transport: it measures stream in the client process, with no server,
+	// and returns one sample per connection.
+	local func(o *options, size int) ([]sample, error)
 }
 
 // transports holds every registered transport by name. It is written only
@@ -39,7 +43,7 @@ var transports = map[string]transport{}
 // register adds t to the transports the benchmark knows. It panics on an
 // unusable or duplicate name: that is a programming error caught at start-up.
 func register(t transport) {
-	if t.name == "" || strings.ContainsAny(t.name, ", \t\n") || t.listen == nil || t.dial == nil {
+	if t.name == "" || strings.ContainsAny(t.name, ", \t\n") || (t.listen == nil || t.dial == nil) == (t.local == nil) {
 		panic(fmt.Sprintf("ntbench: register: incomplete transport %q", t.name))
 	}
 	if _, dup := transports[t.name]; dup {
@@ -48,11 +52,14 @@ func register(t transport) {
 	transports[t.name] = t
 }
 
-// transportNames returns the registered transport names, sorted.
-func transportNames() []string {
+// transportNames returns the registered transport names, sorted; the
+// bounds (local) only if all is set.
+func transportNames(all bool) []string {
 	names := make([]string, 0, len(transports))
-	for name := range transports {
-		names = append(names, name)
+	for name, t := range transports {
+		if all || t.local == nil {
+			names = append(names, name)
+		}
 	}
 	slices.Sort(names)
 	return names
