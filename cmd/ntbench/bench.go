@@ -47,7 +47,7 @@ func benchmark(o *options, fwd []string, stdout, stderr io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	r.serverCPU = serverCPU
+	r.clientCPU, r.serverCPU = clientCPU, serverCPU
 	if clientCPU >= 0 {
 		prev, err := proc.Affinity()
 		if err != nil {
@@ -112,6 +112,7 @@ type runner struct {
 	fwd       []string // command-line flags, for the server processes
 	host      proc.Host
 	procs     int // GOMAXPROCS of client and server
+	clientCPU int // -1: not pinned
 	serverCPU int // -1: not pinned
 	stderr    io.Writer
 }
@@ -159,7 +160,7 @@ func (r *runner) runLocal(t transport, m mode, emit func(result)) error {
 			return err
 		}
 		start := time.Now()
-		samples, err := t.local(r.o, size)
+		samples, err := t.local(r.o, size, [2]int{r.clientCPU, r.serverCPU})
 		if err != nil {
 			return fmt.Errorf("size %d: %w", size, err)
 		}

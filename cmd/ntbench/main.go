@@ -65,11 +65,10 @@
 // together outgrow the CPU caches — 16 × 256 KiB is twice a 2 MiB L2 —
 // and every byte is copied into them, so the aggregate stream figure then
 // measures the buffers as much as the transport; -readbuf 32768 reads as
-// io.Copy does. -transports copy measures that bound in the same run: the
-// bare copy of the stream out of an ntb-sized ring into -conns buffers of
-// -readbuf bytes, one CPU, nothing else (stream only; see
-// transport_copy.go). No transport that copies into those buffers once
-// can beat it.
+// io.Copy does. -transports copy measures the bound in the same run: a
+// ring transport's two copies and nothing else, the writers' source into
+// an ntb-sized ring on the server's CPU and the ring into -conns buffers of
+// -readbuf bytes on the client's (stream only; see transport_copy.go).
 // After the table ntbench compares every transport with tcp of the same run,
 // when tcp is among the transports.
 //
@@ -238,7 +237,7 @@ Flags:
 		fs.PrintDefaults()
 	}
 	o.transports = transportNames(false)
-	fs.Var((*listFlag)(&o.transports), "transports", "comma-separated `list` of transports to compare: "+strings.Join(transportNames(true), ", ")+" (copy, stream only: the bound of copying into the server's read buffers)")
+	fs.Var((*listFlag)(&o.transports), "transports", "comma-separated `list` of transports to compare: "+strings.Join(transportNames(true), ", ")+" (copy, stream only: a ring transport's two copies and nothing else)")
 	o.modes = []string{"pingpong", "stream"}
 	fs.Var((*listFlag)(&o.modes), "modes", "comma-separated `list` of modes: pingpong, stream, rate, mixed")
 	o.sizes = []int{64, 4096, 65536}

@@ -32,8 +32,9 @@ type transport struct {
 	dial func(o *options, addr string) (net.Conn, error)
 	// local, set instead of listen and dial, is a bound rather than a
 	// transport: it measures stream in the client process, with no server,
-	// and returns one sample per connection.
-	local func(o *options, size int) ([]sample, error)
+	// on cpus (the client's and the server's; -1: not pinned), and returns
+	// one sample per connection.
+	local func(o *options, size int, cpus [2]int) ([]sample, error)
 }
 
 // transports holds every registered transport by name. It is written only
