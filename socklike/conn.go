@@ -344,6 +344,13 @@ const creditEvery = 8
 // share when the window leaves room for a step more in flight, 7/8 of it
 // when not; beside a small-message flow it is one step. A floor lower than
 // the one last sent goes out at once, with no new credit if there is none.
+//
+// Credit that could not lift the writer to the floor (or DefaultMTU) even
+// were all it sent already here is held back for a later read: the writer
+// would only wake to wait again. Reading 16 KiB at a time at 64
+// connections, whose shares are one record, that was three CREDITs in four
+// (10.4 -> 11.4 GB/s). It cannot be held for good: once everything that
+// arrived is read, window+grant-recvd is share+extra, at least the floor.
 func (c *Conn) consumed(n int) {
 	c.cmu.Lock()
 	defer c.cmu.Unlock()
@@ -368,6 +375,9 @@ func (c *Conn) consumed(n int) {
 	if grant-c.creditOut < step && floor >= last {
 		return
 	}
+	if floor >= last && window+grant-c.recvd.Load() < min(floor, DefaultMTU) {
+		return // the writer could not send on it (see above)
+	}
 	c.creditOut, c.floorOut = max(grant, c.creditOut), floor
 	c.mu.Lock()
 	live := c.state == connEstablished && !c.closeSent
@@ -375,6 +385,7 @@ func (c *Conn) consumed(n int) {
 	if live {
 		m := creditMsg{consumed: uint64(c.creditOut), gen: c.peerGen, floor: uint32(floor)}
 		c.st.sendLoose(c.st.control, kindCredit, c.peerID, c.id, m.encode(nil))
+		c.ep.counters.credits.Add(1)
 	}
 }
 

@@ -657,12 +657,16 @@ func TestCreditKeepsRecordsWhole(t *testing.T) {
 		off += n
 	}
 
-	before := b.Stats().DataRecords
+	before := b.Stats()
 	stream(total, func() {})
-	records := b.Stats().DataRecords - before
-	t.Logf("%d writes of %d bytes came as %d records", total/msg, msg, records)
+	records := b.Stats().DataRecords - before.DataRecords
+	credits := b.Stats().Credits - before.Credits
+	t.Logf("%d writes of %d bytes came as %d records, %d CREDITs back", total/msg, msg, records, credits)
 	// Sending on whatever credit came back cut them into two to four.
 	require.LessOrEqual(t, records, int64(total/msg)*11/10, "records cut by credit")
+	// Credit on every 32 KiB read, half of it too little to send on, was
+	// 228 CREDITs.
+	require.LessOrEqual(t, credits, records, "CREDITs the writer cannot send on")
 
 	// The share falls to the least while the writer waits for the old
 	// floor, then rises again.

@@ -9,6 +9,7 @@ type Stats struct {
 	PollerSleeps  int64 // times the poller slept on the doorbell
 	RingFull      int64 // sends that found a data ring full
 	CreditWaits   int64 // sends that found the peer's window used up
+	Credits       int64 // CREDIT frames sent
 	Migrations    int64 // connections moved to another partition
 	StaleFrames   int64 // frames for connections that had ended, dropped
 	DataRecords   int64 // DATA records received
@@ -17,7 +18,7 @@ type Stats struct {
 
 // counters backs Stats.
 type counters struct {
-	parks, pollerSleeps, ringFull, creditWaits, migrations, staleFrames, dataRecords, queuedRecords atomic.Int64
+	parks, pollerSleeps, ringFull, creditWaits, credits, migrations, staleFrames, dataRecords, queuedRecords atomic.Int64
 }
 
 // Stats returns the endpoint's counters.
@@ -28,6 +29,7 @@ func (ep *Endpoint) Stats() Stats {
 		PollerSleeps:  c.pollerSleeps.Load(),
 		RingFull:      c.ringFull.Load(),
 		CreditWaits:   c.creditWaits.Load(),
+		Credits:       c.credits.Load(),
 		Migrations:    c.migrations.Load(),
 		StaleFrames:   c.staleFrames.Load(),
 		DataRecords:   c.dataRecords.Load(),
