@@ -9,27 +9,36 @@ import (
 	"github.com/ntstack/ntstack/internal/proc"
 	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/partition"
+	"github.com/ntstack/ntstack/socklike"
 )
 
-// copy is no transport but the bound the memory system puts on every ring
-// transport: its two copies and nothing else. A writer thread copies the
-// -conns connections' streams, from the pattern stream's writers send,
-// into a ring the size of the ntb transport's (a partition of the default
-// window), one -mtu record per connection in turn; a reader thread copies
-// each record into its connection's read buffer of -readbuf bytes, a
-// buffer at a time, as the server's readers do. They run on the two CPUs
-// -pin gives the processes (the reader on the client's, the calling
-// thread's). One index store hands a record over; the writer keeps at most
-// half the ring unread, as ntb's receive shares do. There is no framing,
-// no flow control per connection and no scheduling, so a ring transport
-// reading into those buffers reaches it at best. It measures stream only,
-// for -duration, and is left out of the default transports.
+// copy is no transport but the bound the memory system puts on a ring
+// transport with ntb's receive shares: its two copies and nothing else. A
+// writer thread copies the -conns connections' streams, from the pattern
+// stream's writers send, into a ring the size of the ntb transport's (a
+// partition of the default window), in -mtu records, each connection in
+// turn sending its receive share as ntb divides the rings (half of them
+// over the connections, at most the default window). A reader thread
+// copies each record into its connection's read buffer of -readbuf bytes,
+// filling it from start to end and again, as the server's readers do.
+// They run on the two CPUs -pin gives the processes (the reader on the
+// client's, the calling thread's); one index store hands a record over,
+// and the writer keeps at most half the ring unread. There is no framing,
+// no flow control per connection and no scheduling. It measures stream
+// only, for -duration, and is left out of the default transports.
 //
-// What it shows (the 2-vCPU VM, 64 KiB messages): ~18 GB/s while the
-// read buffers of all connections fit in the reader's 2 MiB L2 together,
-// ~15.5 at 8-64 connections of 32 KiB reads (1-2 MiB of buffers) and ~12
-// at 32-64 connections of 256 KiB reads (8-16 MiB): the reader's copy then
-// refetches its buffers from memory.
+// The order of records matters as much as their number: a run of one
+// connection's records finds its read buffer still in the reader's cache,
+// records of connections in turn each fetch theirs again once all the
+// buffers together outgrow it. Runs of a whole share are the longest ntb's
+// flow control allows, so no schedule of ntb's can beat it. (With one
+// record per turn ntb beat the bound: 14.0 against 12.2 GB/s at 8
+// connections of 256 KiB reads.)
+//
+// What it shows on the 2-vCPU VM (64 KiB messages, 2 MiB L2 per vCPU):
+// ~22 GB/s while the buffers fit, falling to 15.6 at 64 connections of 32
+// KiB reads (2 MiB of buffers, a record each turn) and to ~12 from 16
+// connections of 256 KiB reads (4 MiB and more).
 func init() {
 	register(transport{name: "copy", local: copyBound})
 }
@@ -47,9 +56,13 @@ func copyBound(o *options, size int, cpus [2]int) ([]sample, error) {
 	ring := make([]byte, int(slots)*rec)
 	bufs := make([][]byte, o.conns)
 	for i := range bufs {
-		bufs[i] = make([]byte, min(o.readBuf, rec))
+		bufs[i] = make([]byte, o.readBuf)
 	}
+	filled := make([]int, o.conns) // where each buffer's next copy goes
 	pat := newPattern(size)
+	// Each connection's turn is its receive share, as ntb divides the rings.
+	share := min(socklike.DefaultWindow, max(l.RingSize*o.partitions/(2*o.conns), 16<<10))
+	run := int64(max(1, share/rec))
 
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // one thread per copy
 	var head, tail atomic.Int64                     // records written, read
@@ -70,7 +83,7 @@ func copyBound(o *options, size int, cpus [2]int) ([]sample, error) {
 				}
 				waitTurn()
 			}
-			c := int(h % int64(o.conns))
+			c := int(h / run % int64(o.conns))
 			dst := ring[int(h%slots)*rec:][:rec]
 			for len(dst) > 0 {
 				n := copy(dst, pat.at(sent[c], min(len(dst), size-int(sent[c]%int64(size)))))
@@ -90,10 +103,11 @@ func copyBound(o *options, size int, cpus [2]int) ([]sample, error) {
 		for head.Load() == t {
 			waitTurn()
 		}
-		src := ring[int(t%slots)*rec:][:rec]
-		buf := bufs[t%int64(o.conns)]
-		for len(src) > 0 {
-			n := copy(buf, src)
+		// As io.ReadFull fills the buffer, record after record.
+		c := int(t / run % int64(o.conns))
+		for src := ring[int(t%slots)*rec:][:rec]; len(src) > 0; {
+			n := copy(bufs[c][filled[c]:], src)
+			filled[c] = (filled[c] + n) % len(bufs[c])
 			src = src[n:]
 		}
 		t++
