@@ -9,7 +9,6 @@ import (
 	"github.com/ntstack/ntstack/internal/proc"
 	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/partition"
-	"github.com/ntstack/ntstack/socklike"
 )
 
 // copy is no transport but the bound the memory system puts on a ring
@@ -18,7 +17,7 @@ import (
 // stream's writers send, into a ring the size of the ntb transport's (a
 // partition of the default window), in -mtu records, each connection in
 // turn sending its receive share as ntb divides the rings (half of them
-// over the connections, at most the default window). A reader thread
+// over the connections, at most the -recvwindow). A reader thread
 // copies each record into its connection's read buffer of -readbuf bytes,
 // filling it from start to end and again, as the server's readers do.
 // They run on the two CPUs -pin gives the processes (the reader on the
@@ -60,8 +59,9 @@ func copyBound(o *options, size int, cpus [2]int) ([]sample, error) {
 	}
 	filled := make([]int, o.conns) // where each buffer's next copy goes
 	pat := newPattern(size)
-	// Each connection's turn is its receive share, as ntb divides the rings.
-	share := min(socklike.DefaultWindow, max(l.RingSize*o.partitions/(2*o.conns), 16<<10))
+	// Each connection's turn is its receive share, as ntb divides the rings
+	// (socklike's state.share, at least its 16 KiB minimum).
+	share := min(o.recvWindow, max(l.RingSize*o.partitions/(2*o.conns), 16<<10))
 	run := int64(max(1, share/rec))
 
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // one thread per copy
