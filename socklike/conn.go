@@ -57,6 +57,10 @@ type Conn struct {
 	rn     int          // bytes delivered into the posted buffer
 	rcount int          // bytes of rn counted as read (see actLocked)
 	rready atomic.Bool  // rn > 0
+	// restWaits: the rest of a record this connection's Read took part of
+	// waits at the head of its ring (state.headOff). Set and cleared
+	// under the ring's RX lock.
+	restWaits atomic.Bool
 	// inRead is set while a Read runs; readerAt is ep.now() when the last
 	// one returned (see state.leaveForReader).
 	inRead   atomic.Bool
@@ -207,7 +211,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 	if m := c.unpost(); m > 0 { // delivered into b on the way out
 		n, err = m, nil
 	}
-	if n > yieldAbove {
+	if n > yieldAbove && !c.restWaits.Load() {
 		runtime.Gosched() // still in Read: its next records wait for it
 	}
 	c.readerAt.Store(c.ep.now())

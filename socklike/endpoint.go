@@ -362,6 +362,10 @@ func (ep *Endpoint) install(s *partition.Session) {
 		}
 		st.units = append(st.units, u)
 	}
+	if ep.cfg.QoS {
+		// A class's connections share one partition per unit (see share).
+		st.rxRings = st.rxRings * int64(len(st.units)) / int64(len(st.parts))
+	}
 	ep.mu.Lock()
 	if ep.closed {
 		ep.mu.Unlock()
