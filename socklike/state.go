@@ -90,7 +90,7 @@ func (st *state) newConn(c *Conn) error {
 // this took 32 connections from 2.7 to 7.5 GB/s and 64 from 2.2 to 7.0.
 // With Config.QoS the connections of a class share one partition per unit,
 // so only those rings count: two class-7 streams over 8 QoS partitions
-// (2 MiB rings) otherwise kept their partition's ring full.
+// (1 MiB rings) otherwise kept their partition's ring full.
 func (st *state) share() int64 {
 	w := int64(st.ep.cfg.Window)
 	if n := int64(st.live.Load()); n > 0 {

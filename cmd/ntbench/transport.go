@@ -44,7 +44,9 @@ var transports = map[string]transport{}
 // register adds t to the transports the benchmark knows. It panics on an
 // unusable or duplicate name: that is a programming error caught at start-up.
 func register(t transport) {
-	if t.name == "" || strings.ContainsAny(t.name, ", \t\n") || (t.listen == nil || t.dial == nil) == (t.local == nil) {
+	served := t.listen != nil && t.dial != nil && t.local == nil
+	bound := t.listen == nil && t.dial == nil && t.local != nil
+	if t.name == "" || strings.ContainsAny(t.name, ", \t\n") || !served && !bound {
 		panic(fmt.Sprintf("ntbench: register: incomplete transport %q", t.name))
 	}
 	if _, dup := transports[t.name]; dup {

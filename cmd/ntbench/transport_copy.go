@@ -17,7 +17,7 @@ import (
 // stream's writers send, into a ring the size of the ntb transport's (a
 // partition of the default window), in -mtu records, each connection in
 // turn sending its receive share as ntb divides the rings (half of them
-// over the connections, at most the -recvwindow). A reader thread
+// over the connections, at most the -recvwindow; -qos is not modelled). A reader thread
 // copies each record into its connection's read buffer of -readbuf bytes,
 // filling it from start to end and again, as the server's readers do.
 // They run on the two CPUs -pin gives the processes (the reader on the
@@ -65,7 +65,7 @@ func copyBound(o *options, size int, cpus [2]int) ([]sample, error) {
 	run := int64(max(1, share/rec))
 
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // one thread per copy
-	var head, tail atomic.Int64                     // records written, read
+	var head, tail atomic.Int64                     // records written, read; a wait for either yields the CPU (-pin same)
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	wg.Go(func() { // the writer
@@ -81,7 +81,7 @@ func copyBound(o *options, size int, cpus [2]int) ([]sample, error) {
 				if stop.Load() {
 					return
 				}
-				waitTurn()
+				proc.Yield()
 			}
 			c := int(h / run % int64(o.conns))
 			dst := ring[int(h%slots)*rec:][:rec]
@@ -101,7 +101,7 @@ func copyBound(o *options, size int, cpus [2]int) ([]sample, error) {
 	var t, total int64
 	read := func() {
 		for head.Load() == t {
-			waitTurn()
+			proc.Yield()
 		}
 		// As io.ReadFull fills the buffer, record after record.
 		c := int(t / run % int64(o.conns))
@@ -134,7 +134,3 @@ func copyBound(o *options, size int, cpus [2]int) ([]sample, error) {
 	samples[0].msgs += msgs % o.conns
 	return samples, nil
 }
-
-// waitTurn is a copy thread's wait for the other: it lets the other run
-// should they share a CPU (-pin same).
-func waitTurn() { proc.Yield() }
