@@ -26,6 +26,7 @@ type state struct {
 	nextGen  atomic.Uint32 // connection incarnations
 	live     atomic.Int32  // connections holding an id
 	rxRings  int64         // bytes of the inbound data rings one class's connections use, together
+	rxRing   int64         // bytes of one inbound data ring
 	traffic  []partTraffic // per data partition, what it carries (see Conn.noteData)
 	// headWait is, per data partition, ep.now() since when its head record
 	// has been left for its reader (0: it is not); guarded by the
@@ -91,8 +92,12 @@ func (st *state) newConn(c *Conn) error {
 // With Config.QoS the connections of a class share one partition per unit,
 // so only those rings count: two class-7 streams over 8 QoS partitions
 // (1 MiB rings) otherwise kept their partition's ring full.
+//
+// Nor is a share more than half the ring its connection's records land in:
+// with several partitions and few connections, half the rings together
+// would fill one.
 func (st *state) share() int64 {
-	w := int64(st.ep.cfg.Window)
+	w := min(int64(st.ep.cfg.Window), max(st.rxRing/2, minShare))
 	if n := int64(st.live.Load()); n > 0 {
 		w = min(w, max(st.rxRings/(2*n), minShare))
 	}
@@ -158,8 +163,12 @@ func (st *state) sharedShare(c *Conn) int64 {
 		return 0
 	}
 	pt := &st.traffic[part]
+	small := pt.smallAt.Load()
+	if small == 0 { // before the clock: consumed asks on every Read
+		return 0
+	}
 	now, recent := st.ep.now()+1, st.ep.smallFor
-	if small := pt.smallAt.Load(); small == 0 || now-small > recent {
+	if now-small > recent {
 		return 0
 	}
 	return max(w/pt.bulkConns(now/recent), minShare)

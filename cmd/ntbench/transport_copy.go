@@ -63,6 +63,8 @@ func copyBound(o *options, size int, cpus [2]int) ([]sample, error) {
 	// (socklike's state.share, at least its 16 KiB minimum).
 	share := min(o.recvWindow, max(l.RingSize*o.partitions/(2*o.conns), 16<<10))
 	run := int64(max(1, share/rec))
+	// In flight: the shares together, at most half the ring.
+	lag := min(slots/2, run*int64(o.conns))
 
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // one thread per copy
 	var head, tail atomic.Int64                     // records written, read; a wait for either yields the CPU (-pin same)
@@ -77,7 +79,7 @@ func copyBound(o *options, size int, cpus [2]int) ([]sample, error) {
 		}
 		sent := make([]int64, o.conns) // each connection's stream offset
 		for h := int64(0); !stop.Load(); h++ {
-			for h-tail.Load() >= slots/2 {
+			for h-tail.Load() >= lag {
 				if stop.Load() {
 					return
 				}
