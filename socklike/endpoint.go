@@ -106,8 +106,8 @@ type Config struct {
 	// last 10 ms), the receive windows of its connections shrink to
 	// SharedWindow split among the bulk ones (those that did; at least
 	// 16 KiB each) — by holding back credit, as for the ring shares —
-	// instead of Window each: with a 1 MiB Window one bulk flow can queue
-	// ~80 µs of copying ahead of a small message. (A small
+	// instead of Window each: with the 4 MiB default Window one bulk flow
+	// can queue ~300 µs of copying ahead of a small message. (A small
 	// flow never has that much in flight, so the limit costs it nothing.)
 	// Partitions without small-message traffic keep the full window.
 	// Default DefaultSharedWindow (64 KiB: beside two bulk flows a small
