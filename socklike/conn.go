@@ -211,10 +211,15 @@ func (c *Conn) Read(b []byte) (int, error) {
 	if m := c.unpost(); m > 0 { // delivered into b on the way out
 		n, err = m, nil
 	}
+	now := c.ep.now()
+	if n > 0 {
+		c.ep.progress.Store(now) // records moved (see state.pollServe)
+	}
 	if n > yieldAbove && !c.restWaits.Load() {
 		runtime.Gosched() // still in Read: its next records wait for it
+		now = c.ep.now()
 	}
-	c.readerAt.Store(c.ep.now())
+	c.readerAt.Store(now)
 	c.inRead.Store(false)
 	return n, err
 }

@@ -121,7 +121,7 @@ const smallRecent = 10 * time.Millisecond
 // period. Written under the partition's RX lock (one writer), read by
 // anyone.
 type partTraffic struct {
-	smallAt atomic.Int64    // ep.now()+1 of the last small-message record; 0: never
+	smallAt atomic.Int64    // ep.now()+1 of the last small-message record; 0: none lately (see sharedShare)
 	epoch   [2]atomic.Int64 // the period each slot counts (ep.now()/ep.smallFor)
 	bulk    [2]atomic.Int32 // bulk connections seen in that period
 }
@@ -163,12 +163,16 @@ func (st *state) sharedShare(c *Conn) int64 {
 		return 0
 	}
 	pt := &st.traffic[part]
+	// consumed asks on every Read: once a small message is old news, 0
+	// says so without reading the clock (4 KiB reads spent 16 % of the
+	// reader's CPU in clock reads).
 	small := pt.smallAt.Load()
-	if small == 0 { // before the clock: consumed asks on every Read
+	if small == 0 {
 		return 0
 	}
 	now, recent := st.ep.now()+1, st.ep.smallFor
 	if now-small > recent {
+		pt.smallAt.CompareAndSwap(small, 0)
 		return 0
 	}
 	return max(w/pt.bulkConns(now/recent), minShare)
@@ -292,8 +296,8 @@ func (st *state) pollServe(self *Conn, b []byte, serve bool) (n, records int) {
 		// neighbour's records before taking its own response.
 		st.serveUnits()
 	}
-	if records > 0 {
-		st.ep.noteProgress()
+	if records > 0 && n == 0 {
+		st.ep.noteProgress() // with n > 0, Read notes it (one clock read)
 	}
 	if left && n == 0 {
 		runtime.Gosched() // let the reader we leave records to run
