@@ -1198,7 +1198,7 @@ func (s *spinner) spin() bool {
 		ep.active.Add(1)
 		s.start = ep.now()
 		s.budget = int64(ep.cfg.SpinBudget)
-		if s.start-ep.progress.Load() < int64(busyWindow) {
+		if s.start-ep.lastProgress(s.start) < int64(busyWindow) {
 			s.budget = max(s.budget, int64(busySpin))
 		}
 		s.iter = 0
@@ -1215,7 +1215,7 @@ func (s *spinner) spin() bool {
 		runtime.Gosched()
 	}
 	if s.iter%ep.cfg.SpinYield == 0 {
-		if ep.now()-max(s.start, ep.progress.Load()) > s.budget {
+		if now := ep.now(); now-max(s.start, ep.lastProgress(now)) > s.budget {
 			return false
 		}
 		// Gosched lets this process's goroutines in; Yield lets in another

@@ -297,7 +297,7 @@ func (st *state) pollServe(self *Conn, b []byte, serve bool) (n, records int) {
 		st.serveUnits()
 	}
 	if records > 0 && n == 0 {
-		st.ep.noteProgress() // with n > 0, Read notes it (one clock read)
+		st.ep.noteProgress() // with n > 0, Read notes it with the time
 	}
 	if left && n == 0 {
 		runtime.Gosched() // let the reader we leave records to run
