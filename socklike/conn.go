@@ -364,7 +364,7 @@ func (c *Conn) consumed(n int) {
 	c.cmu.Lock()
 	defer c.cmu.Unlock()
 	total := c.read.Add(int64(n))
-	window := int64(c.ep.cfg.Window)
+	window := c.st.window
 	share := c.st.share()
 	step := share / creditEvery
 	extra := min(step, window-share)
@@ -1039,7 +1039,7 @@ func (c *Conn) takeRestDirect() bool {
 
 // acceptData reports whether n more bytes fit in our receive window.
 func (c *Conn) acceptData(n int) bool {
-	return c.recvd.Load()+int64(n)-c.read.Load() <= int64(c.ep.cfg.Window)
+	return c.recvd.Load()+int64(n)-c.read.Load() <= c.st.window
 }
 
 // enqueue queues accounted bytes for the reader.

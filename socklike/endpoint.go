@@ -88,9 +88,9 @@ type Config struct {
 	// ~5-35 µs on this machine class but no CPU. Negative: never spin.
 	SpinBudget time.Duration
 	// Window is each connection's receive window in bytes (4 KiB..64 MiB;
-	// default DefaultWindow, 4 MiB). A connection is granted less while
-	// many share the rings, and never more than half its ring (see
-	// state.share). On the emulated fabric a stream runs fastest with more
+	// default DefaultWindow, 4 MiB). A connection announces no more than
+	// half a ring of the link, and is granted less while many share the
+	// rings (see state.share). On the emulated fabric a stream runs fastest with more
 	// than a CPU's L2 in flight: the reader then finds the writer's lines
 	// gone to the shared cache rather than dirty in the writer's, to be
 	// fetched from there. One 64 KiB stream on the 2-vCPU VM (2 MiB L2
@@ -379,6 +379,7 @@ func (ep *Endpoint) install(s *partition.Session) {
 		st.rxRings += int64(p.RxRingSize())
 		st.rxRing = int64(p.RxRingSize()) // the same for every partition
 	}
+	st.window = min(int64(ep.cfg.Window), max(st.rxRing/2, minShare))
 	size := 1
 	if ep.cfg.QoS {
 		size = qos.NumClasses

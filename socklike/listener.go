@@ -255,7 +255,7 @@ func (ep *Endpoint) DialClass(ctx context.Context, port int, class qos.Class) (*
 		return nil, opErr(err)
 	}
 	c.local.Port = int(c.id)
-	c.queueFrame(kindOpen, openMsg{port: uint16(port), window: uint32(ep.cfg.Window), gen: c.gen}.encode(nil))
+	c.queueFrame(kindOpen, openMsg{port: uint16(port), window: uint32(st.window), gen: c.gen}.encode(nil))
 	sp := spinner{ep: ep}
 	defer sp.stop()
 	for {

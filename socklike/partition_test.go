@@ -313,6 +313,25 @@ func TestQoSShareFitsClassRing(t *testing.T) {
 	require.LessOrEqual(t, r.st.share()*live, ring/2)
 }
 
+// A connection's window, as OPEN and ACCEPT announce it, is at most half a
+// ring however large Config.Window (the 4 MiB default over 512 KiB rings
+// here): announcing all of Config.Window let a writer fill the ring before
+// its first CREDIT, where every connection of the partition waits for ring
+// space. (The producer can still find the ring full as it sees it: its copy
+// of the read index lags; see package ring.)
+func TestWindowFitsRing(t *testing.T) {
+	a, b := endpoints(t, "ntbtest", Config{}) // 1 MiB link windows: 512 KiB rings
+	w, r := connPair(t, a, b, 1)
+	ring := int64(r.st.parts[0].RxRingSize())
+	require.Equal(t, ring/2, w.window, "the window the dialer was given")
+	require.Equal(t, ring/2, r.window, "the window the listener was given")
+	const size = 16 << 20
+	done := make(chan error, 1)
+	go func() { done <- streamOut(w, 1, size, rand.New(rand.NewPCG(1, 1))) }()
+	require.NoError(t, streamIn(r, 1, size, func() {}))
+	require.NoError(t, <-done)
+}
+
 // Quotas fail with clear, typed errors on the side that hits them.
 func TestQuotas(t *testing.T) {
 	t.Run("memory", func(t *testing.T) {
@@ -423,8 +442,8 @@ func TestSharedWindow(t *testing.T) {
 		if beside {
 			require.Eventually(t, func() bool { return br.st.sharedShare(br) > 0 }, 10*time.Second, time.Millisecond,
 				"the receiver should see the small-message flow")
-			// Credit granted before allowed at most Window more.
-			for from := br.read.Load(); br.read.Load() < from+int64(b.cfg.Window); {
+			// Credit granted before allowed at most a window more.
+			for from := br.read.Load(); br.read.Load() < from+br.st.window; {
 				time.Sleep(time.Millisecond)
 			}
 		}

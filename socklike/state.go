@@ -27,6 +27,7 @@ type state struct {
 	live     atomic.Int32  // connections holding an id
 	rxRings  int64         // bytes of the inbound data rings one class's connections use, together
 	rxRing   int64         // bytes of one inbound data ring
+	window   int64         // each connection's receive window: Config.Window, at most half a ring (see share)
 	traffic  []partTraffic // per data partition, what it carries (see Conn.noteData)
 	// headWait is, per data partition, ep.now() since when its head record
 	// has been left for its reader (0: it is not); guarded by the
@@ -93,11 +94,13 @@ func (st *state) newConn(c *Conn) error {
 // so only those rings count: two class-7 streams over 8 QoS partitions
 // (1 MiB rings) otherwise kept their partition's ring full.
 //
-// Nor is a share more than half the ring its connection's records land in:
-// with several partitions and few connections, half the rings together
-// would fill one.
+// Nor is a window more than half the ring its connection's records land
+// in (st.window, which OPEN and ACCEPT announce): a larger one would let
+// a connection's writer fill the ring before its first CREDIT, and with
+// several partitions and few connections half the rings together would
+// fill one.
 func (st *state) share() int64 {
-	w := min(int64(st.ep.cfg.Window), max(st.rxRing/2, minShare))
+	w := st.window
 	if n := int64(st.live.Load()); n > 0 {
 		w = min(w, max(st.rxRings/(2*n), minShare))
 	}
@@ -587,7 +590,7 @@ func (st *state) accept(part int, peerID uint32, m openMsg) {
 		refuse(refuseBacklog)
 		return
 	}
-	c.queueFrame(kindAccept, acceptMsg{id: c.id, window: uint32(st.ep.cfg.Window), gen: c.gen, dialGen: m.gen}.encode(nil))
+	c.queueFrame(kindAccept, acceptMsg{id: c.id, window: uint32(st.window), gen: c.gen, dialGen: m.gen}.encode(nil))
 }
 
 func le32(v uint32) []byte { return []byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)} }
