@@ -90,12 +90,13 @@ type Config struct {
 	// Window is each connection's receive window in bytes (4 KiB..64 MiB;
 	// default DefaultWindow, 4 MiB). A connection announces no more than
 	// half a ring of the link, and is granted less while many share the
-	// rings (see state.share). On the emulated fabric a stream runs fastest with more
-	// than a CPU's L2 in flight: the reader then finds the writer's lines
-	// gone to the shared cache rather than dirty in the writer's, to be
-	// fetched from there. One 64 KiB stream on the 2-vCPU VM (2 MiB L2
-	// each): 15.6 GB/s with a 1 MiB window, 16.5 with 2 MiB, 21.9 with
-	// 4 MiB; two streams 15.1, 19.3, 19.5 (medians of 3, alternating).
+	// rings (see state.share). On the emulated fabric a stream runs
+	// fastest with more than a CPU's L2 in flight: the reader then finds
+	// the writer's lines gone to the shared cache rather than dirty in the
+	// writer's, to be fetched from there. One 64 KiB stream on the 2-vCPU
+	// VM (2 MiB L2 each): 15.6 GB/s with a 1 MiB window, 16.5 with 2 MiB,
+	// 21.9 with 4 MiB; two streams 15.1, 19.3, 19.5 (medians of 3,
+	// alternating).
 	Window int
 	// MTU is the largest DATA frame; larger writes are cut into MTU-sized
 	// frames so small messages interleave with bulk ones.
@@ -377,9 +378,9 @@ func (ep *Endpoint) install(s *partition.Session) {
 	st.nextID = 1
 	for _, p := range st.parts {
 		st.rxRings += int64(p.RxRingSize())
-		st.rxRing = int64(p.RxRingSize()) // the same for every partition
 	}
-	st.window = min(int64(ep.cfg.Window), max(st.rxRing/2, minShare))
+	ring := int64(st.parts[0].RxRingSize()) // every partition's (partition.Layout)
+	st.window = min(int64(ep.cfg.Window), max(ring/2, minShare))
 	size := 1
 	if ep.cfg.QoS {
 		size = qos.NumClasses

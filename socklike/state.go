@@ -26,7 +26,6 @@ type state struct {
 	nextGen  atomic.Uint32 // connection incarnations
 	live     atomic.Int32  // connections holding an id
 	rxRings  int64         // bytes of the inbound data rings one class's connections use, together
-	rxRing   int64         // bytes of one inbound data ring
 	window   int64         // each connection's receive window: Config.Window, at most half a ring (see share)
 	traffic  []partTraffic // per data partition, what it carries (see Conn.noteData)
 	// headWait is, per data partition, ep.now() since when its head record
