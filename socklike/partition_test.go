@@ -1,6 +1,7 @@
 package socklike
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -330,6 +331,39 @@ func TestWindowFitsRing(t *testing.T) {
 	go func() { done <- streamOut(w, 1, size, rand.New(rand.NewPCG(1, 1))) }()
 	require.NoError(t, streamIn(r, 1, size, func() {}))
 	require.NoError(t, <-done)
+}
+
+// A small write on a connection whose unit has nobody queued goes into the
+// ring without the schedule (Conn.sendNow); a large one takes the
+// schedule; bytes stay in order either way.
+func TestSmallWriteSkipsSchedule(t *testing.T) {
+	a, b := endpoints(t, "ntbtest", Config{})
+	w, r := connPair(t, a, b, 1)
+	var msgs [][]byte
+	for i := range 100 {
+		msgs = append(msgs, bytes.Repeat([]byte{byte(i)}, 1+i%64))
+	}
+	msgs = append(msgs, bytes.Repeat([]byte{0xee}, 256<<10), []byte("tail"))
+	want := bytes.Join(msgs, nil)
+	got := make(chan []byte, 1)
+	go func() { // reading as it goes: the large write is as large as the window
+		buf := make([]byte, len(want))
+		if _, err := io.ReadFull(r, buf); err != nil {
+			t.Error(err)
+		}
+		got <- buf
+	}()
+	posts := func() uint32 { return w.unit.posts.Load() }
+	before := posts()
+	for i, msg := range msgs {
+		_, err := w.Write(msg)
+		require.NoError(t, err)
+		if i == 99 {
+			require.Equal(t, before, posts(), "small writes on an idle unit should not be scheduled")
+		}
+	}
+	require.Greater(t, posts(), before, "a large write goes through the schedule")
+	require.True(t, bytes.Equal(want, <-got), "bytes out of order")
 }
 
 // Quotas fail with clear, typed errors on the side that hits them.
