@@ -66,6 +66,16 @@ func (p *Partition) BeginTX() {
 	p.tx.BeginBatch()
 }
 
+// TryBeginTX is BeginTX if the TX lock is free; it reports whether it
+// took it.
+func (p *Partition) TryBeginTX() bool {
+	if !p.txMu.TryLock() {
+		return false
+	}
+	p.tx.BeginBatch()
+	return true
+}
+
 // Send adds one record to the batch (between BeginTX and EndTX), as
 // TrySend does.
 func (p *Partition) Send(tag uint32, hdr, body []byte) error {

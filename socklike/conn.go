@@ -632,9 +632,12 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wa
 // schedule, if nothing can be ahead of it: no connection of the unit is
 // queued (so no class, no express write and none of this connection's
 // frames), the connection is not moving, no token bucket meters the
-// partition, and the peer's window has room for all of b. It reports
-// whether it did; if not (a full ring too), the caller queues b as
-// usual. The schedule's queue, pass and hand-back cost a small write more
+// partition, the peer's window has room for all of b and nobody holds the
+// partition's TX lock. It reports whether it did; if not (a full ring
+// too), the caller queues b as usual. It never waits for the TX lock
+// while holding c.smu: a serve pass holds the TX lock of a batch while it
+// takes the next connection's smu, and may have taken c off the schedule
+// (a stale entry) after c's look at the queue. The schedule's queue, pass and hand-back cost a small write more
 // than its copy: without them a 64 B round trip's p50 went from 1.28 to
 // 0.84 µs, beside a bulk flow from 1.30 to 0.84 (its unit is mostly idle:
 // the shared window keeps the bulk writer waiting on credit), 64 B
@@ -648,8 +651,10 @@ func (c *Conn) sendNow(b []byte) bool {
 		return false
 	}
 	p := u.parts[c.slot]
+	if !p.TryBeginTX() {
+		return false
+	}
 	tag := makeTag(kindData, c.peerID)
-	p.BeginTX()
 	c.sent.Add(int64(len(b))) // before the record is visible, as serveOnce
 	if err := p.Send(tag, b, nil); err != nil {
 		c.sent.Add(int64(-len(b)))
