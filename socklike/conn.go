@@ -18,6 +18,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/pool"
 	"github.com/ntstack/ntstack/internal/ring"
+	"github.com/ntstack/ntstack/partition"
 	"github.com/ntstack/ntstack/qos"
 )
 
@@ -540,18 +541,15 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wa
 		return false, 0, true
 	}
 	p := u.parts[slot]
-	send := func(tag uint32, body []byte) error {
+	begin := func() { // the pass's batch on p, opened once
 		if *open&(1<<slot) == 0 {
 			p.BeginTX()
 			*open |= 1 << slot
 		}
-		if err := p.Send(tag, body, nil); err != nil {
-			return err
-		}
-		if ts := c.ep.taps.Load(); ts != nil {
-			ts.emit(c.st, TapTX, p.Index, tag, c.id, body)
-		}
-		return nil
+	}
+	send := func(tag uint32, body []byte) error {
+		begin()
+		return c.txLocked(p, tag, body)
 	}
 	failed := func(err error) (bool, time.Duration, bool) {
 		if errors.Is(err, ring.ErrFull) {
@@ -605,18 +603,14 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wa
 		if w := u.take(slot, chunk); w > 0 {
 			return sent, w, true
 		}
-		// Count the bytes before they are visible: the peer may credit
-		// them before the batch ends.
-		c.sent.Add(int64(chunk))
-		if err := send(makeTag(kindData, c.peerID), c.out[c.outOff:c.outOff+chunk]); err != nil {
-			c.sent.Add(int64(-chunk))
+		begin()
+		if err := c.txDataLocked(p, c.out[c.outOff:c.outOff+chunk]); err != nil {
 			return failed(err)
 		}
+		c.countTx(u, chunk)
 		c.outOff += chunk
 		*moved += chunk
 		budget -= chunk
-		c.txBytes += uint64(chunk)
-		u.txBytes.Add(uint64(chunk))
 		sent = true
 	}
 	if c.outOff < len(c.out) {
@@ -658,21 +652,45 @@ func (c *Conn) sendNow(b []byte) bool {
 	if !p.TryBeginTX() {
 		return false
 	}
-	tag := makeTag(kindData, c.peerID)
-	c.sent.Add(int64(len(b))) // before the record is visible, as serveOnce
-	if err := p.Send(tag, b, nil); err != nil {
-		c.sent.Add(int64(-len(b)))
-		p.EndTX()
+	err := c.txDataLocked(p, b)
+	p.EndTX() // publishes it: the counting below is off the round trip
+	if err != nil {
 		return false
 	}
-	if ts := c.ep.taps.Load(); ts != nil {
-		ts.emit(c.st, TapTX, p.Index, tag, c.id, b)
-	}
-	p.EndTX()
-	c.txBytes += uint64(len(b))
-	u.txBytes.Add(uint64(len(b)))
+	c.countTx(u, len(b))
 	c.ep.noteProgress()
 	return true
+}
+
+// txLocked adds a record of c's to p's open batch and shows it to the
+// taps (c.smu held).
+func (c *Conn) txLocked(p *partition.Partition, tag uint32, body []byte) error {
+	if err := p.Send(tag, body, nil); err != nil {
+		return err
+	}
+	if ts := c.ep.taps.Load(); ts != nil {
+		ts.emit(c.st, TapTX, p.Index, tag, c.id, body)
+	}
+	return nil
+}
+
+// txDataLocked adds b to p's open batch as a DATA record of c's (c.smu
+// held). The bytes count as sent before the record is visible: the peer
+// may credit them before the batch ends.
+func (c *Conn) txDataLocked(p *partition.Partition, b []byte) error {
+	c.sent.Add(int64(len(b)))
+	if err := c.txLocked(p, makeTag(kindData, c.peerID), b); err != nil {
+		c.sent.Add(int64(-len(b)))
+		return err
+	}
+	return nil
+}
+
+// countTx counts n bytes of DATA c sent through unit u, for rebalancing
+// (c.smu held).
+func (c *Conn) countTx(u *unit, n int) {
+	c.txBytes += uint64(n)
+	u.txBytes.Add(uint64(n))
 }
 
 func (c *Conn) hasWorkLocked() bool { return len(c.frames) > 0 || c.moving || c.out != nil }
