@@ -433,6 +433,11 @@ func (c *Conn) Write(b []byte) (int, error) {
 	}
 	inline := c.ep.cfg.CoreModel == CoreInline
 	if inline && len(b) <= smallWrite && c.sendNow(b) {
+		// Take in the credit that came meanwhile, as the schedule's path
+		// does before it sends (not under c.smu: a CREDIT for c takes
+		// it): a writer whose credit never ran out would otherwise leave
+		// its CREDITs in the control ring.
+		c.st.pollRing(c.st.control, nil, nil)
 		return len(b), nil
 	}
 	c.smu.Lock()
