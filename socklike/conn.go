@@ -41,14 +41,20 @@ type Conn struct {
 
 	// Receive side. recvd counts bytes taken off the ring for us; read
 	// counts bytes the application has read; recvd-read ≤ our window.
-	qmu       sync.Mutex
-	q         byteQueue // guarded by qmu
-	queued    atomic.Int64
-	recvd     atomic.Int64
-	read      atomic.Int64
-	cmu       sync.Mutex // serialises consumed: Read, and whoever delivers into its posted buffer
-	creditOut int64      // read total last sent as CREDIT; guarded by cmu
-	floorOut  int64      // floor last sent as CREDIT (0: none, the window); guarded by cmu
+	qmu        sync.Mutex
+	q          byteQueue // guarded by qmu
+	queued     atomic.Int64
+	recvd      atomic.Int64
+	read       atomic.Int64
+	cmu        sync.Mutex   // serialises consumed: Read, and whoever delivers into its posted buffer
+	creditOut  int64        // read total last sent as CREDIT; guarded by cmu
+	floorOut   int64        // floor last sent as CREDIT (0: none, the window); guarded by cmu
+	wants      bool         // its writer asked for a turn and has none yet; guarded by cmu
+	turnsDone  bool         // released: no more turns; guarded by cmu
+	ahead      atomic.Int64 // turn credit whose bytes have not arrived (see turns.go)
+	turnQueued bool         // in the turns line; guarded by state.turns.mu
+	turnHeld   bool         // among the turns' holders; guarded by state.turns.mu
+	aheadSeen  int64        // ahead at the last look for unused turns; guarded by state.turns.mu
 
 	rxmu sync.Mutex // serialises delivery of the peer's frames
 	// rxmu protects the following fields; rxPart is also read atomically.
@@ -77,6 +83,7 @@ type Conn struct {
 	prio     atomic.Uint32 // qos.Class
 	sleepers atomic.Int32  // goroutines parked on this connection
 	wdone    atomic.Bool   // the posted write has gone out
+	wantOut  atomic.Bool   // a WANT to send once the serve pass has published (see unit.serve)
 
 	smu sync.Mutex // taken by whoever serves the connection
 	// smu protects the following fields.
@@ -89,6 +96,8 @@ type Conn struct {
 	outOff     int
 	waitCredit bool
 	peerFloor  int64 // the credit floor from the peer's last CREDIT (0: none, the window)
+	peerPooled bool  // the peer gives credit in turns: ask (WANT) when waiting for it
+	wantSent   bool  // WANT sent since the writer last waited for credit
 	moving     bool  // move to moveUnit/moveSlot before sending more
 	moveUnit   *unit
 	moveSlot   int
@@ -363,8 +372,20 @@ const creditEvery = 8
 // arrived is read, window+grant-recvd is share+extra, at least the floor.
 func (c *Conn) consumed(n int) {
 	c.cmu.Lock()
-	defer c.cmu.Unlock()
-	total := c.read.Add(int64(n))
+	c.creditLocked(c.read.Add(int64(n)))
+	wants := c.wants
+	c.cmu.Unlock()
+	if wants {
+		c.st.queueTurn(c) // its reader was too far behind for a turn
+	}
+	if c.st.turns.nwait.Load() > 0 {
+		c.st.serveTurns()
+	}
+}
+
+// creditLocked hands back credit for total bytes read (cmu held), as
+// consumed describes.
+func (c *Conn) creditLocked(total int64) {
 	window := c.st.window
 	share := c.st.share()
 	step := share / creditEvery
@@ -373,9 +394,12 @@ func (c *Conn) consumed(n int) {
 	if w := c.st.sharedShare(c); w > 0 && w < share {
 		// Beside a small-message flow: no more than w in flight, and
 		// records as small as a step, so a small message waits behind
-		// little.
+		// little. Not in turns either (see grantTurn).
 		share, step, extra = w, w/creditEvery, 0
 		floor = step
+	} else if c.st.turnChunk() > 0 {
+		c.creditPooled(total)
+		return
 	}
 	grant := total - (window - share - extra)
 	last := c.floorOut
@@ -388,7 +412,29 @@ func (c *Conn) consumed(n int) {
 	if floor >= last && window+grant-c.recvd.Load() < min(floor, DefaultMTU) {
 		return // the writer could not send on it (see above)
 	}
-	c.creditOut, c.floorOut = max(grant, c.creditOut), floor
+	c.creditOut = max(grant, c.creditOut)
+	c.sendCreditLocked(floor)
+}
+
+// creditPooled is creditLocked while credit goes in turns (see turns.go):
+// the baseline of minShare in flight, and a floor of a whole record, with
+// floorPooled set, so that a bulk writer asks for a turn rather than send
+// on the baseline.
+func (c *Conn) creditPooled(total int64) {
+	window := c.st.window
+	base := min(minShare, window)
+	floor := min(DefaultMTU, window) | floorPooled
+	grant := total - (window - base)
+	if grant-c.creditOut < base/2 && c.floorOut == floor {
+		return
+	}
+	c.creditOut = max(grant, c.creditOut)
+	c.sendCreditLocked(floor)
+}
+
+// sendCreditLocked sends CREDIT for c.creditOut with floor (cmu held).
+func (c *Conn) sendCreditLocked(floor int64) {
+	c.floorOut = floor
 	c.mu.Lock()
 	live := c.state == connEstablished && !c.closeSent
 	c.mu.Unlock()
@@ -602,6 +648,10 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wa
 		if credit < c.creditFloor() {
 			c.ep.counters.creditWaits.Add(1)
 			c.waitCredit = true // credit() queues us again
+			if c.peerPooled && !c.wantSent {
+				c.wantSent = true
+				c.wantOut.Store(true)
+			}
 			return sent, 0, false
 		}
 		chunk := int(min(int64(len(c.out)-c.outOff), int64(cfg.MTU), credit, int64(p.MaxPayload()), int64(budget)))
@@ -761,6 +811,10 @@ func (c *Conn) releaseLocal() {
 	if held {
 		c.ep.quota.Release(int64(c.ep.cfg.Window))
 	}
+	c.cmu.Lock()
+	c.turnsDone = true
+	c.retireAhead(0)
+	c.cmu.Unlock()
 	c.st.releaseID(c)
 }
 
@@ -986,6 +1040,7 @@ func (c *Conn) deliver(part int, kind uint32, payload []byte) error {
 				return fmt.Errorf("connection %d: %d bytes beyond the window", c.id, len(payload))
 			}
 			c.recvd.Add(int64(len(payload)))
+			c.arrived(int64(len(payload)))
 		}
 		c.held = append(c.held, heldFrame{part: part, kind: kind, payload: append([]byte(nil), payload...)})
 		return nil
@@ -995,6 +1050,7 @@ func (c *Conn) deliver(part int, kind uint32, payload []byte) error {
 			return fmt.Errorf("connection %d: %d bytes beyond the window", c.id, len(payload))
 		}
 		c.recvd.Add(int64(len(payload)))
+		c.arrived(int64(len(payload)))
 	}
 	return c.actLocked(kind, payload)
 }
@@ -1090,6 +1146,7 @@ func (c *Conn) takeDirect(part, n int) bool {
 		c.noteData(part, n)
 		c.ep.counters.dataRecords.Add(1)
 		c.recvd.Add(int64(n))
+		c.arrived(int64(n))
 		c.rbuf = nil
 		return true
 	}
@@ -1137,13 +1194,26 @@ func (c *Conn) credit(m creditMsg) error {
 	c.peerRead.Store(int64(v))
 	c.smu.Lock()
 	defer c.smu.Unlock()
-	c.peerFloor = int64(m.floor)
+	c.peerFloor = int64(m.floor &^ floorPooled)
+	pooled := m.floor&floorPooled != 0
+	c.peerPooled = pooled
 	// Only a write waiting for credit needs it; waking the writer on
 	// every CREDIT would leave a stale signal for its next park.
-	if !c.waitCredit || c.window-(c.sent.Load()-int64(v)) < c.creditFloor() {
+	if !c.waitCredit {
 		return nil
 	}
-	c.waitCredit = false
+	if c.window-(c.sent.Load()-int64(v)) < c.creditFloor() {
+		if pooled {
+			// Credit goes in turns, and the writer waits without
+			// having asked since this CREDIT (the receiver ignores a
+			// WANT that crossed it): a serve pass waits again, and
+			// asks.
+			c.waitCredit, c.wantSent = false, false
+			c.unit.postLocked(c)
+		}
+		return nil
+	}
+	c.waitCredit, c.wantSent = false, false
 	c.unit.postLocked(c)
 	c.wake(c.wnotify)
 	return nil

@@ -25,8 +25,13 @@ import (
 //	                                                once I have read all you sent, at least floor of
 //	                                                them will be free (wait for that, not less)
 //	MOVE    partition u32                           my frames for this connection continue on that partition
+//	WANT    consumed u64, gen u32, inflight u32     I wait for credit: the last CREDIT I had said consumed,
+//	                                                and I have sent inflight bytes beyond it (see turns.go)
 //
-// CREDIT travels on the control ring, every other frame on the data
+// A CREDIT's floor may have floorPooled set: credit comes in turns, and the
+// writer sends WANT when it waits for credit.
+//
+// CREDIT and WANT travel on the control ring, every other frame on the data
 // partition the sending side placed the connection on; OPEN's and ACCEPT's
 // partitions tell the receiver where a connection's frames come from. A
 // sender migrating a connection sends MOVE as its last frame on the old
@@ -50,6 +55,7 @@ const (
 	kindClose  = 6
 	kindCredit = 7
 	kindMove   = 8
+	kindWant   = 9
 
 	idBits = 20
 	maxID  = 1<<idBits - 1
@@ -88,6 +94,18 @@ type creditMsg struct {
 	consumed uint64
 	gen      uint32
 	floor    uint32 // credit the writer can count on once all is read (see Conn.consumed)
+}
+
+type wantMsg struct {
+	consumed uint64 // as in the writer's last CREDIT
+	gen      uint32 // the receiver's incarnation, as in CREDIT
+	inflight uint32 // sent beyond consumed (at most the window)
+}
+
+func (m wantMsg) encode(b []byte) []byte {
+	b = binary.LittleEndian.AppendUint64(b, m.consumed)
+	b = binary.LittleEndian.AppendUint32(b, m.gen)
+	return binary.LittleEndian.AppendUint32(b, m.inflight)
 }
 
 func (m openMsg) encode(b []byte) []byte {
@@ -152,8 +170,19 @@ func decodeCredit(p []byte) (creditMsg, error) {
 		return creditMsg{}, fmt.Errorf("credit frame of %d bytes, want 16", len(p))
 	}
 	m := creditMsg{consumed: binary.LittleEndian.Uint64(p), gen: binary.LittleEndian.Uint32(p[8:]), floor: binary.LittleEndian.Uint32(p[12:])}
-	if m.floor == 0 || m.floor > maxWindow {
+	if f := m.floor &^ floorPooled; f == 0 || f > maxWindow {
 		return creditMsg{}, fmt.Errorf("credit frame floor %d outside [1, %d]", m.floor, maxWindow)
+	}
+	return m, nil
+}
+
+func decodeWant(p []byte) (wantMsg, error) {
+	if len(p) != 16 {
+		return wantMsg{}, fmt.Errorf("want frame of %d bytes, want 16", len(p))
+	}
+	m := wantMsg{consumed: binary.LittleEndian.Uint64(p), gen: binary.LittleEndian.Uint32(p[8:]), inflight: binary.LittleEndian.Uint32(p[12:])}
+	if m.inflight > maxWindow {
+		return wantMsg{}, fmt.Errorf("want frame in flight %d beyond %d", m.inflight, maxWindow)
 	}
 	return m, nil
 }

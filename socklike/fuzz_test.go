@@ -15,7 +15,7 @@ import (
 // with an error, and the endpoint must stay usable.
 //
 // Input: a sequence of [tag: 3 bytes][n: 1 byte][payload: n bytes];
-// CREDIT frames go on the control ring, the rest on the data ring.
+// CREDIT and WANT frames go on the control ring, the rest on the data ring.
 func FuzzFrames(f *testing.F) {
 	frame := func(kind, id uint32, payload ...byte) []byte {
 		t := makeTag(kind, id)
@@ -25,6 +25,7 @@ func FuzzFrames(f *testing.F) {
 	f.Add(frame(kindOpen, 5, open...))
 	f.Add(append(append(frame(kindOpen, 5, open...), frame(kindData, 1, 'h', 'i')...), frame(kindClose, 1)...))
 	f.Add(append(frame(kindOpen, 5, open...), frame(kindCredit, 1, 0, 0, 0, 0, 0, 0, 0, 9, 1, 0, 0, 0)...))
+	f.Add(append(frame(kindOpen, 5, open...), frame(kindWant, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0)...))
 	f.Add(frame(kindAccept, 1, 1, 0, 0, 0, 0, 0, 16, 0, 1, 0, 0, 0))
 	f.Add(append(frame(kindOpen, 5, open...), frame(kindMove, 1, 3, 0, 0, 0)...))
 	f.Add(frame(kindData, 77, 1, 2, 3))
@@ -68,7 +69,7 @@ func FuzzFrames(f *testing.F) {
 			tag := uint32(data[0]) | uint32(data[1])<<8 | uint32(data[2])<<16
 			n := min(int(data[3]), len(data)-4)
 			p := s.Partitions()[0]
-			if kind, _ := splitTag(tag); kind == kindCredit {
+			if kind, _ := splitTag(tag); kind == kindCredit || kind == kindWant {
 				p = s.Control()
 			}
 			if p.TrySend(tag&ring.MaxTag, data[4:4+n], nil) != nil {

@@ -44,6 +44,8 @@ type state struct {
 	ctlq   []ctlFrame
 
 	ctlPending atomic.Bool // len(ctlq) > 0
+
+	turns turns // writers waiting for credit in turns
 }
 
 // ctlFrame is a frame waiting for room in its ring.
@@ -180,6 +182,13 @@ func (st *state) sharedShare(c *Conn) int64 {
 	return max(w/pt.bulkConns(now/recent), minShare)
 }
 
+// besideSmall reports whether c's credit is bounded by the shared window
+// (see Conn.creditLocked).
+func (st *state) besideSmall(c *Conn) bool {
+	w := st.sharedShare(c)
+	return w > 0 && w < st.share()
+}
+
 // releaseID frees c's id. Only the connection that holds an id frees it:
 // a second release (two teardown paths racing) must not free the id of the
 // connection that reused it, nor list the id twice.
@@ -282,6 +291,9 @@ func (st *state) pollServe(self *Conn, b []byte, serve bool) (n, records int) {
 		got, r := st.pollLocked(p, self, b)
 		left = left || st.headWait[p.Index] != 0
 		p.UnlockRX()
+		if st.turns.nwait.Load() > 0 {
+			st.serveTurns()
+		}
 		records += r
 		if got > 0 {
 			self.consumed(got)
@@ -387,6 +399,9 @@ func (st *state) pollRing(p *partition.Partition, self *Conn, b []byte) int {
 	}
 	_, records := st.pollLocked(p, self, b)
 	p.UnlockRX()
+	if st.turns.nwait.Load() > 0 {
+		st.serveTurns() // bytes arrived: room for a turn, perhaps
+	}
 	return records
 }
 
@@ -507,6 +522,17 @@ func (st *state) takeRest(p *partition.Partition, self *Conn, b []byte, id uint3
 
 // dispatchControl acts on one frame of the control ring.
 func (st *state) dispatchControl(kind, id uint32, payload []byte) error {
+	if kind == kindWant {
+		m, err := decodeWant(payload)
+		if err != nil {
+			return err
+		}
+		c := st.lookup(id)
+		if c == nil || c.gen != m.gen {
+			return nil // stale, as CREDIT
+		}
+		return st.want(c, m)
+	}
 	if kind != kindCredit {
 		return fmt.Errorf("frame kind %d on the control ring", kind)
 	}
@@ -751,6 +777,11 @@ func (st *state) runPoller() {
 func (st *state) failAll() {
 	err := fmt.Errorf("%w: %w", ErrLinkDown, st.sess.Err())
 	st.ep.spaceArrived()
+	st.turns.mu.Lock()
+	if t := st.turns.timer; t != nil {
+		t.Stop()
+	}
+	st.turns.mu.Unlock()
 	for i := range st.conns {
 		if c := st.conns[i].Load(); c != nil {
 			c.fail(err)

@@ -10,6 +10,8 @@ type Stats struct {
 	RingFull      int64 // sends that found a data ring full
 	CreditWaits   int64 // sends that found the peer's window used up
 	Credits       int64 // CREDIT frames sent
+	Turns         int64 // turns of credit granted (see turns.go)
+	TurnsExpired  int64 // turns written off unused
 	Migrations    int64 // connections moved to another partition
 	StaleFrames   int64 // frames for connections that had ended, dropped
 	DataRecords   int64 // DATA records received
@@ -18,7 +20,7 @@ type Stats struct {
 
 // counters backs Stats.
 type counters struct {
-	parks, pollerSleeps, ringFull, creditWaits, credits, migrations, staleFrames, dataRecords, queuedRecords atomic.Int64
+	parks, pollerSleeps, ringFull, creditWaits, credits, turns, turnsExpired, migrations, staleFrames, dataRecords, queuedRecords atomic.Int64
 }
 
 // Stats returns the endpoint's counters.
@@ -30,6 +32,8 @@ func (ep *Endpoint) Stats() Stats {
 		RingFull:      c.ringFull.Load(),
 		CreditWaits:   c.creditWaits.Load(),
 		Credits:       c.credits.Load(),
+		Turns:         c.turns.Load(),
+		TurnsExpired:  c.turnsExpired.Load(),
 		Migrations:    c.migrations.Load(),
 		StaleFrames:   c.staleFrames.Load(),
 		DataRecords:   c.dataRecords.Load(),

@@ -54,11 +54,13 @@ const (
 	FrameClose  FrameKind = kindClose
 	FrameCredit FrameKind = kindCredit
 	FrameMove   FrameKind = kindMove
+	FrameWant   FrameKind = kindWant
 )
 
 var frameKindNames = [...]string{
 	FrameOpen: "OPEN", FrameAccept: "ACCEPT", FrameRefuse: "REFUSE", FrameData: "DATA",
 	FrameFin: "FIN", FrameClose: "CLOSE", FrameCredit: "CREDIT", FrameMove: "MOVE",
+	FrameWant: "WANT",
 }
 
 func (k FrameKind) String() string {

@@ -160,10 +160,10 @@ func TestTap(t *testing.T) {
 // TestTapKinds names every frame kind.
 func TestTapKinds(t *testing.T) {
 	var names []string
-	for k := FrameOpen; k <= FrameMove; k++ {
+	for k := FrameOpen; k <= FrameWant; k++ {
 		names = append(names, k.String())
 	}
-	require.Equal(t, []string{"OPEN", "ACCEPT", "REFUSE", "DATA", "FIN", "CLOSE", "CREDIT", "MOVE"}, names)
-	require.Equal(t, "FrameKind(9)", FrameKind(9).String())
+	require.Equal(t, []string{"OPEN", "ACCEPT", "REFUSE", "DATA", "FIN", "CLOSE", "CREDIT", "MOVE", "WANT"}, names)
+	require.Equal(t, "FrameKind(10)", FrameKind(10).String())
 	require.Equal(t, "rx", TapRX.String())
 }

@@ -179,12 +179,16 @@ const (
 // (0: blocked on ring space or nothing to do), and how many connections it
 // queued on u again.
 func (u *unit) serve(self *Conn) (progress bool, wait time.Duration, requeued int) {
-	var open uint64 // partitions (slots) with a batch open
+	var open uint64   // partitions (slots) with a batch open
+	var wants []*Conn // writers to send WANT for, once the batches are out
 	defer func() {
 		for i, p := range u.parts {
 			if open&(1<<i) != 0 {
 				p.EndTX()
 			}
+		}
+		for _, c := range wants {
+			c.sendWant()
 		}
 	}()
 	var full uint64 // slots found full this pass
@@ -198,6 +202,9 @@ func (u *unit) serve(self *Conn) (progress bool, wait time.Duration, requeued in
 		}
 		u.queued.Add(-1)
 		sent, w, requeue := c.serveOnce(u, &open, &full, &moved)
+		if c.wantOut.Load() && c.wantOut.Swap(false) {
+			wants = append(wants, c)
+		}
 		if c == self && !requeue && self.wdone.Load() {
 			return true, 0, requeued // the caller's small write is out: let it go (see tryServe)
 		}

@@ -55,13 +55,14 @@ type NTStack struct {
 
 	Port       uint16 // OPEN
 	Window     uint32 // OPEN, ACCEPT
-	Gen        uint32 // OPEN, ACCEPT, CREDIT
+	Gen        uint32 // OPEN, ACCEPT, CREDIT, WANT
 	AcceptID   uint32 // ACCEPT: the acceptor's id
 	DialGen    uint32 // ACCEPT: the OPEN's gen echoed, if HasDialGen
 	HasDialGen bool
 	Code       uint32 // REFUSE
-	Consumed   uint64 // CREDIT
-	Floor      uint32 // CREDIT: credit the writer can count on once all is read
+	Consumed   uint64 // CREDIT; WANT: as in the writer's last CREDIT
+	Floor      uint32 // CREDIT: credit the writer can count on once all is read; bit 31: credit in turns
+	InFlight   uint32 // WANT: bytes the writer sent beyond Consumed
 	Partition  uint32 // MOVE
 }
 
@@ -89,7 +90,7 @@ func bodyLen(k socklike.FrameKind) (int, bool) {
 	switch k {
 	case socklike.FrameOpen, socklike.FrameAccept:
 		return 12, true
-	case socklike.FrameCredit:
+	case socklike.FrameCredit, socklike.FrameWant:
 		return 16, true
 	case socklike.FrameRefuse, socklike.FrameMove:
 		return 4, true
@@ -179,6 +180,16 @@ func (n *NTStack) DecodeFromBytes(data []byte, df gopacket.DecodeFeedback) error
 		}
 		if has(16) {
 			n.Floor = le.Uint32(body[12:])
+		}
+	case socklike.FrameWant:
+		if has(8) {
+			n.Consumed = le.Uint64(body)
+		}
+		if has(12) {
+			n.Gen = le.Uint32(body[8:])
+		}
+		if has(16) {
+			n.InFlight = le.Uint32(body[12:])
 		}
 	case socklike.FrameMove:
 		if has(4) {

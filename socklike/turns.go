@@ -1,0 +1,260 @@
+package socklike
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Credit in turns.
+//
+// With few connections each gets an even share of half the inbound rings
+// (state.share). With many, even shares are small: at 64 connections over
+// an 8 MiB ring a share is one 64 KiB record, so every record costs its
+// writer a park and a wake, its reader a goroutine switch, and a CREDIT;
+// and the records of all connections interleave in the ring, so the reader
+// touches every connection's buffer in turn. Instead, beyond turnSlots
+// connections, the receiver hands out half the rings in turns: a writer
+// that runs out of credit says so (WANT), and waits in line for a chunk
+// of half the rings / turnSlots, which it sends as one run of records.
+// Every connection keeps a baseline of minShare, beyond the turns, so a
+// small message never waits in line (the writer asks only when a record
+// it would send does not fit the baseline, see creditPooled).
+//
+// Turn credit is accounted from its grant to the arrival of the bytes it
+// let the writer send (Conn.ahead): that is what can sit in the rings.
+// Bytes that arrived are no longer in the rings, read or not, so a reader
+// that stops holds up only its own writer: its queue is bounded by the
+// window as always. A WANT carries the writer's sent total, so the credit
+// it could not use goes back at once rather than on arrival.
+//
+// A writer whose application stops writing before its turn is used up
+// sends nothing more: its credit cannot be recalled, but once the line has
+// waited turnExpiry for room and the writer's turn credit has not moved
+// meanwhile, it is written off the pool. Should the writer send on it
+// later, the rings hold that much more than half for a while.
+const turnSlots = 8
+
+// turnExpiry is how long a turn may sit unused while others wait.
+const turnExpiry = time.Millisecond
+
+// floorPooled, set in a CREDIT's floor, tells the writer its credit comes
+// in turns: it sends WANT when it waits for credit.
+const floorPooled = 1 << 31
+
+// turns is a session's queue of writers waiting for a turn.
+type turns struct {
+	used  atomic.Int64 // turn credit granted whose bytes have not arrived
+	nwait atomic.Int32 // len(wait)
+
+	mu sync.Mutex
+	// mu protects the following fields.
+	wait      []*Conn     // writers that asked, oldest first
+	holders   []*Conn     // writers granted turns (some may have used them up)
+	checkedAt int64       // ep.now() of the last look for unused turns
+	timer     *time.Timer // looks again while the line waits (nobody else may)
+	armed     atomic.Bool // timer set; written under mu
+}
+
+// turnChunk is the credit of one turn, or 0 while credit is not given in
+// turns: with turnSlots connections or fewer, each share is a chunk or
+// more; and rings too small for turns of a whole record.
+func (st *state) turnChunk() int64 {
+	chunk := min(st.rxRings/(2*turnSlots), st.window)
+	if chunk < min(DefaultMTU, int64(st.ep.cfg.MTU)) || st.share() >= chunk {
+		return 0
+	}
+	return chunk
+}
+
+// want acts on c's WANT: its writer waits for credit. Turn credit it
+// could not use goes back to the pool, and c joins the line. A WANT sent
+// before the writer had our last CREDIT is stale: the writer asks again if
+// that CREDIT did not let it go on.
+func (st *state) want(c *Conn, m wantMsg) error {
+	c.cmu.Lock()
+	if c.turnsDone || int64(m.consumed) != c.creditOut {
+		c.cmu.Unlock()
+		if int64(m.consumed) > c.creditOut {
+			return fmt.Errorf("connection %d: want after credit %d, beyond the %d sent", c.id, m.consumed, c.creditOut)
+		}
+		return nil
+	}
+	sent := int64(m.consumed) + int64(m.inflight)
+	if sent > c.st.window+c.creditOut {
+		c.cmu.Unlock()
+		return fmt.Errorf("connection %d: want after %d bytes sent, beyond the window", c.id, sent)
+	}
+	c.retireAhead(sent - c.recvd.Load())
+	c.wants = true
+	c.cmu.Unlock()
+	st.queueTurn(c)
+	st.serveTurns()
+	return nil
+}
+
+// retireAhead returns c's turn credit beyond keep (bytes on their way) to
+// the pool.
+func (c *Conn) retireAhead(keep int64) {
+	keep = max(keep, 0)
+	for {
+		a := c.ahead.Load()
+		if a <= keep {
+			return
+		}
+		if c.ahead.CompareAndSwap(a, keep) {
+			c.st.turns.used.Add(keep - a)
+			return
+		}
+	}
+}
+
+// arrived retires n bytes of c's turn credit that arrived (RX path).
+func (c *Conn) arrived(n int64) {
+	for {
+		a := c.ahead.Load()
+		if a == 0 {
+			return
+		}
+		r := min(a, n)
+		if c.ahead.CompareAndSwap(a, a-r) {
+			c.st.turns.used.Add(-r)
+			return
+		}
+	}
+}
+
+func (st *state) queueTurn(c *Conn) {
+	t := &st.turns
+	t.mu.Lock()
+	if !c.turnQueued {
+		c.turnQueued = true
+		t.wait = append(t.wait, c)
+		t.nwait.Add(1)
+	}
+	t.mu.Unlock()
+}
+
+// serveTurns grants turns to the writers in line while the pool has room
+// for a chunk (or, credit not being in turns now, to all of them).
+func (st *state) serveTurns() {
+	t := &st.turns
+	budget := st.rxRings / 2
+	for t.nwait.Load() > 0 {
+		chunk := st.turnChunk()
+		if chunk > 0 && t.used.Load()+chunk > budget && t.armed.Load() {
+			return // no room; the timer looks again
+		}
+		t.mu.Lock()
+		if len(t.wait) == 0 {
+			t.mu.Unlock()
+			return
+		}
+		if chunk > 0 && t.used.Load()+chunk > budget {
+			if !t.armed.Load() {
+				// Every caller may be parked, the rings idle.
+				t.armed.Store(true)
+				if t.timer == nil {
+					t.timer = time.AfterFunc(turnExpiry, st.turnTimer)
+				} else {
+					t.timer.Reset(turnExpiry)
+				}
+			}
+			t.mu.Unlock()
+			return
+		}
+		c := t.wait[0]
+		t.wait[0] = nil
+		t.wait = t.wait[1:]
+		t.nwait.Add(-1)
+		c.turnQueued = false
+		t.used.Add(chunk) // reserved; grantTurn gives back what it does not grant
+		if chunk > 0 && !c.turnHeld {
+			c.turnHeld = true
+			t.holders = append(t.holders, c)
+		}
+		t.mu.Unlock()
+		c.grantTurn(chunk)
+	}
+}
+
+func (st *state) turnTimer() {
+	st.turns.mu.Lock()
+	st.turns.armed.Store(false)
+	st.expireTurnsLocked()
+	st.turns.mu.Unlock()
+	st.serveTurns()
+}
+
+// expireTurnsLocked writes off the turns whose credit has not moved since
+// the last look, turnExpiry or more ago (t.mu held), and drops the holders
+// whose turns are used up.
+func (st *state) expireTurnsLocked() {
+	t := &st.turns
+	now := st.ep.now()
+	if now-t.checkedAt < int64(turnExpiry) {
+		return
+	}
+	t.checkedAt = now
+	kept := t.holders[:0]
+	for _, c := range t.holders {
+		a := c.ahead.Load()
+		if a > 0 && a == c.aheadSeen {
+			c.retireAhead(0)
+			st.ep.counters.turnsExpired.Add(1)
+			a = 0
+		}
+		if a == 0 {
+			c.turnHeld = false
+			continue
+		}
+		c.aheadSeen = a
+		kept = append(kept, c)
+	}
+	clear(t.holders[len(kept):])
+	t.holders = kept
+}
+
+// grantTurn gives c's writer a turn of chunk bytes of credit (0: credit is
+// not in turns now; its share, as consumed would, as also beside a
+// small-message flow), chunk being reserved in the pool. A reader too far behind to allow a record more (its queue
+// near the window) gets none: it asks again when it reads.
+func (c *Conn) grantTurn(chunk int64) {
+	c.cmu.Lock()
+	defer c.cmu.Unlock()
+	t := &c.st.turns
+	if c.turnsDone || !c.wants {
+		t.used.Add(-chunk)
+		return
+	}
+	read := c.read.Load()
+	if chunk == 0 || c.st.besideSmall(c) {
+		// Not in turns now, or the shared window bounds c beside a
+		// small-message flow: the credit creditLocked gives.
+		t.used.Add(-chunk)
+		c.wants = false
+		c.creditLocked(read)
+		return
+	}
+	d := min(chunk, read-c.creditOut) // the allowance stays within the window
+	if d < min(chunk, DefaultMTU) {
+		t.used.Add(-chunk)
+		return
+	}
+	c.wants = false
+	c.ahead.Add(d)
+	t.used.Add(d - chunk)
+	c.creditOut += d
+	c.ep.counters.turns.Add(1)
+	c.sendCreditLocked(min(DefaultMTU, c.st.window) | floorPooled)
+}
+
+// sendWant tells the peer c's writer waits for credit. Not from a serve
+// pass, whose TX locks a full control ring's queue (state.flushCtl) may
+// need.
+func (c *Conn) sendWant() {
+	v := c.peerRead.Load()
+	m := wantMsg{consumed: uint64(v), gen: c.peerGen, inflight: uint32(c.sent.Load() - v)}
+	c.st.sendLoose(c.st.control, kindWant, c.peerID, c.id, m.encode(nil))
+}
