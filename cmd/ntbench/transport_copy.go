@@ -17,8 +17,9 @@ import (
 // stream's writers send, into a ring the size of the ntb transport's (a
 // partition of the default window), in -mtu records, each connection in
 // turn sending its receive share as ntb divides the rings (half of them
-// over the connections, at most half a ring and the -recvwindow; -qos is
-// not modelled). A reader thread copies each record into its connection's
+// over the connections, at most half a ring and the -recvwindow), or,
+// beyond eight connections, its turn of credit as ntb gives them (a
+// sixteenth of the rings; socklike's turns.go). -qos is not modelled. A reader thread copies each record into its connection's
 // read buffer of -readbuf bytes, filling it from start to end and again,
 // as the server's readers do. They run on the two CPUs -pin gives the
 // processes (the reader on the client's, the calling thread's); one index
@@ -30,8 +31,8 @@ import (
 // The order of records matters as much as their number: a run of one
 // connection's records finds its read buffer still in the reader's cache,
 // records of connections in turn each fetch theirs again once all the
-// buffers together outgrow it. Runs of a whole share are the longest ntb's
-// flow control allows, so no schedule of ntb's can beat it. (With one
+// buffers together outgrow it. Runs of a whole share or turn are the
+// longest ntb's flow control allows, so no schedule of ntb's can beat it. (With one
 // record per turn ntb beat the bound: 14.0 against 12.2 GB/s at 8
 // connections of 256 KiB reads.)
 //
@@ -65,7 +66,13 @@ func copyBound(o *options, size int, cpus [2]int) ([]sample, error) {
 	pat := newPattern(size)
 	// Each connection's turn is its receive share, as ntb divides the rings
 	// (socklike's state.share, at least its 16 KiB minimum).
-	share := min(o.recvWindow, max(l.RingSize/2, 16<<10), max(l.RingSize*o.partitions/(2*o.conns), 16<<10))
+	window := min(o.recvWindow, max(l.RingSize/2, 16<<10))
+	share := min(window, max(l.RingSize*o.partitions/(2*o.conns), 16<<10))
+	// Beyond turnSlots connections, a turn (socklike's turnChunk).
+	const turnSlots = 8
+	if turn := min(l.RingSize*o.partitions/(2*turnSlots), window); share < turn && turn >= min(64<<10, o.mtu) {
+		share = turn
+	}
 	run := int64(max(1, share/rec))
 	// In flight: the shares together, at most half the ring.
 	lag := min(slots/2, run*int64(o.conns))
