@@ -50,6 +50,7 @@ func sample(t0 time.Time) []Record {
 		rec(7, socklike.TapTX, 1, socklike.FrameFin, 9, 3, nil),
 		rec(8, socklike.TapTX, 1, socklike.FrameClose, 9, 3, nil),
 		rec(9, socklike.TapRX, 0, socklike.FrameClose, 3, 3, nil),
+		rec(10, socklike.TapTX, socklike.TapControl, socklike.FrameWant, 9, 3, le(uint64(len(set)), uint32(2), uint32(64<<10))),
 	}
 }
 
@@ -118,6 +119,10 @@ func TestWriteRead(t *testing.T) {
 			require.Equal(t, uint64(len(recs[2].Payload)), n.Consumed)
 			require.Equal(t, uint32(2), n.Gen)
 			require.Equal(t, uint32(64<<10), n.Floor)
+		case socklike.FrameWant:
+			require.Equal(t, uint64(len(recs[2].Payload)), n.Consumed)
+			require.Equal(t, uint32(2), n.Gen)
+			require.Equal(t, uint32(64<<10), n.InFlight)
 		case socklike.FrameMove:
 			require.Equal(t, uint32(1), n.Partition)
 		case socklike.FrameRefuse:
@@ -238,18 +243,19 @@ func TestTshark(t *testing.T) {
 	require.NoError(t, os.WriteFile(file, writeFile(t, recs, DefaultSnap), 0o644))
 	lines := tsharkFields(t, file, "ntstack.dirname", "ntstack.kindname", "ntstack.conn", "ntstack.local", "ntstack.ring",
 		"ntstack.open.port", "ntstack.accept.id", "ntstack.credit.consumed", "ntstack.credit.floor", "ntstack.move.partition",
-		"ntstack.refuse.code", "ntstack.leg.type", "ntstack.text")
+		"ntstack.refuse.code", "ntstack.leg.type", "ntstack.text", "ntstack.want.inflight")
 	want := []string{
-		"tx|OPEN|3|3|0|6379|||||||",
-		"rx|ACCEPT|3|3|0||9||||||",
-		"tx|DATA|9|3|0|||||||1|*3..$3..SET..$1..k..$1..v..",
-		"rx|DATA|3|3|0|||||||1|+OK..",
-		fmt.Sprintf("rx|CREDIT|3|3|255|||%d|%d||||", len(recs[2].Payload), 64<<10),
-		"tx|MOVE|9|3|1|||||1|||",
-		"rx|REFUSE|4|4|0||||||1||",
-		"tx|FIN|9|3|1||||||||",
-		"tx|CLOSE|9|3|1||||||||",
-		"rx|CLOSE|3|3|0||||||||",
+		"tx|OPEN|3|3|0|6379||||||||",
+		"rx|ACCEPT|3|3|0||9|||||||",
+		"tx|DATA|9|3|0|||||||1|*3..$3..SET..$1..k..$1..v..|",
+		"rx|DATA|3|3|0|||||||1|+OK..|",
+		fmt.Sprintf("rx|CREDIT|3|3|255|||%d|%d|||||", len(recs[2].Payload), 64<<10),
+		"tx|MOVE|9|3|1|||||1||||",
+		"rx|REFUSE|4|4|0||||||1|||",
+		"tx|FIN|9|3|1|||||||||",
+		"tx|CLOSE|9|3|1|||||||||",
+		"rx|CLOSE|3|3|0|||||||||",
+		fmt.Sprintf("tx|WANT|9|3|255|||%d||||||%d", len(recs[2].Payload), 64<<10),
 	}
 	require.Equal(t, want, lines)
 }

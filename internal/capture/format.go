@@ -55,7 +55,7 @@ const LinkType = layers.LinkType(147)
 //	  1     1  hdrlen    24: the payload starts here (a later version may append fields)
 //	  2     1  dir       0 tx: the capturing end wrote the frame; 1 rx: it read it
 //	  3     1  ring      data partition 0..29, or 255: the control ring
-//	  4     1  kind      1 OPEN, 2 ACCEPT, 3 REFUSE, 4 DATA, 5 FIN, 6 CLOSE, 7 CREDIT, 8 MOVE
+//	  4     1  kind      1 OPEN, 2 ACCEPT, 3 REFUSE, 4 DATA, 5 FIN, 6 CLOSE, 7 CREDIT, 8 MOVE, 9 WANT
 //	  5     1  flags     bit 0 (FlagLeg): the link joins two ntproxies, DATA carries leg frames
 //	  6     2  reserved  0
 //	  8     4  conn      ring tag bits 0..19: the connection id at the frame's receiver (OPEN: the dialer's)
@@ -74,6 +74,7 @@ const LinkType = layers.LinkType(147)
 //	FIN, CLOSE  nothing
 //	CREDIT  consumed u64, gen u32, floor u32         (16)
 //	MOVE    partition u32                            (4)
+//	WANT    consumed u64, gen u32, inflight u32      (16)
 const (
 	Version = 1
 

@@ -20,7 +20,7 @@ local p = Proto("ntstack", "ntstack frame")
 
 local dirs = { [0] = "tx", [1] = "rx" }
 local kinds = { [1] = "OPEN", [2] = "ACCEPT", [3] = "REFUSE", [4] = "DATA",
-	[5] = "FIN", [6] = "CLOSE", [7] = "CREDIT", [8] = "MOVE" }
+	[5] = "FIN", [6] = "CLOSE", [7] = "CREDIT", [8] = "MOVE", [9] = "WANT" }
 local refusals = { [1] = "no listener", [2] = "backlog full", [3] = "no connection ids",
 	[4] = "memory quota", [5] = "partitions full" }
 local legtypes = { [1] = "data", [2] = "ack", [3] = "fin", [4] = "reset" }
@@ -47,7 +47,8 @@ f.acceptid = ProtoField.uint32("ntstack.accept.id", "Acceptor's connection id")
 f.dialgen = ProtoField.uint32("ntstack.accept.dialgen", "Dialer's generation (echo)")
 f.code = ProtoField.uint32("ntstack.refuse.code", "Refusal", base.DEC, refusals)
 f.consumed = ProtoField.uint64("ntstack.credit.consumed", "Bytes consumed")
-f.floor = ProtoField.uint32("ntstack.credit.floor", "Credit floor")
+f.floor = ProtoField.uint32("ntstack.credit.floor", "Credit floor (bit 31: credit in turns)")
+f.inflight = ProtoField.uint32("ntstack.want.inflight", "Bytes sent beyond consumed")
 f.partition = ProtoField.uint32("ntstack.move.partition", "New partition")
 f.legtype = ProtoField.uint8("ntstack.leg.type", "Leg frame type", base.DEC, legtypes)
 f.legseq = ProtoField.uint64("ntstack.leg.seq", "Leg sequence")
@@ -62,7 +63,7 @@ local e_snapped = ProtoExpert.new("ntstack.snapped", "Payload snapped by the cap
 p.experts = { e_malformed, e_snapped }
 
 -- Control kinds' payload lengths (ACCEPT: 12 or 16).
-local bodylen = { [1] = 12, [2] = 12, [3] = 4, [5] = 0, [6] = 0, [7] = 12, [8] = 4 }
+local bodylen = { [1] = 12, [2] = 12, [3] = 4, [5] = 0, [6] = 0, [7] = 16, [8] = 4, [9] = 16 }
 
 local function printable(tvb, off, n)
 	local s = tvb:raw(off, math.min(n, 128))
@@ -137,6 +138,10 @@ function p.dissector(tvb, pinfo, tree)
 		if has(8) then t:add_le(f.consumed, tvb(b, 8)); info = info .. " consumed " .. tostring(tvb(b, 8):le_uint64()) end
 		if has(12) then t:add_le(f.gen, tvb(b + 8, 4)) end
 		if has(16) then t:add_le(f.floor, tvb(b + 12, 4)) end
+	elseif kind == 9 then
+		if has(8) then t:add_le(f.consumed, tvb(b, 8)); info = info .. " consumed " .. tostring(tvb(b, 8):le_uint64()) end
+		if has(12) then t:add_le(f.gen, tvb(b + 8, 4)) end
+		if has(16) then t:add_le(f.inflight, tvb(b + 12, 4)) end
 	elseif kind == 8 then
 		if has(4) then t:add_le(f.partition, tvb(b, 4)); info = info .. " to " .. tvb(b, 4):le_uint() end
 	elseif kind == 4 then
