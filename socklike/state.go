@@ -182,6 +182,17 @@ func (st *state) sharedShare(c *Conn) int64 {
 	return max(w/pt.bulkConns(now/recent), minShare)
 }
 
+// smallLately reports whether any data partition carried a small-message
+// record lately (as sharedShare sees it, without reading the clock).
+func (st *state) smallLately() bool {
+	for i := range st.traffic {
+		if st.traffic[i].smallAt.Load() != 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // besideSmall reports whether c's credit is bounded by the shared window
 // (see Conn.creditLocked).
 func (st *state) besideSmall(c *Conn) bool {
