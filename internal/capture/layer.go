@@ -171,24 +171,16 @@ func (n *NTStack) DecodeFromBytes(data []byte, df gopacket.DecodeFeedback) error
 		if has(4) {
 			n.Code = le.Uint32(body)
 		}
-	case socklike.FrameCredit:
+	case socklike.FrameCredit, socklike.FrameWant: // the same layout
 		if has(8) {
 			n.Consumed = le.Uint64(body)
 		}
 		if has(12) {
 			n.Gen = le.Uint32(body[8:])
 		}
-		if has(16) {
+		if has(16) && n.Kind == socklike.FrameCredit {
 			n.Floor = le.Uint32(body[12:])
-		}
-	case socklike.FrameWant:
-		if has(8) {
-			n.Consumed = le.Uint64(body)
-		}
-		if has(12) {
-			n.Gen = le.Uint32(body[8:])
-		}
-		if has(16) {
+		} else if has(16) {
 			n.InFlight = le.Uint32(body[12:])
 		}
 	case socklike.FrameMove:
