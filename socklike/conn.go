@@ -54,7 +54,7 @@ type Conn struct {
 	ahead      atomic.Int64 // turn credit whose bytes have not arrived (see turns.go)
 	turnQueued bool         // in the turns line; guarded by state.turns.mu
 	turnHeld   bool         // among the turns' holders; guarded by state.turns.mu
-	aheadSeen  int64        // ahead at the last look for unused turns; guarded by state.turns.mu
+	aheadSeen  int64        // ahead at the last look for unused turns (-1: a turn since); guarded by state.turns.mu
 
 	rxmu sync.Mutex // serialises delivery of the peer's frames
 	// rxmu protects the following fields; rxPart is also read atomically.

@@ -170,9 +170,14 @@ func (st *state) serveTurns() {
 		t.nwait.Add(-1)
 		c.turnQueued = false
 		t.used.Add(chunk) // reserved; grantTurn gives back what it does not grant
-		if chunk > 0 && !c.turnHeld {
-			c.turnHeld = true
-			t.holders = append(t.holders, c)
+		if chunk > 0 {
+			// A new turn: what the last look saw of c is no longer
+			// its (an earlier turn's ahead may equal this one's).
+			c.aheadSeen = -1
+			if !c.turnHeld {
+				c.turnHeld = true
+				t.holders = append(t.holders, c)
+			}
 		}
 		t.mu.Unlock()
 		c.grantTurn(chunk)
