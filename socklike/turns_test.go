@@ -1,6 +1,7 @@
 package socklike
 
 import (
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"sync"
@@ -14,9 +15,10 @@ import (
 
 // Beyond turnSlots connections over rings large enough, credit goes in
 // turns. Sixteen writers each stop a little way into their first turn and
-// stay open, holding its credit; four more stream 32 MiB each beside them.
-// Every byte arrives in order, turns are granted, and the unused ones are
-// written off, so the streams finish.
+// stay open, holding its credit: more than the pool has, so the later ones
+// get their turns only once the earlier ones are written off. Then four
+// more stream 32 MiB each beside them. Every byte arrives in order, turns
+// are granted, and the unused ones are written off.
 func TestCreditTurns(t *testing.T) {
 	da, db := ntbtest.NewPair(16 << 20)
 	t.Cleanup(func() { da.Close(); db.Close() })
@@ -43,19 +45,32 @@ func TestCreditTurns(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	errs := make(chan error, 2*(idle+bulk))
-	// Each idle writer sends its window, which needs no turn, then a
-	// record and a byte more, on its first turn, and stops.
+	// Each idle writer sends its window, which needs no turn; once that
+	// is read (so that the turn is a whole chunk, not what a slow reader
+	// has made room for), a record and a byte more, on its first turn; and
+	// stops.
 	for i := range idle {
 		c, s := pair()
-		part := s.st.window + DefaultMTU + 1
+		window := s.st.window
+		read := make(chan struct{})
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
-			errs <- streamOutOpen(c, uint64(i), part)
+			if err := streamOutOpen(c, uint64(i), 0, window); err != nil {
+				errs <- err
+				return
+			}
+			<-read
+			errs <- streamOutOpen(c, uint64(i), window, DefaultMTU+1)
 		}()
 		go func() {
 			defer wg.Done()
-			errs <- streamInN(s, uint64(i), part)
+			err := streamInN(s, uint64(i), 0, window)
+			close(read)
+			if err == nil {
+				err = streamInN(s, uint64(i), window, DefaultMTU+1)
+			}
+			errs <- err
 		}()
 	}
 	wg.Wait()
@@ -82,12 +97,12 @@ func TestCreditTurns(t *testing.T) {
 	require.Positive(t, st.TurnsExpired)
 }
 
-// streamOutOpen writes n pattern bytes in writes of a record and leaves
-// the connection open.
-func streamOutOpen(c *Conn, seed uint64, n int64) error {
+// streamOutOpen writes pattern bytes from..from+n in writes of a record
+// and leaves the connection open.
+func streamOutOpen(c *Conn, seed uint64, from, n int64) error {
 	buf := make([]byte, DefaultMTU)
-	for off := int64(0); off < n; {
-		k := min(int64(len(buf)), n-off)
+	for off := from; off < from+n; {
+		k := min(int64(len(buf)), from+n-off)
 		for i := range k {
 			buf[i] = pattern(seed, off+i)
 		}
@@ -99,15 +114,15 @@ func streamOutOpen(c *Conn, seed uint64, n int64) error {
 	return nil
 }
 
-// streamInN reads and checks n pattern bytes.
-func streamInN(c *Conn, seed uint64, n int64) error {
+// streamInN reads and checks pattern bytes from..from+n.
+func streamInN(c *Conn, seed uint64, from, n int64) error {
 	buf := make([]byte, n)
 	if _, err := io.ReadFull(c, buf); err != nil {
 		return err
 	}
 	for i, v := range buf {
-		if v != pattern(seed, int64(i)) {
-			return io.ErrUnexpectedEOF
+		if v != pattern(seed, from+int64(i)) {
+			return fmt.Errorf("stream %d byte %d: got %#x, want %#x", seed, from+int64(i), v, pattern(seed, from+int64(i)))
 		}
 	}
 	return nil
