@@ -225,7 +225,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 	if n > 0 {
 		c.ep.progress.Store(now) // records moved (see state.pollServe)
 	}
-	if n > yieldAbove && !c.restWaits.Load() && c.st.smallLately() {
+	if n > yieldAbove && !c.restWaits.Load() && (c.ep.cfg.HandOff || c.st.smallLately()) {
 		runtime.Gosched() // still in Read: its next records wait for it
 		now = c.ep.now()
 	}
@@ -240,7 +240,8 @@ func (c *Conn) Read(b []byte) (int, error) {
 // would hold a P that long while a request/response flow of the same
 // process waits to run; small transfers, whose latency it is, never pay
 // the ~100 ns. A Read yields only while the link carries such a flow
-// (state.smallLately): a bulk reader otherwise handed its processor to
+// (state.smallLately), or in a process whose goroutines hand messages on
+// (Config.HandOff): a bulk reader otherwise handed its processor to
 // the other bulk readers once per record, and runs of its own records
 // went with it (16 KiB reads, 5 alternating runs: one connection 20.7 ->
 // 22.2 GB/s, 8 connections 18.0 -> 18.6, 16 17.8 -> 18.2; 3 runs: 64

@@ -99,7 +99,8 @@ type rackLink struct {
 // forwarderSpinYield is the spin yield (socklike.Config.SpinYield) of
 // ntproxy's endpoints: its goroutines hand every message on to each other
 // (a leg's receiver to the deliverer, the pump to the sender), so a spinner
-// must let them in often.
+// must let them in often, and so must a bulk Read on a link
+// (Config.HandOff, set on the links only: see there).
 const forwarderSpinYield = 16
 
 // New opens the NTB links of cfg's peers. It does not serve applications
@@ -140,6 +141,7 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 		ep, err := socklike.Open(p.Link, socklike.Config{
 			SpinBudget: cfg.Proxy.SpinBudget.Duration,
 			SpinYield:  forwarderSpinYield,
+			HandOff:    true,
 			MTU:        socklike.DefaultMTU + legHdr, // a leg frame of a full record is one record
 			Partitions: cfg.Proxy.Partitions,
 			Fabric:     shm.Options{Dir: cfg.Proxy.FabricDir, WindowSize: cfg.Proxy.Window, HeartbeatTimeout: cfg.Proxy.LinkTimeout.Duration},
