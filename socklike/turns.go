@@ -26,8 +26,8 @@ import (
 // let the writer send (Conn.ahead): that is what can sit in the rings.
 // Bytes that arrived are no longer in the rings, read or not, so a reader
 // that stops holds up only its own writer: its queue is bounded by the
-// window as always. A WANT carries the writer's sent total, so the credit
-// it could not use goes back at once rather than on arrival.
+// window as always. A WANT says how much the writer has sent, so the
+// credit it could not use goes back at once rather than on arrival.
 //
 // A writer whose application stops writing before its turn is used up
 // sends nothing more: its credit cannot be recalled, but once the line has
@@ -74,10 +74,10 @@ func (st *state) turnChunk() int64 {
 // that CREDIT did not let it go on.
 func (st *state) want(c *Conn, m wantMsg) error {
 	c.cmu.Lock()
-	if c.turnsDone || int64(m.consumed) != c.creditOut {
+	if out := c.creditOut; c.turnsDone || int64(m.consumed) != out {
 		c.cmu.Unlock()
-		if int64(m.consumed) > c.creditOut {
-			return fmt.Errorf("connection %d: want after credit %d, beyond the %d sent", c.id, m.consumed, c.creditOut)
+		if int64(m.consumed) > out {
+			return fmt.Errorf("connection %d: want after credit %d, beyond the %d sent", c.id, m.consumed, out)
 		}
 		return nil
 	}
