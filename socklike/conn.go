@@ -397,13 +397,13 @@ func (c *Conn) creditLocked(total int64) {
 	step := share / creditEvery
 	extra := min(step, window-share)
 	floor := share + extra - step
-	if w := c.st.sharedShare(c); w > 0 && w < share {
+	if w := c.st.sharedBound(c, share); w > 0 {
 		// Beside a small-message flow: no more than w in flight, and
 		// records as small as a step, so a small message waits behind
 		// little. Not in turns either (see grantTurn).
 		share, step, extra = w, w/creditEvery, 0
 		floor = step
-	} else if c.st.turnChunk() > 0 {
+	} else if c.st.turnChunkAt(share) > 0 {
 		c.creditPooled(total)
 		return
 	}

@@ -193,11 +193,14 @@ func (st *state) smallLately() bool {
 	return false
 }
 
-// besideSmall reports whether c's credit is bounded by the shared window
-// (see Conn.creditLocked).
-func (st *state) besideSmall(c *Conn) bool {
-	w := st.sharedShare(c)
-	return w > 0 && w < st.share()
+// sharedBound is c's window while the shared window bounds it beside a
+// small-message flow: sharedShare, when it is less than share (st.share
+// now); 0 otherwise (see Conn.creditLocked).
+func (st *state) sharedBound(c *Conn, share int64) int64 {
+	if w := st.sharedShare(c); w < share {
+		return w
+	}
+	return 0
 }
 
 // releaseID frees c's id. Only the connection that holds an id frees it:

@@ -24,6 +24,9 @@ import (
 //
 // Turn credit is accounted from its grant to the arrival of the bytes it
 // let the writer send (Conn.ahead): that is what can sit in the rings.
+// (Arriving bytes count against a turn whatever credit they were sent on,
+// so a writer that also sends on its baseline or its first window retires
+// its turn early: the pool then undercounts by at most that much.)
 // Bytes that arrived are no longer in the rings, read or not, so a reader
 // that stops holds up only its own writer: its queue is bounded by the
 // window as always. A WANT says how much the writer has sent, so the
@@ -60,9 +63,12 @@ type turns struct {
 // turnChunk is the credit of one turn, or 0 while credit is not given in
 // turns: with turnSlots connections or fewer, each share is a chunk or
 // more; and rings too small for turns of a whole record.
-func (st *state) turnChunk() int64 {
+func (st *state) turnChunk() int64 { return st.turnChunkAt(st.share()) }
+
+// turnChunkAt is turnChunk, share being st.share() now.
+func (st *state) turnChunkAt(share int64) int64 {
 	chunk := min(st.rxRings/(2*turnSlots), st.window)
-	if chunk < min(DefaultMTU, int64(st.ep.cfg.MTU)) || st.share() >= chunk {
+	if chunk < min(DefaultMTU, int64(st.ep.cfg.MTU)) || share >= chunk {
 		return 0
 	}
 	return chunk
@@ -234,7 +240,7 @@ func (c *Conn) grantTurn(chunk int64) {
 		return
 	}
 	read := c.read.Load()
-	if chunk == 0 || c.st.besideSmall(c) {
+	if chunk == 0 || c.st.sharedBound(c, c.st.share()) > 0 {
 		// Not in turns now, or the shared window bounds c beside a
 		// small-message flow: the credit creditLocked gives.
 		t.used.Add(-chunk)
