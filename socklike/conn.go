@@ -351,9 +351,9 @@ func (c *Conn) bulkAt(now int64) bool {
 // creditEvery is the fraction of the share read before credit goes back
 // (a step; at least creditRun beside other connections): one 16-byte
 // frame per 512 KiB a lone connection reads with the default window and
-// rings. A sixteenth sent a CREDIT for every 64 KiB
-// record 8 connections streamed (a share of 512 KiB); an eighth took them
-// from 12.0 to 13.8 GB/s.
+// rings. A sixteenth sent a CREDIT for every 64 KiB record 8 connections
+// streamed (a share of 512 KiB); an eighth took them from 12.0 to 13.8
+// GB/s.
 const creditEvery = 8
 
 // creditRun is the least step while other connections share the rings
@@ -378,18 +378,19 @@ func (st *state) creditStep(share int64) int64 {
 }
 
 // consumed accounts n bytes read by the application, or delivered into
-// its posted buffer, and hands credit back once a step (creditStep,
-// mostly an eighth of the share) has been read. The peer was granted the configured window at the
-// handshake; when the connection's share of the rings is smaller
-// (state.share), the credit reported lags what was read, so that at most
-// the share and a step more are in flight.
+// its posted buffer, and hands credit back once a step (creditStep) has
+// been read. The peer was granted the configured window at the handshake;
+// when the connection's share of the rings is smaller (state.share), the
+// credit reported lags what was read, so that at most the share and a
+// step more are in flight.
 //
 // CREDIT also carries the floor, at most the credit the writer can count
 // on once all it sent has been read. A writer waits for that much rather
 // than send small records (Conn.creditFloor), so it must come: with the
 // last step possibly unreported, the floor is the share when the window
-// leaves room for a step more in flight, the share less a step when not; beside a small-message flow it is one step. A floor lower than
-// the one last sent goes out at once, with no new credit if there is none.
+// leaves room for a step more in flight, the share less a step when not;
+// beside a small-message flow it is one step. A floor lower than the one
+// last sent goes out at once, with no new credit if there is none.
 //
 // Credit that could not lift the writer to the floor (or DefaultMTU) even
 // were all it sent already here is held back for a later read: the writer
