@@ -68,9 +68,8 @@ type Conn struct {
 	// waits at the head of its ring (state.headOff). Set and cleared
 	// under the ring's RX lock.
 	restWaits atomic.Bool
-	// inRead is set while a Read runs; readerAt is ep.now() when a poll
-	// first found the reader outside Read since the last one returned, or
-	// readerLeft until then (see state.leaveForReader).
+	// inRead is set while a Read runs; readerAt is ep.now() when the last
+	// one returned (see state.leaveForReader).
 	inRead   atomic.Bool
 	readerAt atomic.Int64
 
@@ -222,13 +221,15 @@ func (c *Conn) Read(b []byte) (int, error) {
 	if m := c.unpost(); m > 0 { // delivered into b on the way out
 		n, err = m, nil
 	}
+	now := c.ep.now()
 	if n > 0 {
-		c.ep.noteProgress()
+		c.ep.progress.Store(now) // records moved (see state.pollServe)
 	}
 	if n > yieldAbove && !c.restWaits.Load() && (c.ep.cfg.HandOff || c.st.smallLately()) {
 		runtime.Gosched() // still in Read: its next records wait for it
+		now = c.ep.now()
 	}
-	c.readerAt.Store(readerLeft)
+	c.readerAt.Store(now)
 	c.inRead.Store(false)
 	return n, err
 }

@@ -341,9 +341,6 @@ const (
 	readerBack  = 20 * time.Microsecond
 )
 
-// readerLeft in Conn.readerAt: the reader left Read, when is not known yet.
-const readerLeft = -1
-
 // leaveForReader reports whether a bulk reader's poll of data partition
 // part (RX lock held; now is ep.now()) should leave the DATA record at its
 // head, for connection id, to that connection's own reader instead of
@@ -363,13 +360,10 @@ const readerLeft = -1
 //
 // It is left only while its reader is about to come: the reader has no
 // buffer posted (a posted one takes the record at once), and it is in Read
-// and not blocked (a blocked reader has a buffer posted) or was first
-// found outside Read within readerBack; and the record has waited at the
-// head for less than headWaitMax. The poller and the workers never leave
-// a record, so a reader that does not come costs its neighbours at most
-// that long. (Read does not read the clock as it leaves, which was 3 % of
-// a reader's CPU with 16 KiB reads: the first poll to find it gone stamps
-// the time, so a reader that leaves for good costs readerBack once more.)
+// and not blocked (a blocked reader has a buffer posted) or left Read
+// within readerBack; and the record has waited at the head for less than
+// headWaitMax. The poller and the workers never leave a record, so a
+// reader that does not come costs its neighbours at most that long.
 //
 // A blocked reader whose posted buffer is smaller than the record (n
 // bytes, or what a Read left of it) is woken instead, to take the record
@@ -381,18 +375,8 @@ func (st *state) leaveForReader(part int, id uint32, n int, now int64) bool {
 	if c == nil {
 		return false
 	}
-	if !c.inRead.Load() {
-		at := c.readerAt.Load()
-		if at == readerLeft {
-			if c.readerAt.CompareAndSwap(at, now) {
-				at = now
-			} else {
-				at = c.readerAt.Load() // another poll stamped it
-			}
-		}
-		if now-at > int64(readerBack) {
-			return false
-		}
+	if !c.inRead.Load() && now-c.readerAt.Load() > int64(readerBack) {
+		return false
 	}
 	if w := st.headWait[part]; w != 0 && now-w > int64(headWaitMax) {
 		return false
