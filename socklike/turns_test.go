@@ -127,3 +127,50 @@ func streamInN(c *Conn, seed uint64, from, n int64) error {
 	}
 	return nil
 }
+
+// Beside other connections credit goes back in steps of at least
+// creditRun, so that writers send runs of records rather than one record
+// each, and CREDITs do not come once a record (creditStep). Eight
+// connections stream 8 MiB each, every byte checked.
+func TestCreditStepRuns(t *testing.T) {
+	da, db := ntbtest.NewPair(16 << 20)
+	t.Cleanup(func() { da.Close(); db.Close() })
+	a, err := Attach(da, Config{Logf: t.Logf})
+	require.NoError(t, err)
+	b, err := Attach(db, Config{Logf: t.Logf})
+	require.NoError(t, err)
+	t.Cleanup(func() { a.Close(); b.Close() })
+
+	const conns, size = turnSlots, 8 << 20
+	var cs, ss []*Conn
+	for i := range conns {
+		c, s := connPair(t, a, b, 20+i)
+		cs, ss = append(cs, c), append(ss, s)
+	}
+	share := ss[0].st.share()
+	require.Equal(t, int64(creditRun), ss[0].st.creditStep(share), "share %d: the step is creditRun", share)
+	require.Zero(t, ss[0].st.turnChunkAt(share), "no turns at %d connections", conns)
+
+	before := b.Stats()
+	errs := make(chan error, 2*conns)
+	for i := range conns {
+		go func() {
+			err := streamOutOpen(cs[i], uint64(i), 0, size)
+			if err == nil {
+				err = cs[i].CloseWrite()
+			}
+			errs <- err
+		}()
+		go func() { errs <- streamIn(ss[i], uint64(i), size, nil) }()
+	}
+	for range 2 * conns {
+		require.NoError(t, <-errs)
+	}
+	st := b.Stats()
+	records, credits := st.DataRecords-before.DataRecords, st.Credits-before.Credits
+	t.Logf("%d DATA records, %d CREDITs", records, credits)
+	// A step of an eighth of the share (one 64 KiB record here) sent 559
+	// CREDITs for these 1024 records; creditRun 146.
+	require.GreaterOrEqual(t, records, int64(conns*size/DefaultMTU))
+	require.Less(t, credits, records/4)
+}
