@@ -61,14 +61,21 @@ type turns struct {
 }
 
 // turnChunk is the credit of one turn, or 0 while credit is not given in
-// turns: with turnSlots connections or fewer, each share is a chunk or
-// more; and rings too small for turns of a whole record.
+// turns: with turnSlots connections or fewer (each share is half the
+// rings / turnSlots or more), and where a turn would not hold a whole
+// record.
+//
+// A turn is at most the credit the window leaves beside the baseline
+// (creditPooled), all grantTurn can give. A larger one, the whole window,
+// as windows under a sixteenth of the rings and 16 KiB had, was never
+// granted, and every writer waited for one for ever.
 func (st *state) turnChunk() int64 { return st.turnChunkAt(st.share()) }
 
 // turnChunkAt is turnChunk, share being st.share() now.
 func (st *state) turnChunkAt(share int64) int64 {
-	chunk := min(st.rxRings/(2*turnSlots), st.window)
-	if chunk < min(DefaultMTU, int64(st.ep.cfg.MTU)) || share >= chunk {
+	slot := min(st.rxRings/(2*turnSlots), st.window)
+	chunk := min(slot, st.window-min(minShare, st.window))
+	if record := min(DefaultMTU, int64(st.ep.cfg.MTU)); slot < record || chunk < record || share >= slot {
 		return 0
 	}
 	return chunk

@@ -174,3 +174,39 @@ func TestCreditStepRuns(t *testing.T) {
 	require.GreaterOrEqual(t, records, int64(conns*size/DefaultMTU))
 	require.Less(t, credits, records/4)
 }
+
+// A turn never exceeds the credit the window leaves beside the baseline
+// (creditPooled): a turn larger than that was never granted, and every
+// writer waited for one for ever. Sixteen connections with 32 KiB windows
+// over small rings stream 1 MiB each.
+func TestTurnsFitWindow(t *testing.T) {
+	a, b := endpoints(t, "ntbtest", Config{Window: 32 << 10, MTU: 16 << 10})
+	const conns, size = 16, 1 << 20
+	var cs, ss []*Conn
+	for i := range conns {
+		c, s := connPair(t, a, b, 60+i)
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		s.SetDeadline(time.Now().Add(30 * time.Second))
+		cs, ss = append(cs, c), append(ss, s)
+	}
+	st := ss[0].st
+	chunk := st.turnChunk()
+	t.Logf("rings %d, window %d, share %d: turns of %d", st.rxRings, st.window, st.share(), chunk)
+	require.Positive(t, chunk, "credit in turns")
+	require.LessOrEqual(t, chunk, st.window-minShare)
+	errs := make(chan error, 2*conns)
+	for i := range conns {
+		go func() {
+			err := streamOutOpen(cs[i], uint64(i), 0, size)
+			if err == nil {
+				err = cs[i].CloseWrite()
+			}
+			errs <- err
+		}()
+		go func() { errs <- streamIn(ss[i], uint64(i), size, nil) }()
+	}
+	for range 2 * conns {
+		require.NoError(t, <-errs)
+	}
+	require.Positive(t, b.Stats().Turns)
+}
