@@ -17,7 +17,7 @@ import (
 // touches every connection's buffer in turn. Instead, beyond turnSlots
 // connections, the receiver hands out half the rings in turns: a writer
 // that runs out of credit says so (WANT), and waits in line for a chunk
-// of half the rings / turnSlots, which it sends as one run of records.
+// of half the rings / turnsAtOnce, which it sends as one run of records.
 // Every connection keeps a baseline of minShare, beyond the turns, so a
 // small message never waits in line (the writer asks only when a record
 // it would send does not fit the baseline, see creditPooled).
@@ -38,6 +38,12 @@ import (
 // meanwhile, it is written off the pool. Should the writer send on it
 // later, the rings hold that much more than half for a while.
 const turnSlots = 8
+
+// turnsAtOnce is how many turns the pool holds: a turn is a quarter of
+// half the rings, 1 MiB of the default link's 8 MiB, sixteen 64 KiB
+// records in a run. Turns of an eighth of it (512 KiB), the first form,
+// switched writers and readers twice as often.
+const turnsAtOnce = 4
 
 // turnExpiry is how long a turn may sit unused while others wait.
 const turnExpiry = time.Millisecond
@@ -74,7 +80,7 @@ func (st *state) turnChunk() int64 { return st.turnChunkAt(st.share()) }
 // turnChunkAt is turnChunk, share being st.share() now.
 func (st *state) turnChunkAt(share int64) int64 {
 	slot := min(st.rxRings/(2*turnSlots), st.window)
-	chunk := min(slot, st.window-min(minShare, st.window))
+	chunk := min(st.rxRings/(2*turnsAtOnce), st.window-min(minShare, st.window))
 	if record := min(DefaultMTU, int64(st.ep.cfg.MTU)); slot < record || chunk < record || share >= slot {
 		return 0
 	}

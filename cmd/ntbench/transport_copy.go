@@ -18,8 +18,8 @@ import (
 // partition of the default window), in -mtu records, each connection in
 // turn sending its receive share as ntb divides the rings (half of them
 // over the connections, at most half a ring and the -recvwindow), or,
-// beyond eight connections, its turn of credit as ntb gives them (a
-// sixteenth of the rings; socklike's turns.go). -qos is not modelled. A reader thread copies each record into its connection's
+// beyond eight connections, its turn of credit as ntb gives them (an
+// eighth of the rings; socklike's turns.go). -qos is not modelled. A reader thread copies each record into its connection's
 // read buffer of -readbuf bytes, filling it from start to end and again,
 // as the server's readers do. They run on the two CPUs -pin gives the
 // processes (the reader on the client's, the calling thread's); one index
@@ -68,10 +68,12 @@ func copyBound(o *options, size int, cpus [2]int) ([]sample, error) {
 	// (socklike's state.share, at least its 16 KiB minimum).
 	window := min(o.recvWindow, max(l.RingSize/2, 16<<10))
 	share := min(window, max(l.RingSize*o.partitions/(2*o.conns), 16<<10))
-	// Beyond turnSlots connections, a turn (socklike's turnChunk).
-	const turnSlots = 8
-	if turn := min(l.RingSize*o.partitions/(2*turnSlots), window); share < turn && turn >= min(64<<10, o.mtu) {
-		share = turn
+	// Beyond turnSlots connections, a turn of a turnsAtOnce'th of half the
+	// rings (socklike's turnChunk).
+	const turnSlots, turnsAtOnce = 8, 4
+	rings := l.RingSize * o.partitions
+	if slot := min(rings/(2*turnSlots), window); share < slot && slot >= min(64<<10, o.mtu) {
+		share = min(rings/(2*turnsAtOnce), window-min(16<<10, window))
 	}
 	run := int64(max(1, share/rec))
 	// In flight: the shares together, at most half the ring.
