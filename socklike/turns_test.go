@@ -152,20 +152,7 @@ func TestCreditStepRuns(t *testing.T) {
 	require.Zero(t, ss[0].st.turnChunkAt(share), "no turns at %d connections", conns)
 
 	before := b.Stats()
-	errs := make(chan error, 2*conns)
-	for i := range conns {
-		go func() {
-			err := streamOutOpen(cs[i], uint64(i), 0, size)
-			if err == nil {
-				err = cs[i].CloseWrite()
-			}
-			errs <- err
-		}()
-		go func() { errs <- streamIn(ss[i], uint64(i), size, nil) }()
-	}
-	for range 2 * conns {
-		require.NoError(t, <-errs)
-	}
+	streamPairs(t, cs, ss, size)
 	st := b.Stats()
 	records, credits := st.DataRecords-before.DataRecords, st.Credits-before.Credits
 	t.Logf("%d DATA records, %d CREDITs", records, credits)
@@ -194,8 +181,16 @@ func TestTurnsFitWindow(t *testing.T) {
 	t.Logf("rings %d, window %d, share %d: turns of %d", st.rxRings, st.window, st.share(), chunk)
 	require.Positive(t, chunk, "credit in turns")
 	require.LessOrEqual(t, chunk, st.window-minShare)
-	errs := make(chan error, 2*conns)
-	for i := range conns {
+	streamPairs(t, cs, ss, size)
+	require.Positive(t, b.Stats().Turns)
+}
+
+// streamPairs streams size pattern bytes from each cs[i] to ss[i] at once,
+// every byte checked, and closes each writing side.
+func streamPairs(t *testing.T, cs, ss []*Conn, size int64) {
+	t.Helper()
+	errs := make(chan error, 2*len(cs))
+	for i := range cs {
 		go func() {
 			err := streamOutOpen(cs[i], uint64(i), 0, size)
 			if err == nil {
@@ -205,8 +200,7 @@ func TestTurnsFitWindow(t *testing.T) {
 		}()
 		go func() { errs <- streamIn(ss[i], uint64(i), size, nil) }()
 	}
-	for range 2 * conns {
+	for range 2 * len(cs) {
 		require.NoError(t, <-errs)
 	}
-	require.Positive(t, b.Stats().Turns)
 }
