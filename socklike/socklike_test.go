@@ -53,10 +53,17 @@ var backends = map[string]func(t testing.TB) (ntb.Device, ntb.Device){
 
 func endpoints(t testing.TB, backend string, cfg Config) (*Endpoint, *Endpoint) {
 	t.Helper()
+	da, db := backends[backend](t)
+	return attachPair(t, da, db, cfg)
+}
+
+// attachPair attaches an endpoint to each of da and db with cfg, logging
+// to t unless cfg says otherwise, and closes them when t ends.
+func attachPair(t testing.TB, da, db ntb.Device, cfg Config) (*Endpoint, *Endpoint) {
+	t.Helper()
 	if cfg.Logf == nil {
 		cfg.Logf = t.Logf
 	}
-	da, db := backends[backend](t)
 	a, err := Attach(da, cfg)
 	require.NoError(t, err)
 	b, err := Attach(db, cfg)

@@ -438,10 +438,12 @@ func (st *state) armUnit(u *unit) {
 
 // pollLocked consumes up to pollBatch records of ring p (RX lock held),
 // returning at the first DATA record for self, which goes straight into b.
-// A bulk reader's poll (self set) and the poller's (poller set, self nil)
-// leave a DATA record at the head of the ring while its connection's
-// reader is about to take it (see leaveForReader); a latency-sensitive
-// reader and the workers take their neighbours' records and move on.
+// A bulk reader's poll (self set) leaves a DATA record at the head of the
+// ring while its connection's reader is about to take it (see
+// leaveForReader), and so does the poller's (poller set, self nil) with
+// records above smallWrite, the ones worth a second copy's saving; a
+// latency-sensitive reader and the workers take their neighbours' records
+// and move on.
 func (st *state) pollLocked(p *partition.Partition, self *Conn, b []byte, poller bool) (n, records int) {
 	part := p.Index
 	for records < pollBatch {
@@ -450,7 +452,7 @@ func (st *state) pollLocked(p *partition.Partition, self *Conn, b []byte, poller
 			return 0, records
 		}
 		kind, id := splitTag(tag)
-		if kind == kindData && p != st.control && (poller || self != nil && id != self.id) {
+		if kind == kindData && p != st.control && (poller && len(payload) > smallWrite || self != nil && id != self.id) {
 			rest := len(payload) - st.headOff[part]
 			if now := st.ep.now(); (poller || self.bulkAt(now)) && st.leaveForReader(part, id, rest, now) {
 				return 0, records

@@ -20,13 +20,7 @@ import (
 // more stream 32 MiB each beside them. Every byte arrives in order, turns
 // are granted, and the unused ones are written off.
 func TestCreditTurns(t *testing.T) {
-	da, db := ntbtest.NewPair(16 << 20)
-	t.Cleanup(func() { da.Close(); db.Close() })
-	a, err := Attach(da, Config{Logf: t.Logf})
-	require.NoError(t, err)
-	b, err := Attach(db, Config{Logf: t.Logf})
-	require.NoError(t, err)
-	t.Cleanup(func() { a.Close(); b.Close() })
+	a, b := bigLink(t)
 	ln, err := b.Listen(9)
 	require.NoError(t, err)
 	defer ln.Close()
@@ -133,13 +127,7 @@ func streamInN(c *Conn, seed uint64, from, n int64) error {
 // each, and CREDITs do not come once a record (creditStep). Eight
 // connections stream 8 MiB each, every byte checked.
 func TestCreditStepRuns(t *testing.T) {
-	da, db := ntbtest.NewPair(16 << 20)
-	t.Cleanup(func() { da.Close(); db.Close() })
-	a, err := Attach(da, Config{Logf: t.Logf})
-	require.NoError(t, err)
-	b, err := Attach(db, Config{Logf: t.Logf})
-	require.NoError(t, err)
-	t.Cleanup(func() { a.Close(); b.Close() })
+	a, b := bigLink(t)
 
 	const conns, size = turnSlots, 8 << 20
 	var cs, ss []*Conn
@@ -203,4 +191,12 @@ func streamPairs(t *testing.T, cs, ss []*Conn, size int64) {
 	for range 2 * len(cs) {
 		require.NoError(t, <-errs)
 	}
+}
+
+// bigLink attaches two endpoints to a link of 16 MiB windows, the default
+// link's 8 MiB of rings.
+func bigLink(t *testing.T) (*Endpoint, *Endpoint) {
+	da, db := ntbtest.NewPair(16 << 20)
+	t.Cleanup(func() { da.Close(); db.Close() })
+	return attachPair(t, da, db, Config{})
 }

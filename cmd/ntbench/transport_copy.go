@@ -36,10 +36,12 @@ import (
 // record per turn ntb beat the bound: 14.0 against 12.2 GB/s at 8
 // connections of 256 KiB reads.)
 //
-// What it shows on the 2-vCPU VM (64 KiB messages, 2 MiB L2 per vCPU):
-// ~22 GB/s while the buffers fit, falling to 15.8 at 64 connections of 32
-// KiB reads (2 MiB of buffers, a record each turn) and to ~12 from 16
-// connections of 256 KiB reads (4 MiB and more). And how much is in flight
+// What it shows on the 2-vCPU VM (64 KiB messages, 2 MiB L2 per vCPU,
+// 2026-11-24 17:04-17:15): ~22-23 GB/s at every count with 16 and 32 KiB
+// reads; with 256 KiB reads 18.5 at 4 connections, 15.6 at 8 (1 MiB
+// shares, 2 MiB of buffers) and 18.7-19.0 from 16 on (1 MiB turns), where
+// records of each connection in turns of one record each had read ~12
+// (4 MiB of buffers and more). And how much is in flight
 // matters: one connection moved 15.4, 17.0 and 23.2 GB/s with shares of 1,
 // 2 and 4 MiB — the reader is fastest when the writer's lines have left
 // the writer's L2 before it reads them.
