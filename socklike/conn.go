@@ -74,7 +74,7 @@ type Conn struct {
 	readerAt atomic.Int64
 
 	bigAt     atomic.Int64 // ep.now()+1 when a DATA record of more than smallWrite last came (0: never)
-	bulkEpoch atomic.Int64 // the last period (of smallRecent) c was counted as bulk in
+	bulkEpoch atomic.Int64 // the last period (of smallRecent) c was counted as bulk in, plus 1 (0: never)
 
 	// Send side. sent-peerRead ≤ window, the peer's receive window.
 	window   int64
@@ -321,8 +321,8 @@ func (c *Conn) unpost() int {
 }
 
 // noteData notes a DATA record of n bytes for c from partition part (its
-// RX lock held), for sharedShare: a record of more than smallWrite marks c as a bulk
-// connection for a while; a small record of a connection that has sent no
+// RX lock held), for share and sharedShare: a record of more than
+// smallWrite marks c as a bulk connection for a while; a small record of a connection that has sent no
 // large one for that long marks the partition as carrying latency traffic.
 // (A bulk connection's own small records — headers between its bodies —
 // do not count.)
@@ -331,9 +331,11 @@ func (c *Conn) noteData(part, n int) {
 	pt := &c.st.traffic[part]
 	if n > smallWrite {
 		c.bigAt.Store(now)
-		if e := now / c.ep.smallFor; c.bulkEpoch.Load() != e {
-			c.bulkEpoch.Store(e)
-			pt.countBulk(e)
+		if e := now / c.ep.smallFor; c.bulkEpoch.Swap(e+1) != e+1 {
+			pt.bulk.count(e)
+			c.st.bulk.count(e)
+			for last := c.st.bulkLast.Load(); last < e && !c.st.bulkLast.CompareAndSwap(last, e); last = c.st.bulkLast.Load() {
+			}
 		}
 		return
 	}

@@ -300,18 +300,15 @@ func TestQoSPartitions(t *testing.T) {
 func TestQoSShareFitsClassRing(t *testing.T) {
 	da, db := ntbtest.NewPair(16 << 20) // the default window: 1 MiB rings
 	t.Cleanup(func() { da.Close(); db.Close() })
-	a, err := Attach(da, Config{QoS: true, Partitions: 8, Logf: t.Logf})
-	require.NoError(t, err)
-	b, err := Attach(db, Config{QoS: true, Partitions: 8, Logf: t.Logf})
-	require.NoError(t, err)
-	t.Cleanup(func() { a.Close(); b.Close() })
-	_, r := connPair(t, a, b, 1)
-	connPair(t, a, b, 2)
+	a, b := attachPair(t, da, db, Config{QoS: true, Partitions: 8})
+	b.smallFor = int64(time.Hour) // both count as streaming (see share)
+	_, r := bulkPair(t, a, b, 1)
+	bulkPair(t, a, b, 2)
+	const conns = 2
 	ring := int64(r.st.parts[0].RxRingSize())
-	live := int64(r.st.live.Load())
-	t.Logf("ring %d bytes, %d connections, share %d bytes", ring, live, r.st.share())
-	require.Greater(t, ring/(2*live), int64(minShare), "a ring large enough to bound the share")
-	require.LessOrEqual(t, r.st.share()*live, ring/2)
+	t.Logf("ring %d bytes, %d connections, share %d bytes", ring, conns, r.st.share())
+	require.Greater(t, ring/(2*conns), int64(minShare), "a ring large enough to bound the share")
+	require.LessOrEqual(t, r.st.share()*conns, ring/2)
 }
 
 // A connection's window, as OPEN and ACCEPT announce it, is at most half a
@@ -711,6 +708,19 @@ func TestPollerLeavesRecords(t *testing.T) {
 	require.Less(t, queued, rounds/4)
 }
 
+// bulkPair is connPair with bulkMark pattern bytes (seed 5) sent and read,
+// one record of more than smallWrite: the receiver counts the connection
+// among those that stream (state.share) for b.smallFor.
+func bulkPair(t *testing.T, a, b *Endpoint, port int) (*Conn, *Conn) {
+	t.Helper()
+	c, d := connPair(t, a, b, port)
+	require.NoError(t, streamOutOpen(c, 5, 0, bulkMark))
+	require.NoError(t, streamInN(d, 5, 0, bulkMark))
+	return c, d
+}
+
+const bulkMark = smallWrite + 1
+
 // samePartition dials two connections from a to b (on ports p and q) and
 // checks that they share a data partition: writer and reader of each.
 func samePartition(t *testing.T, a, b *Endpoint, p, q int) (xw, xr, yw, yr *Conn) {
@@ -728,18 +738,20 @@ func samePartition(t *testing.T, a, b *Endpoint, p, q int) (xw, xr, yw, yr *Conn
 func TestCreditKeepsRecordsWhole(t *testing.T) {
 	const msg, total = 64 << 10, 8 << 20
 	a, b := endpoints(t, "ntbtest", Config{MTU: msg})
-	w, r := connPair(t, a, b, 1)
-	// Idle connections bring the share down to between one and two MTUs.
+	b.smallFor = int64(time.Hour) // connections count as streaming to the end (see share)
+	w, r := bulkPair(t, a, b, 1)
+	// Streaming connections bring the share down to between one and two
+	// MTUs.
 	port := 2
 	for ; r.st.share() >= 2*msg; port++ {
-		connPair(t, a, b, port)
+		bulkPair(t, a, b, port)
 	}
 	t.Logf("share %d bytes with %d connections", r.st.share(), port-1)
 	require.GreaterOrEqual(t, r.st.share(), int64(msg), "a share of at least one record")
 
 	// stream sends n bytes in msg-byte writes and reads them 32 KiB at a
 	// time (as io.Copy does), checking every byte; during runs meanwhile.
-	off := int64(0)
+	off := int64(bulkMark)
 	stream := func(n int64, during func()) {
 		t.Helper()
 		wrote := make(chan error, 1)
@@ -802,7 +814,7 @@ func TestCreditKeepsRecordsWhole(t *testing.T) {
 	var idle []*Conn
 	stream(total, func() {
 		for p := port; p < port+64; p++ {
-			c, d := connPair(t, a, b, p)
+			c, d := bulkPair(t, a, b, p)
 			idle = append(idle, c, d)
 		}
 		t.Logf("share %d bytes", r.st.share())

@@ -25,6 +25,8 @@ type state struct {
 	nextUnit atomic.Uint32 // round-robin placement
 	nextGen  atomic.Uint32 // connection incarnations
 	live     atomic.Int32  // connections holding an id
+	bulk     periodCount   // connections that received bulk records lately (see share)
+	bulkLast atomic.Int64  // the last period bulk counts a connection in
 	rxRings  int64         // bytes of the inbound data rings one class's connections use, together
 	window   int64         // each connection's receive window: Config.Window, at most half a ring (see share)
 	traffic  []partTraffic // per data partition, what it carries (see Conn.noteData)
@@ -85,15 +87,26 @@ func (st *state) newConn(c *Conn) error {
 
 // share is the receive window a connection grants its peer now: the
 // configured window, or less — half the inbound rings split evenly among
-// the connections — when there are so many that their windows together
-// would fill the rings. A full ring stalls every connection behind it
-// (their writers spin or park on ring space, the reader copies into
-// queues that outgrow the caches); a withheld credit stalls only its own
-// connection. Measured with 64 KiB streams on one partition (8 MiB ring),
-// this took 32 connections from 2.7 to 7.5 GB/s and 64 from 2.2 to 7.0.
-// With Config.QoS the connections of a class share one partition per unit,
-// so only those rings count: two class-7 streams over 8 QoS partitions
-// (1 MiB rings) otherwise kept their partition's ring full.
+// the bulk connections — when there are so many that their windows
+// together would fill the rings. A full ring stalls every connection
+// behind it (their writers spin or park on ring space, the reader copies
+// into queues that outgrow the caches); a withheld credit stalls only its
+// own connection. Measured with 64 KiB streams on one partition (8 MiB
+// ring), this took 32 connections from 2.7 to 7.5 GB/s and 64 from 2.2
+// to 7.0. With Config.QoS the connections of a class share one partition
+// per unit, so only those rings count: two class-7 streams over 8 QoS
+// partitions (1 MiB rings) otherwise kept their partition's ring full.
+//
+// The bulk connections are those that received a record of more than
+// smallWrite lately (st.bulk, two periods of smallRecent), and those
+// waiting in line for a turn, which receive nothing meanwhile; at most
+// the live ones, at least one. Idle connections, and those carrying small
+// messages only, hold no share: split over every live connection, a
+// stream beside three or seven idle ones moved 15-16 GB/s against 21-23
+// alone. The credit an idle connection was granted before stays granted
+// (credit is never recalled): should it and the others all send at once,
+// the rings hold more than half for a while, and writers wait for room,
+// as beyond the turns' pool (see turns.go).
 //
 // Nor is a window more than half the ring its connection's records land
 // in (st.window, which OPEN and ACCEPT announce): a larger one would let
@@ -102,7 +115,8 @@ func (st *state) newConn(c *Conn) error {
 // fill one.
 func (st *state) share() int64 {
 	w := st.window
-	if n := int64(st.live.Load()); n > 0 {
+	if live := int64(st.live.Load()); live > 0 {
+		n := min(max(st.bulk.recent(st.bulkLast.Load())+int64(st.turns.nwait.Load()), 1), live)
 		w = min(w, max(st.rxRings/(2*n), minShare))
 	}
 	return w
@@ -121,35 +135,46 @@ const smallRecent = 10 * time.Millisecond
 
 // partTraffic is what a data partition has carried lately, as its
 // receiver sees it: when a small message last came, and how many bulk
-// connections sent records in the current and the previous smallRecent
-// period. Written under the partition's RX lock (one writer), read by
-// anyone.
+// connections sent records lately. Written under the partition's RX
+// lock, read by anyone.
 type partTraffic struct {
-	smallAt atomic.Int64    // ep.now()+1 of the last small-message record; 0: none lately (see sharedShare)
-	epoch   [2]atomic.Int64 // the period each slot counts (ep.now()/ep.smallFor)
-	bulk    [2]atomic.Int32 // bulk connections seen in that period
+	smallAt atomic.Int64 // ep.now()+1 of the last small-message record; 0: none lately (see sharedShare)
+	bulk    periodCount  // bulk connections seen
 }
 
-// countBulk counts a bulk connection seen for the first time in period e.
-func (pt *partTraffic) countBulk(e int64) {
-	slot := e & 1
-	if pt.epoch[slot].Load() != e {
-		pt.epoch[slot].Store(e)
-		pt.bulk[slot].Store(0)
-	}
-	pt.bulk[slot].Add(1)
-}
+// periodCount counts connections per period (of ep.smallFor), in the
+// current and the previous one: each slot holds a period's number in its
+// high bits and its count in the low periodBits, so that writers on
+// several partitions count without a lock.
+type periodCount [2]atomic.Int64
 
-// bulkConns is how many bulk connections the partition carried in the
-// current or the previous period (at least 1).
-func (pt *partTraffic) bulkConns(e int64) int64 {
-	n := int32(1)
-	for slot := range pt.epoch {
-		if at := pt.epoch[slot].Load(); at == e || at == e-1 {
-			n = max(n, pt.bulk[slot].Load())
+const periodBits = 24
+
+// count counts a connection seen for the first time in period e.
+func (pc *periodCount) count(e int64) {
+	slot := &pc[e&1]
+	for {
+		old := slot.Load()
+		v := e<<periodBits | 1
+		if old>>periodBits == e {
+			v = old + 1
+		}
+		if slot.CompareAndSwap(old, v) {
+			return
 		}
 	}
-	return int64(n)
+}
+
+// recent is how many connections were counted in period e or the one
+// before it, whichever counted more.
+func (pc *periodCount) recent(e int64) int64 {
+	n := int64(0)
+	for slot := range pc {
+		if v := pc[slot].Load(); v>>periodBits == e || v>>periodBits == e-1 {
+			n = max(n, v&(1<<periodBits-1))
+		}
+	}
+	return n
 }
 
 // sharedShare is c's window while its partition carries a small-message
@@ -179,7 +204,7 @@ func (st *state) sharedShare(c *Conn) int64 {
 		pt.smallAt.CompareAndSwap(small, 0)
 		return 0
 	}
-	return max(w/pt.bulkConns(now/recent), minShare)
+	return max(w/max(pt.bulk.recent(now/recent), 1), minShare)
 }
 
 // smallLately reports whether any data partition carried a small-message

@@ -21,6 +21,7 @@ import (
 // are granted, and the unused ones are written off.
 func TestCreditTurns(t *testing.T) {
 	a, b := bigLink(t)
+	b.smallFor = int64(time.Hour) // the connections count as streaming to the end (see share)
 	ln, err := b.Listen(9)
 	require.NoError(t, err)
 	defer ln.Close()
@@ -135,7 +136,7 @@ func TestCreditStepRuns(t *testing.T) {
 		c, s := connPair(t, a, b, 20+i)
 		cs, ss = append(cs, c), append(ss, s)
 	}
-	share := ss[0].st.share()
+	share := ss[0].st.rxRings / (2 * conns) // once all eight stream
 	require.Equal(t, int64(creditRun), ss[0].st.creditStep(share), "share %d: the step is creditRun", share)
 	require.Zero(t, ss[0].st.turnChunkAt(share), "no turns at %d connections", conns)
 
@@ -165,12 +166,37 @@ func TestTurnsFitWindow(t *testing.T) {
 		cs, ss = append(cs, c), append(ss, s)
 	}
 	st := ss[0].st
-	chunk := st.turnChunk()
-	t.Logf("rings %d, window %d, share %d: turns of %d", st.rxRings, st.window, st.share(), chunk)
+	share := st.rxRings / (2 * conns) // once all sixteen stream
+	chunk := st.turnChunkAt(share)
+	t.Logf("rings %d, window %d, share %d: turns of %d", st.rxRings, st.window, share, chunk)
 	require.Positive(t, chunk, "credit in turns")
 	require.LessOrEqual(t, chunk, st.window-minShare)
 	streamPairs(t, cs, ss, size)
 	require.Positive(t, b.Stats().Turns)
+}
+
+// A connection's share of the rings is split over the connections that
+// stream, not over every open one: one stream beside seven idle
+// connections gets half the rings, as it would alone; then all eight
+// stream, and each gets a sixteenth. Every byte is checked.
+func TestIdleConnsHoldNoShare(t *testing.T) {
+	a, b := bigLink(t)
+	b.smallFor = int64(time.Hour) // one period: the count only grows
+	const conns, size = turnSlots, 8 << 20
+	var cs, ss []*Conn
+	for i := range conns {
+		c, s := connPair(t, a, b, 80+i)
+		cs, ss = append(cs, c), append(ss, s)
+	}
+	st := ss[0].st
+	half := min(st.window, st.rxRings/2)
+
+	streamPairs(t, cs[:1], ss[:1], size)
+	require.Equal(t, half, st.share(), "one stream, seven idle connections")
+	require.Zero(t, st.turnChunk(), "no turns")
+
+	streamPairs(t, cs[1:], ss[1:], size)
+	require.Equal(t, st.rxRings/(2*conns), st.share(), "eight streams")
 }
 
 // streamPairs streams size pattern bytes from each cs[i] to ss[i] at once,

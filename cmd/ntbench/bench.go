@@ -182,7 +182,7 @@ func (r *runner) measure(t transport, m mode, srv *serverProc, size int) (res []
 			c.Close()
 		}
 	}()
-	for range r.o.conns {
+	for range r.o.conns + r.o.idle { // the measured ones first
 		c, err := t.dial(r.o, srv.addr)
 		if err != nil {
 			return nil, fmt.Errorf("dial %s: %w", srv.addr, err)
@@ -213,11 +213,11 @@ func (r *runner) measure(t transport, m mode, srv *serverProc, size int) (res []
 		if len(conns) < 2 {
 			return nil, errors.New("mixed mode needs -conns 2 or more: one pingpong flow beside the bulk flows")
 		}
-		if clients, err = mixedClients(conns, size, r.o); err != nil {
+		if clients, err = mixedClients(conns[:r.o.conns], size, r.o); err != nil {
 			return nil, err
 		}
 	} else {
-		for _, c := range conns {
+		for _, c := range conns[:r.o.conns] {
 			clients = append(clients, m.client(c, size, r.o))
 		}
 	}
@@ -281,6 +281,7 @@ func (r *runner) result(t transport, mode string, size int, samples []sample, st
 		Mode:       mode,
 		Size:       size,
 		Conns:      len(samples),
+		Idle:       r.o.idle,
 		P50:        lat.p50.Nanoseconds(),
 		P90:        lat.p90.Nanoseconds(),
 		P99:        lat.p99.Nanoseconds(),

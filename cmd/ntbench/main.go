@@ -16,7 +16,9 @@
 // flags; the server listens, prints "READY <addr>" and serves until the
 // client closes its standard input. The kernel kills a server whose client
 // dies (parent-death signal), so an interrupted run leaves nothing behind.
-// Every size of that transport×mode then runs on -conns fresh connections.
+// Every size of that transport×mode then runs on -conns fresh connections,
+// with -idle more open beside them that carry nothing: what idle
+// connections (a client's pool, say) cost the busy ones.
 // Each connection first exchanges -warmup unmeasured messages; then all
 // connections start together and run until each has done -count messages
 // or -duration has passed, whichever comes first.
@@ -57,8 +59,8 @@
 //	           two cores busy
 //
 // JSON rows also carry pin, count (measured messages, all connections),
-// duration_ns (measured wall time), gomaxprocs, window (rate), read_buf
-// and host.
+// duration_ns (measured wall time), gomaxprocs, window (rate), read_buf,
+// idle (-idle, when set) and host.
 //
 // The server reads each connection into a buffer of its own, -readbuf
 // bytes (256 KiB by default). With many connections these buffers
@@ -146,6 +148,7 @@ type options struct {
 	duration   time.Duration
 	warmup     int
 	conns      int
+	idle       int // connections opened beside the measured ones, never used
 	window     int
 	pin        string
 	gomaxprocs int
@@ -246,6 +249,7 @@ Flags:
 	fs.DurationVar(&o.duration, "duration", 500*time.Millisecond, "measured time per transport×mode×size, at most")
 	fs.IntVar(&o.warmup, "warmup", 1000, "unmeasured messages per connection before measuring")
 	fs.IntVar(&o.conns, "conns", 1, "parallel connections, each in its own goroutine; figures are aggregates")
+	fs.IntVar(&o.idle, "idle", 0, "connections opened beside the measured ones and left idle (not the copy bound's)")
 	fs.IntVar(&o.window, "window", 32, "messages in flight per connection (rate mode)")
 	fs.IntVar(&o.readBuf, "readbuf", defaultReadBuf, "the server's read buffer per connection, in bytes (pingpong, stream, rate); many connections' buffers together can outgrow the CPU caches")
 	fs.StringVar(&o.pin, "pin", "split", "`placement`: split (client and server on different CPUs), same (both on one CPU) or none")
@@ -283,6 +287,8 @@ func (o *options) check(extra []string) error {
 		return fmt.Errorf("-warmup %d: need 0 or more", o.warmup)
 	case o.conns < 1:
 		return fmt.Errorf("-conns %d: need at least 1", o.conns)
+	case o.idle < 0:
+		return fmt.Errorf("-idle %d: need 0 or more", o.idle)
 	case o.window < 1:
 		return fmt.Errorf("-window %d: need at least 1", o.window)
 	case o.readBuf < 1 || o.readBuf > maxSize:

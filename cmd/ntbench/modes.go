@@ -41,7 +41,9 @@ const (
 // also sets the flow's class, as the client does on its side.
 func mixedServe(c net.Conn, o *options) error {
 	var kind [1]byte
-	if _, err := io.ReadFull(c, kind[:]); err != nil {
+	if _, err := io.ReadFull(c, kind[:]); errors.Is(err, io.EOF) {
+		return nil // closed before it said (an -idle connection)
+	} else if err != nil {
 		return fmt.Errorf("mixed: read flow kind: %w", err)
 	}
 	class := 0

@@ -16,6 +16,7 @@ type result struct {
 	Mode       string    `json:"mode"`
 	Size       int       `json:"size"`
 	Conns      int       `json:"conns"`
+	Idle       int       `json:"idle,omitempty"` // connections open beside them, idle
 	P50        int64     `json:"p50_ns"`
 	P90        int64     `json:"p90_ns"`
 	P99        int64     `json:"p99_ns"`
@@ -61,8 +62,12 @@ func (r *report) begin(host proc.Host, procs, clientCPU, serverCPU int) {
 	}
 	fmt.Fprintf(r.w, "host %s: %d CPUs, %s, kernel %s\n", host.Hostname, host.CPUs, host.CPUModel, host.Kernel)
 	fmt.Fprintf(r.w, "pin=%s (%s), GOMAXPROCS %d\n", r.o.pin, place, procs)
-	fmt.Fprintf(r.w, "%d connection(s), each: %d warm-up msgs, then up to %d msgs or %v\n\n",
+	fmt.Fprintf(r.w, "%d connection(s), each: %d warm-up msgs, then up to %d msgs or %v\n",
 		r.o.conns, r.o.warmup, r.o.count, r.o.duration)
+	if r.o.idle > 0 {
+		fmt.Fprintf(r.w, "%d idle connection(s) open beside them\n", r.o.idle)
+	}
+	fmt.Fprintln(r.w)
 	fmt.Fprintf(r.w, rowFormat, "transport", "mode", "size", "conns", "p50", "p90", "p99", "p99.9", "max", "stalls", "msgs/s", "MB/s", "cpu%")
 }
 

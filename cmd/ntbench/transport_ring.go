@@ -30,9 +30,10 @@ func init() {
 		name: "ring",
 		listen: func(o *options) (net.Listener, string, error) {
 			base := fmt.Sprintf("ntbench-ring-%d", os.Getpid())
-			ln := &ringListener{base: base, conns: make(chan net.Conn, o.conns), done: make(chan struct{})}
-			for i := range o.conns {
-				if err := ln.open(i, o.conns, ringWindow(o)); err != nil {
+			n := o.conns + o.idle
+			ln := &ringListener{base: base, conns: make(chan net.Conn, n), done: make(chan struct{})}
+			for i := range n {
+				if err := ln.open(i, n, ringWindow(o)); err != nil {
 					ln.Close()
 					return nil, "", err
 				}
@@ -64,9 +65,9 @@ func init() {
 const ringHeartbeatTimeout = time.Second
 
 // ringWindow is each link's window: the default one split among the
-// connections, at least 256 KiB.
+// connections, idle ones too, at least 256 KiB.
 func ringWindow(o *options) int {
-	return max(shm.DefaultWindowSize/o.conns, 256<<10) &^ (os.Getpagesize() - 1)
+	return max(shm.DefaultWindowSize/(o.conns+o.idle), 256<<10) &^ (os.Getpagesize() - 1)
 }
 
 // ringDials counts the client's dials per server, which name its links.
@@ -76,7 +77,8 @@ var (
 )
 
 // ringListener serves links base-0, base-1, …: the client dials them in
-// order, -conns at a time, so when link i is taken link i+conns is opened.
+// order, -conns and -idle at a time, so when link i is taken link
+// i+conns+idle is opened.
 type ringListener struct {
 	base  string
 	conns chan net.Conn
