@@ -169,6 +169,29 @@ func TestCopyBound(t *testing.T) {
 	}
 }
 
+// TestIdleConns measures beside idle connections (-idle): every mode's
+// server ends them cleanly (mixed's reads their first byte first), the
+// ring baseline opens links for them too, and the rows say how many.
+func TestIdleConns(t *testing.T) {
+	out := runBench(t, "-json", "-transports=ntb,ring", "-modes=stream,mixed", "-size=65536",
+		"-duration=50ms", "-warmup=10", "-conns=2", "-idle=3", "-verify", "-pin="+testPin(t))
+	rows := 0
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		var r result
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("line %q: %v", sc.Text(), err)
+		}
+		rows++
+		if r.Idle != 3 || r.Count < 1 {
+			t.Errorf("row %+v", r)
+		}
+	}
+	if rows != 6 { // stream, mixed-rr and mixed-bulk of each
+		t.Errorf("%d rows, want 6:\n%s", rows, out)
+	}
+}
+
 func TestTableRun(t *testing.T) {
 	out := runBench(t, "-transports=tcp,unix", "-modes=pingpong", "-size=64", "-count=50", "-warmup=5", "-pin="+testPin(t))
 	for _, want := range []string{"GOMAXPROCS", "transport mode", "\ntcp       pingpong      64", "\nunix      pingpong      64", "against tcp in this run", "unix pingpong 64: p50 "} {
