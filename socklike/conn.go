@@ -111,7 +111,7 @@ type Conn struct {
 	state              connState
 	finSent, closeSent bool
 	closeRecv, idFreed bool
-	quotaHeld          bool
+	quotaHeld          int64 // receive-window memory reserved (Config.MemoryQuota)
 	err                error // terminal: refused, session ended
 	localClosed        bool
 }
@@ -837,10 +837,10 @@ func (c *Conn) releaseLocal() {
 	c.smu.Unlock()
 	c.mu.Lock()
 	held := c.quotaHeld
-	c.quotaHeld = false
+	c.quotaHeld = 0
 	c.mu.Unlock()
-	if held {
-		c.ep.quota.Release(int64(c.ep.cfg.Window))
+	if held > 0 {
+		c.ep.quota.Release(held)
 	}
 	c.cmu.Lock()
 	c.turnsDone = true

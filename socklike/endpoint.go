@@ -144,7 +144,8 @@ type Config struct {
 	// (token bucket; 0: unlimited).
 	PartitionRate int64
 	// MemoryQuota bounds the receive-window memory of all this endpoint's
-	// connections together (a connection reserves Window bytes; 0: none).
+	// connections together: a connection reserves its window, Window or
+	// half a ring if that is less, as it announces it (0: none).
 	MemoryQuota int64
 	// SpinYield is how many polling rounds a spinning call makes between
 	// yields of the CPU, to this process's other goroutines and to other

@@ -242,14 +242,14 @@ func (ep *Endpoint) DialClass(ctx context.Context, port int, class qos.Class) (*
 	c := newConn(ep, Addr{Host: ep.localHost()}, remote)
 	c.state = connDialing
 	c.prio.Store(uint32(class))
-	if err := ep.quota.Acquire(int64(ep.cfg.Window)); err != nil {
+	if err := ep.quota.Acquire(st.window); err != nil {
 		return nil, opErr(err)
 	}
 	if err := st.newConn(c); err != nil {
-		ep.quota.Release(int64(ep.cfg.Window))
+		ep.quota.Release(st.window)
 		return nil, opErr(err)
 	}
-	c.quotaHeld = true
+	c.quotaHeld = st.window
 	if err := c.placeLocked(); err != nil {
 		c.releaseLocal()
 		return nil, opErr(err)

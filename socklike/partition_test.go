@@ -373,6 +373,18 @@ func TestQuotas(t *testing.T) {
 		require.True(t, errors.Is(err, qos.ErrQuota), "%v", err)
 		require.ErrorContains(t, err, "receive-window memory quota")
 	})
+	t.Run("memory beside a larger Window", func(t *testing.T) {
+		// The default 4 MiB Window over 512 KiB rings: each connection
+		// announces and reserves 256 KiB, half a ring, so a 1 MiB quota
+		// holds four (reserving the 4 MiB it never uses refused them all).
+		a, b := endpoints(t, "ntbtest", Config{MemoryQuota: 1 << 20})
+		for port := 1; port <= 4; port++ {
+			c, _ := connPair(t, a, b, port)
+			require.Equal(t, int64(256<<10), c.window, "the window announced")
+		}
+		_, err := a.Dial(5)
+		require.True(t, errors.Is(err, qos.ErrQuota), "%v", err)
+	})
 	t.Run("partition", func(t *testing.T) {
 		a, b := endpoints(t, "ntbtest", Config{Partitions: 2, PartitionConns: 1})
 		connPair(t, a, b, 1)

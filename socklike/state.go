@@ -643,16 +643,16 @@ func (st *state) accept(part int, peerID uint32, m openMsg) {
 	c.state = connEstablished
 	c.rxPart.Store(int32(part))
 	c.prio.Store(uint32(ln.Priority()))
-	if err := st.ep.quota.Acquire(int64(st.ep.cfg.Window)); err != nil {
+	if err := st.ep.quota.Acquire(st.window); err != nil {
 		refuse(refuseQuota)
 		return
 	}
 	if err := st.newConn(c); err != nil {
-		st.ep.quota.Release(int64(st.ep.cfg.Window))
+		st.ep.quota.Release(st.window)
 		refuse(refuseNoIDs)
 		return
 	}
-	c.quotaHeld = true
+	c.quotaHeld = st.window
 	if err := c.placeLocked(); err != nil {
 		c.releaseLocal()
 		refuse(refusePartitions)
