@@ -213,12 +213,16 @@ func startDaemons(t *testing.T, cfg *config.Config) (*monitor.Monitor, *proxy.Se
 			t.Errorf("ntproxy: %v", err)
 		}
 	})
+	// Wait for a connection, not for the file: bind creates it before
+	// listen, and a dial in between is refused (seen once in CI).
 	for i := 0; ; i++ {
-		if _, err := os.Stat(cfg.Path(config.ProxySocket)); err == nil {
+		c, err := net.Dial("unix", cfg.Path(config.ProxySocket))
+		if err == nil {
+			c.Close()
 			break
 		}
 		if i == 500 {
-			t.Fatal("ntproxy's socket did not appear")
+			t.Fatalf("ntproxy's socket takes no connection: %v", err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
