@@ -322,10 +322,10 @@ func (c *Conn) unpost() int {
 
 // noteData notes a DATA record of n bytes for c from partition part (its
 // RX lock held), for share and sharedShare: a record of more than
-// smallWrite marks c as a bulk connection for a while; a small record of a connection that has sent no
-// large one for that long marks the partition as carrying latency traffic.
-// (A bulk connection's own small records — headers between its bodies —
-// do not count.)
+// smallWrite marks c as a bulk connection for a while; a small record of
+// a connection that has sent no large one for that long marks the
+// partition as carrying latency traffic. (A bulk connection's own small
+// records — headers between its bodies — do not count.)
 func (c *Conn) noteData(part, n int) {
 	now := c.ep.now() + 1 // never 0
 	pt := &c.st.traffic[part]
