@@ -102,7 +102,7 @@ demo: build rackdeps ## a 2-host emulated rack running the KV and HTTP workloads
 .PHONY: bench
 bench: ## the full benchmark: JSON (out/bench.jsonl), a chart (out/bench.svg), the table, go test -bench
 	@mkdir -p out
-	$(GO) run ./cmd/ntbench -transports ntb,direct,pool,proxy,ring,tcp,unix -modes pingpong,stream,rate -size 64,4096,65536 -json -q | tee out/bench.jsonl
+	$(GO) run ./cmd/ntbench -transports ntb,direct,pool,proxy,ring,tcp,unix -modes pingpong,stream,rate -size 64,4096,65536 -rounds 3 -json -q | tee out/bench.jsonl
 	$(GO) run ./cmd/ntbench -plot out/bench.jsonl -svg out/bench.svg
 	$(GO) run ./cmd/ntbench -transports ntb,ring,tcp,unix -modes pingpong,stream -size 64,4096,65536
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./socklike/

@@ -66,12 +66,19 @@ func benchmark(o *options, fwd []string, stdout, stderr io.Writer) (err error) {
 	rep := &report{o: o, w: stdout}
 	rep.begin(r.host, r.procs, clientCPU, serverCPU)
 	failed := 0
-	for _, tn := range o.transports {
-		for _, mn := range o.modes {
-			m, _ := modeNamed(mn)
-			if err := r.runMode(transports[tn], m, rep.add); err != nil {
-				fmt.Fprintf(stderr, "ntbench: %s %s: %v\n", tn, mn, err)
-				failed++
+	for round := 1; round <= o.rounds; round++ {
+		add := rep.add
+		if o.rounds > 1 {
+			rep.round(round)
+			add = func(res result) { res.Round = round; rep.add(res) }
+		}
+		for _, tn := range o.transports {
+			for _, mn := range o.modes {
+				m, _ := modeNamed(mn)
+				if err := r.runMode(transports[tn], m, add); err != nil {
+					fmt.Fprintf(stderr, "ntbench: %s %s: %v\n", tn, mn, err)
+					failed++
+				}
 			}
 		}
 	}
@@ -82,7 +89,7 @@ func benchmark(o *options, fwd []string, stdout, stderr io.Writer) (err error) {
 		}
 	}
 	if failed > 0 {
-		return fmt.Errorf("%d of %d transport×mode runs failed", failed, len(o.transports)*len(o.modes))
+		return fmt.Errorf("%d of %d transport×mode runs failed", failed, o.rounds*len(o.transports)*len(o.modes))
 	}
 	return nil
 }

@@ -249,8 +249,9 @@ func legendOrder(rows []result) []string {
 }
 
 // medians reduces rows repeated for one transport, mode, size and
-// connection count to one row holding the median of each plotted figure,
-// keeping the order of first appearance.
+// connection count (rounds of one run, or runs put together) to one row
+// holding the median of each figure, keeping the order of first
+// appearance.
 func medians(rows []result) []result {
 	type key struct {
 		transport, mode string
@@ -270,8 +271,15 @@ func medians(rows []result) []result {
 		g := groups[k]
 		m := g[0]
 		m.P50 = median[int64](g, func(r result) float64 { return float64(r.P50) })
+		m.P90 = median[int64](g, func(r result) float64 { return float64(r.P90) })
 		m.P99 = median[int64](g, func(r result) float64 { return float64(r.P99) })
+		m.P999 = median[int64](g, func(r result) float64 { return float64(r.P999) })
+		m.Max = median[int64](g, func(r result) float64 { return float64(r.Max) })
+		m.Stalls = int(median[int64](g, func(r result) float64 { return float64(r.Stalls) }))
+		m.MsgsPerS = median[float64](g, func(r result) float64 { return r.MsgsPerS })
 		m.BytesPerS = median[float64](g, func(r result) float64 { return r.BytesPerS })
+		m.CPUPct = median[float64](g, func(r result) float64 { return r.CPUPct })
+		m.Round = 0
 		out = append(out, m)
 	}
 	return out

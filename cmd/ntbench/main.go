@@ -60,7 +60,14 @@
 //
 // JSON rows also carry pin, count (measured messages, all connections),
 // duration_ns (measured wall time), gomaxprocs, window (rate), read_buf,
-// idle (-idle, when set) and host.
+// idle (-idle, when set), round (-rounds, when more than one) and host.
+//
+// On a shared machine one run says little. -rounds N runs everything N
+// times, the transports taking turns, so that each sees the machine's
+// good and bad moments alike: the table shows every round's rows as they
+// come, then the median of each figure over the rounds, and compares
+// those medians with tcp's; -q prints only the medians; -json prints
+// every round's rows, numbered (-plot reduces them to medians).
 //
 // The server reads each connection into a buffer of its own, -readbuf
 // bytes (256 KiB by default). With many connections these buffers
@@ -149,6 +156,7 @@ type options struct {
 	warmup     int
 	conns      int
 	idle       int // connections opened beside the measured ones, never used
+	rounds     int // times the whole run is repeated, its rows reduced to medians
 	window     int
 	pin        string
 	gomaxprocs int
@@ -250,6 +258,7 @@ Flags:
 	fs.IntVar(&o.warmup, "warmup", 1000, "unmeasured messages per connection before measuring")
 	fs.IntVar(&o.conns, "conns", 1, "parallel connections, each in its own goroutine; figures are aggregates")
 	fs.IntVar(&o.idle, "idle", 0, "connections opened beside the measured ones and left idle (not the copy bound's)")
+	fs.IntVar(&o.rounds, "rounds", 1, "run every transport×mode×size this many times, the transports taking turns, and report the median of each figure")
 	fs.IntVar(&o.window, "window", 32, "messages in flight per connection (rate mode)")
 	fs.IntVar(&o.readBuf, "readbuf", defaultReadBuf, "the server's read buffer per connection, in bytes (pingpong, stream, rate); many connections' buffers together can outgrow the CPU caches")
 	fs.StringVar(&o.pin, "pin", "split", "`placement`: split (client and server on different CPUs), same (both on one CPU) or none")
@@ -287,6 +296,8 @@ func (o *options) check(extra []string) error {
 		return fmt.Errorf("-warmup %d: need 0 or more", o.warmup)
 	case o.conns < 1:
 		return fmt.Errorf("-conns %d: need at least 1", o.conns)
+	case o.rounds < 1:
+		return fmt.Errorf("-rounds %d: need at least 1", o.rounds)
 	case o.idle < 0:
 		return fmt.Errorf("-idle %d: need 0 or more", o.idle)
 	case o.window < 1:
@@ -326,7 +337,7 @@ func (o *options) check(extra []string) error {
 
 // clientOnly names the flags that concern the client process alone and are
 // not passed to the server.
-var clientOnly = []string{"svg", "plot"}
+var clientOnly = []string{"svg", "plot", "rounds"}
 
 // setFlags returns the flags set on the command line as arguments, for the
 // server process, less the client-only ones.

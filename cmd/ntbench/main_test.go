@@ -50,6 +50,21 @@ func (b *syncBuffer) String() string {
 
 // runBench runs ntbench in-process with args and returns its stdout,
 // failing the test on a non-zero exit.
+// jsonRows parses ntbench -json output, a result per line.
+func jsonRows(t *testing.T, out string) []result {
+	t.Helper()
+	var rows []result
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		var r result
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("line %q: %v", sc.Text(), err)
+		}
+		rows = append(rows, r)
+	}
+	return rows
+}
+
 func runBench(t *testing.T, args ...string) string {
 	t.Helper()
 	var stdout, stderr syncBuffer
@@ -87,13 +102,8 @@ func TestJSONRun(t *testing.T) {
 			}
 		}
 	}
-	sc := bufio.NewScanner(strings.NewReader(out))
 	var got []string
-	for sc.Scan() {
-		var r result
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatalf("line %q: %v", sc.Text(), err)
-		}
+	for _, r := range jsonRows(t, out) {
 		got = append(got, fmt.Sprintf("%s %s %d", r.Transport, r.Mode, r.Size))
 		if r.Conns != 2 || r.Pin != pin || r.GOMAXPROCS < 1 || r.Host.CPUs < 1 || r.Host.Kernel == "" {
 			t.Errorf("%s: bad run description %+v", got[len(got)-1], r)
@@ -126,20 +136,14 @@ func TestJSONRun(t *testing.T) {
 func TestRingManyConns(t *testing.T) {
 	out := runBench(t, "-json", "-transports=ring", "-modes=pingpong,stream", "-size=65536",
 		"-count=200", "-warmup=10", "-conns=16", "-readbuf=4096", "-verify", "-pin="+testPin(t))
-	sc := bufio.NewScanner(strings.NewReader(out))
-	rows := 0
-	for sc.Scan() {
-		var r result
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatalf("line %q: %v", sc.Text(), err)
-		}
-		rows++
+	rows := jsonRows(t, out)
+	for _, r := range rows {
 		if r.Transport != "ring" || r.Conns != 16 || r.ReadBuf != 4096 || r.Count < 1 || r.BytesPerS <= 0 {
 			t.Errorf("row %+v", r)
 		}
 	}
-	if rows != 2 {
-		t.Errorf("%d rows, want 2:\n%s", rows, out)
+	if len(rows) != 2 {
+		t.Errorf("%d rows, want 2:\n%s", len(rows), out)
 	}
 }
 
@@ -150,12 +154,7 @@ func TestCopyBound(t *testing.T) {
 	out := runBench(t, "-json", "-transports=copy", "-modes=pingpong,stream", "-size=4096,65536",
 		"-duration=50ms", "-conns=3", "-readbuf=32768", "-pin="+testPin(t))
 	var sizes []int
-	sc := bufio.NewScanner(strings.NewReader(out))
-	for sc.Scan() {
-		var r result
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatalf("line %q: %v", sc.Text(), err)
-		}
+	for _, r := range jsonRows(t, out) {
 		if r.Transport != "copy" || r.Mode != "stream" || r.Conns != 3 || r.ReadBuf != 32768 || r.Count < 1 || r.BytesPerS <= 0 {
 			t.Errorf("row %+v", r)
 		}
@@ -175,20 +174,41 @@ func TestCopyBound(t *testing.T) {
 func TestIdleConns(t *testing.T) {
 	out := runBench(t, "-json", "-transports=ntb,ring", "-modes=stream,mixed", "-size=65536",
 		"-duration=50ms", "-warmup=10", "-conns=2", "-idle=3", "-verify", "-pin="+testPin(t))
-	rows := 0
-	sc := bufio.NewScanner(strings.NewReader(out))
-	for sc.Scan() {
-		var r result
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatalf("line %q: %v", sc.Text(), err)
-		}
-		rows++
+	rows := jsonRows(t, out)
+	for _, r := range rows {
 		if r.Idle != 3 || r.Count < 1 {
 			t.Errorf("row %+v", r)
 		}
 	}
-	if rows != 6 { // stream, mixed-rr and mixed-bulk of each
-		t.Errorf("%d rows, want 6:\n%s", rows, out)
+	if len(rows) != 6 { // stream, mixed-rr and mixed-bulk of each
+		t.Errorf("%d rows, want 6:\n%s", len(rows), out)
+	}
+}
+
+// TestRounds repeats a run: JSON rows come round by round, the
+// transports taking turns, each numbered; -q prints one median row per
+// transport; the table prints every round and then the medians.
+func TestRounds(t *testing.T) {
+	args := []string{"-transports=tcp,unix", "-modes=stream", "-size=4096", "-duration=30ms", "-warmup=10", "-rounds=3", "-pin=" + testPin(t)}
+	out := runBench(t, append(args, "-json")...)
+	var got []string
+	for _, r := range jsonRows(t, out) {
+		got = append(got, fmt.Sprintf("%s %d", r.Transport, r.Round))
+	}
+	if want := "[tcp 1 unix 1 tcp 2 unix 2 tcp 3 unix 3]"; fmt.Sprint(got) != want {
+		t.Errorf("rows %v, want %s", got, want)
+	}
+
+	quiet := strings.Split(strings.TrimSpace(runBench(t, append(args, "-q")...)), "\n")
+	if len(quiet) != 2 || !strings.HasPrefix(quiet[0], "tcp ") || !strings.HasPrefix(quiet[1], "unix ") {
+		t.Errorf("-q: want one median row per transport, got:\n%s", strings.Join(quiet, "\n"))
+	}
+
+	table := runBench(t, args...)
+	for _, want := range []string{"round 1 of 3", "round 3 of 3", "medians of 3 rounds:", "against tcp in this run, medians of 3 rounds"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
 	}
 }
 

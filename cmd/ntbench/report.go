@@ -16,7 +16,8 @@ type result struct {
 	Mode       string    `json:"mode"`
 	Size       int       `json:"size"`
 	Conns      int       `json:"conns"`
-	Idle       int       `json:"idle,omitempty"` // connections open beside them, idle
+	Idle       int       `json:"idle,omitempty"`  // connections open beside them, idle
+	Round      int       `json:"round,omitempty"` // of -rounds, from 1; 0 with one round
 	P50        int64     `json:"p50_ns"`
 	P90        int64     `json:"p90_ns"`
 	P99        int64     `json:"p99_ns"`
@@ -71,7 +72,15 @@ func (r *report) begin(host proc.Host, procs, clientCPU, serverCPU int) {
 	fmt.Fprintf(r.w, rowFormat, "transport", "mode", "size", "conns", "p50", "p90", "p99", "p99.9", "max", "stalls", "msgs/s", "MB/s", "cpu%")
 }
 
-// add prints one result and keeps it for the comparison.
+// round announces round k of -rounds.
+func (r *report) round(k int) {
+	if !r.o.json && !r.o.quiet {
+		fmt.Fprintf(r.w, "round %d of %d\n", k, r.o.rounds)
+	}
+}
+
+// add prints one result and keeps it for the comparison (with -rounds
+// and -q, only for the medians).
 func (r *report) add(res result) {
 	r.results = append(r.results, res)
 	if r.o.json {
@@ -82,6 +91,14 @@ func (r *report) add(res result) {
 		fmt.Fprintf(r.w, "%s\n", b)
 		return
 	}
+	if r.o.rounds > 1 && r.o.quiet {
+		return
+	}
+	r.row(res)
+}
+
+// row prints one result as a table row.
+func (r *report) row(res result) {
 	lat := []string{"-", "-", "-", "-", "-", "-"}
 	if res.Max > 0 { // round trips were timed
 		lat = []string{formatNs(res.P50), formatNs(res.P90), formatNs(res.P99), formatNs(res.P999), formatNs(res.Max), fmt.Sprint(res.Stalls)}
@@ -91,24 +108,43 @@ func (r *report) add(res result) {
 		formatRate(res.MsgsPerS), fmt.Sprintf("%.1f", res.BytesPerS/1e6), fmt.Sprintf("%.1f", res.CPUPct))
 }
 
-// end prints how every transport fared against tcp of the same run.
+// end prints, after several rounds, the medians of their rows, and how
+// every transport fared against tcp of the same run (its medians).
 func (r *report) end() {
-	if r.o.json || r.o.quiet {
+	if r.o.json {
+		return
+	}
+	results := r.results
+	if r.o.rounds > 1 {
+		results = medians(results)
+		if !r.o.quiet {
+			fmt.Fprintf(r.w, "\nmedians of %d rounds:\n", r.o.rounds)
+			fmt.Fprintf(r.w, rowFormat, "transport", "mode", "size", "conns", "p50", "p90", "p99", "p99.9", "max", "stalls", "msgs/s", "MB/s", "cpu%")
+		}
+		for _, res := range results {
+			r.row(res)
+		}
+	}
+	if r.o.quiet {
 		return
 	}
 	var lines []string
-	for _, res := range r.results {
+	for _, res := range results {
 		if res.Transport == "tcp" {
 			continue
 		}
-		for _, tcp := range r.results {
+		for _, tcp := range results {
 			if tcp.Transport == "tcp" && tcp.Mode == res.Mode && tcp.Size == res.Size && tcp.Conns == res.Conns {
 				lines = append(lines, fmt.Sprintf("  %s %s %d: %s", res.Transport, res.Mode, res.Size, compare(res, tcp)))
 			}
 		}
 	}
 	if len(lines) > 0 {
-		fmt.Fprintf(r.w, "\nagainst tcp in this run (pin=%s):\n%s\n", r.o.pin, strings.Join(lines, "\n"))
+		what := "in this run"
+		if r.o.rounds > 1 {
+			what = fmt.Sprintf("in this run, medians of %d rounds", r.o.rounds)
+		}
+		fmt.Fprintf(r.w, "\nagainst tcp %s (pin=%s):\n%s\n", what, r.o.pin, strings.Join(lines, "\n"))
 	}
 }
 
