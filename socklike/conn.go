@@ -334,8 +334,7 @@ func (c *Conn) noteData(part, n int) {
 		if e := now / c.ep.smallFor; c.bulkEpoch.Swap(e+1) != e+1 {
 			pt.bulk.count(e)
 			c.st.bulk.count(e)
-			for last := c.st.bulkLast.Load(); last < e && !c.st.bulkLast.CompareAndSwap(last, e); last = c.st.bulkLast.Load() {
-			}
+			c.st.noteBulkPeriod(e)
 		}
 		return
 	}

@@ -823,17 +823,17 @@ func TestCreditKeepsRecordsWhole(t *testing.T) {
 
 	// The share falls to the least while the writer waits for the old
 	// floor, then rises again.
-	var idle []*Conn
+	var extra []*Conn
 	stream(total, func() {
 		for p := port; p < port+64; p++ {
 			c, d := bulkPair(t, a, b, p)
-			idle = append(idle, c, d)
+			extra = append(extra, c, d)
 		}
 		t.Logf("share %d bytes", r.st.share())
 		require.Less(t, r.st.share(), int64(msg), "64 more connections should shrink the share below the floor sent")
 	})
 	stream(total, func() {
-		for _, c := range idle {
+		for _, c := range extra {
 			c.Close()
 		}
 	})

@@ -15,7 +15,8 @@ import (
 // writer a park and a wake, its reader a goroutine switch, and a CREDIT;
 // and the records of all connections interleave in the ring, so the reader
 // touches every connection's buffer in turn. Instead, beyond turnSlots
-// connections, the receiver hands out half the rings in turns: a writer
+// streaming connections (those that hold a share, see state.share), the
+// receiver hands out half the rings in turns: a writer
 // that runs out of credit says so (WANT), and waits in line for a chunk
 // of half the rings / turnsAtOnce, which it sends as one run of records.
 // Every connection keeps a baseline of minShare, beyond the turns, so a
@@ -67,9 +68,9 @@ type turns struct {
 }
 
 // turnChunk is the credit of one turn, or 0 while credit is not given in
-// turns: with turnSlots connections or fewer (each share is half the
-// rings / turnSlots or more), and where a turn would not hold a whole
-// record.
+// turns: with turnSlots streaming connections or fewer (each share is
+// half the rings / turnSlots or more), and where a turn would not hold a
+// whole record.
 //
 // A turn is at most the credit the window leaves beside the baseline
 // (creditPooled), all grantTurn can give. A larger one, the whole window,
