@@ -107,6 +107,17 @@ bench: ## the full benchmark: JSON (out/bench.jsonl), a chart (out/bench.svg), t
 	$(GO) run ./cmd/ntbench -transports ntb,ring,tcp,unix -modes pingpong,stream -size 64,4096,65536
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./socklike/
 
+# Issue 3's concurrency check: aggregate stream throughput at 1 to 64
+# connections, each count against the peak, beside the copy bound and TCP
+# of the same moments; io.Copy's 32 KiB reads, then the default 256 KiB.
+SWEEP := -transports ntb,copy,tcp -modes stream -size 65536 -conns 1,2,4,8,16,32,64 -rounds 3 -duration 1s
+.PHONY: sweep
+sweep: ## the concurrency sweep, 1-64 connections: two tables (32 and 256 KiB reads), charts out/sweep-*.svg
+	@mkdir -p out
+	$(GO) build -o bin/ntbench ./cmd/ntbench
+	bin/ntbench $(SWEEP) -readbuf 32768 -svg out/sweep-32k.svg
+	bin/ntbench $(SWEEP) -readbuf 262144 -svg out/sweep-256k.svg
+
 .PHONY: clean
 clean: ## remove build output and leftover fabric files
 	rm -rf bin out /dev/shm/ntstack /dev/shm/ntstack-test-*

@@ -72,12 +72,23 @@ func benchmark(o *options, fwd []string, stdout, stderr io.Writer) (err error) {
 			rep.round(round)
 			add = func(res result) { res.Round = round; rep.add(res) }
 		}
-		for _, tn := range o.transports {
-			for _, mn := range o.modes {
-				m, _ := modeNamed(mn)
-				if err := r.runMode(transports[tn], m, add); err != nil {
-					fmt.Fprintf(stderr, "ntbench: %s %s: %v\n", tn, mn, err)
-					failed++
+		// Each count in turn, and at each the transports one after the
+		// other, so that a transport and its bound see the same moment.
+		for _, n := range o.connCounts {
+			at := *o
+			at.conns = n
+			r.o = &at
+			for _, tn := range o.transports {
+				for _, mn := range o.modes {
+					m, _ := modeNamed(mn)
+					if err := r.runMode(transports[tn], m, add); err != nil {
+						what := tn + " " + mn
+						if len(o.connCounts) > 1 {
+							what += fmt.Sprintf(", %d connections", n)
+						}
+						fmt.Fprintf(stderr, "ntbench: %s: %v\n", what, err)
+						failed++
+					}
 				}
 			}
 		}
@@ -89,7 +100,7 @@ func benchmark(o *options, fwd []string, stdout, stderr io.Writer) (err error) {
 		}
 	}
 	if failed > 0 {
-		return fmt.Errorf("%d of %d transport×mode runs failed", failed, o.rounds*len(o.transports)*len(o.modes))
+		return fmt.Errorf("%d of %d transport×mode runs failed", failed, o.rounds*len(o.connCounts)*len(o.transports)*len(o.modes))
 	}
 	return nil
 }
@@ -132,6 +143,7 @@ func (r *runner) runMode(t transport, m mode, emit func(result)) error {
 	}
 	args := []string{serverRole, "-transport=" + t.name, "-mode=" + m.name, "-cpu=" + strconv.Itoa(r.serverCPU)}
 	args = append(args, r.fwd...)
+	args = append(args, "-conns="+strconv.Itoa(r.o.conns))
 	args = append(args, "-gomaxprocs="+strconv.Itoa(r.procs))
 	srv, err := startServer(args, r.stderr)
 	if err != nil {
@@ -216,10 +228,7 @@ func (r *runner) measure(t transport, m mode, srv *serverProc, size int) (res []
 	}()
 
 	var clients []client
-	if m.client == nil { // mixed
-		if len(conns) < 2 {
-			return nil, errors.New("mixed mode needs -conns 2 or more: one pingpong flow beside the bulk flows")
-		}
+	if m.client == nil { // mixed (o.check: two connections or more)
 		if clients, err = mixedClients(conns[:r.o.conns], size, r.o); err != nil {
 			return nil, err
 		}
@@ -254,6 +263,7 @@ func (r *runner) measure(t transport, m mode, srv *serverProc, size int) (res []
 	}
 	if m.client == nil {
 		rr := r.result(t, "mixed-rr", mixedRRSize, samples[:1], start, wall, cpu1-cpu0)
+		rr.Beside = len(samples) - 1
 		bulk := r.result(t, "mixed-bulk", size, samples[1:], start, wall, cpu1-cpu0)
 		return []result{rr, bulk}, nil
 	}

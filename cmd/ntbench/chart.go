@@ -249,18 +249,19 @@ func legendOrder(rows []result) []string {
 }
 
 // medians reduces rows repeated for one transport, mode, size and
-// connection count (rounds of one run, or runs put together) to one row
+// connection count (and bulk flows beside, for mixed-rr) (rounds of one run, or runs put together) to one row
 // holding the median of each figure, keeping the order of first
 // appearance.
 func medians(rows []result) []result {
 	type key struct {
 		transport, mode string
 		size, conns     int
+		beside          int
 	}
 	var order []key
 	groups := map[key][]result{}
 	for _, r := range rows {
-		k := key{r.Transport, r.Mode, r.Size, r.Conns}
+		k := key{r.Transport, r.Mode, r.Size, r.Conns, r.Beside}
 		if _, ok := groups[k]; !ok {
 			order = append(order, k)
 		}

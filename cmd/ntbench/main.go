@@ -23,6 +23,15 @@
 // connections start together and run until each has done -count messages
 // or -duration has passed, whichever comes first.
 //
+// -conns takes a list, e.g. -conns 1,2,4,8,16,32,64: each count is
+// measured in turn, every transport×mode with a fresh server, the
+// transports one after the other at each count (so that a transport and
+// its bound see the same moment of the machine). The table then ends with
+// each throughput row at every count as a share of its peak — whether a
+// transport keeps its throughput as connections are added:
+//
+//	ntbench -transports ntb,copy -modes stream -size 65536 -readbuf 32768 -conns 1,2,4,8,16,32,64 -rounds 3
+//
 // Modes:
 //
 //	pingpong  write size bytes, read the size-byte echo, one at a time;
@@ -60,7 +69,8 @@
 //
 // JSON rows also carry pin, count (measured messages, all connections),
 // duration_ns (measured wall time), gomaxprocs, window (rate), read_buf,
-// idle (-idle, when set), round (-rounds, when more than one) and host.
+// idle (-idle, when set), round (-rounds, when more than one), beside
+// (mixed-rr: the bulk flows beside it) and host.
 //
 // On a shared machine one run says little. -rounds N runs everything N
 // times, the transports taking turns, so that each sees the machine's
@@ -154,9 +164,10 @@ type options struct {
 	count      int
 	duration   time.Duration
 	warmup     int
-	conns      int
-	idle       int // connections opened beside the measured ones, never used
-	rounds     int // times the whole run is repeated, its rows reduced to medians
+	connCounts []int // -conns: the connection counts to measure, in turn
+	conns      int   // connections of the measurement under way (the server's: its -conns)
+	idle       int   // connections opened beside the measured ones, never used
+	rounds     int   // times the whole run is repeated, its rows reduced to medians
 	window     int
 	pin        string
 	gomaxprocs int
@@ -252,11 +263,12 @@ Flags:
 	o.modes = []string{"pingpong", "stream"}
 	fs.Var((*listFlag)(&o.modes), "modes", "comma-separated `list` of modes: pingpong, stream, rate, mixed")
 	o.sizes = []int{64, 4096, 65536}
-	fs.Var((*sizesFlag)(&o.sizes), "size", "comma-separated `list` of message sizes in bytes")
+	fs.Var(&intsFlag{&o.sizes, "size"}, "size", "comma-separated `list` of message sizes in bytes")
 	fs.IntVar(&o.count, "count", 100_000, "measured messages per connection, at most")
 	fs.DurationVar(&o.duration, "duration", 500*time.Millisecond, "measured time per transport×mode×size, at most")
 	fs.IntVar(&o.warmup, "warmup", 1000, "unmeasured messages per connection before measuring")
-	fs.IntVar(&o.conns, "conns", 1, "parallel connections, each in its own goroutine; figures are aggregates")
+	o.connCounts = []int{1}
+	fs.Var(&intsFlag{&o.connCounts, "connection count"}, "conns", "parallel connections, each in its own goroutine; figures are aggregates. A comma-separated `list` measures each count in turn and compares each with the peak")
 	fs.IntVar(&o.idle, "idle", 0, "connections opened beside the measured ones and left idle (not the copy bound's)")
 	fs.IntVar(&o.rounds, "rounds", 1, "run every transport×mode×size this many times, the transports taking turns, and report the median of each figure")
 	fs.IntVar(&o.window, "window", 32, "messages in flight per connection (rate mode)")
@@ -294,8 +306,6 @@ func (o *options) check(extra []string) error {
 		return fmt.Errorf("-duration %v: need a positive duration", o.duration)
 	case o.warmup < 0:
 		return fmt.Errorf("-warmup %d: need 0 or more", o.warmup)
-	case o.conns < 1:
-		return fmt.Errorf("-conns %d: need at least 1", o.conns)
 	case o.rounds < 1:
 		return fmt.Errorf("-rounds %d: need at least 1", o.rounds)
 	case o.idle < 0:
@@ -332,12 +342,21 @@ func (o *options) check(extra []string) error {
 			return fmt.Errorf("-size %d: want 1 to %d bytes", s, maxSize)
 		}
 	}
+	for _, n := range o.connCounts {
+		switch {
+		case n < 1:
+			return fmt.Errorf("-conns %d: need at least 1", n)
+		case n < 2 && slices.Contains(o.modes, "mixed"):
+			return errors.New("mixed mode needs -conns 2 or more: one pingpong flow beside the bulk flows")
+		}
+	}
+	o.conns = o.connCounts[0]
 	return nil
 }
 
 // clientOnly names the flags that concern the client process alone and are
 // not passed to the server.
-var clientOnly = []string{"svg", "plot", "rounds"}
+var clientOnly = []string{"svg", "plot", "rounds", "conns"} // the server gets the count of each measurement
 
 // setFlags returns the flags set on the command line as arguments, for the
 // server process, less the client-only ones.
@@ -366,25 +385,32 @@ func (l *listFlag) Set(s string) error {
 	return nil
 }
 
-// sizesFlag is a comma-separated list of byte counts.
-type sizesFlag []int
+// intsFlag is a comma-separated list of integers (what names one in
+// errors).
+type intsFlag struct {
+	l    *[]int
+	what string
+}
 
-func (l *sizesFlag) String() string {
-	s := make([]string, len(*l))
-	for i, v := range *l {
+func (f *intsFlag) String() string {
+	if f.l == nil {
+		return ""
+	}
+	s := make([]string, len(*f.l))
+	for i, v := range *f.l {
 		s[i] = strconv.Itoa(v)
 	}
 	return strings.Join(s, ",")
 }
 
-func (l *sizesFlag) Set(s string) error {
-	*l = nil
+func (f *intsFlag) Set(s string) error {
+	*f.l = nil
 	for v := range strings.SplitSeq(s, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(v))
 		if err != nil {
-			return fmt.Errorf("size %q: %w", v, err)
+			return fmt.Errorf("%s %q: %w", f.what, v, err)
 		}
-		*l = append(*l, n)
+		*f.l = append(*f.l, n)
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -212,6 +213,44 @@ func TestRounds(t *testing.T) {
 	}
 }
 
+// TestConnCounts checks that a list of connection counts measures each
+// count in turn, the transports taking turns at each, and that the table
+// compares every count with the row's peak.
+func TestConnCounts(t *testing.T) {
+	args := []string{"-transports=tcp,unix", "-modes=stream", "-size=4096", "-duration=30ms", "-warmup=10", "-conns=1,3", "-pin=" + testPin(t)}
+	var got []string
+	for _, r := range jsonRows(t, runBench(t, append(args, "-json")...)) {
+		got = append(got, fmt.Sprintf("%s %d", r.Transport, r.Conns))
+	}
+	if want := "[tcp 1 unix 1 tcp 3 unix 3]"; fmt.Sprint(got) != want {
+		t.Errorf("rows %v, want %s", got, want)
+	}
+
+	table := runBench(t, args...)
+	for _, want := range []string{
+		"1,3 connections in turn",
+		"unix stream 4096, conns 3: throughput",
+		"throughput by connection count, against the peak of each row:",
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
+	}
+	// One line per transport, every count as a share of the peak, which
+	// is one of them at 100 %.
+	for _, tn := range []string{"tcp", "unix"} {
+		re := regexp.MustCompile(`(?m)^  ` + tn + ` stream 4096: peak [0-9.]+ MB/s at ([13]); 1 ([0-9]+) %, 3 ([0-9]+) %; lowest ([0-9]+) % at [13]$`)
+		m := re.FindStringSubmatch(table)
+		if m == nil {
+			t.Errorf("no by-count line for %s:\n%s", tn, table)
+			continue
+		}
+		if !(m[1] == "1" && m[2] == "100" || m[1] == "3" && m[3] == "100") {
+			t.Errorf("%s: peak at %s connections, yet the shares are %s %% and %s %%", tn, m[1], m[2], m[3])
+		}
+	}
+}
+
 func TestTableRun(t *testing.T) {
 	out := runBench(t, "-transports=tcp,unix", "-modes=pingpong", "-size=64", "-count=50", "-warmup=5", "-pin="+testPin(t))
 	for _, want := range []string{"GOMAXPROCS", "transport mode", "\ntcp       pingpong      64", "\nunix      pingpong      64", "against tcp in this run", "unix pingpong 64: p50 "} {
@@ -245,6 +284,9 @@ func TestUsage(t *testing.T) {
 		{"-size=64,0"},
 		{"-size=64k"},
 		{"-count=0"},
+		{"-conns=1,0"},
+		{"-conns=2,x"},
+		{"-modes=mixed", "-conns=1,2"},
 		{"-duration=0s"},
 		{"extra"},
 	} {

@@ -16,8 +16,9 @@ type result struct {
 	Mode       string    `json:"mode"`
 	Size       int       `json:"size"`
 	Conns      int       `json:"conns"`
-	Idle       int       `json:"idle,omitempty"`  // connections open beside them, idle
-	Round      int       `json:"round,omitempty"` // of -rounds, from 1; 0 with one round
+	Beside     int       `json:"beside,omitempty"` // mixed-rr: the bulk flows beside it
+	Idle       int       `json:"idle,omitempty"`   // connections open beside them, idle
+	Round      int       `json:"round,omitempty"`  // of -rounds, from 1; 0 with one round
 	P50        int64     `json:"p50_ns"`
 	P90        int64     `json:"p90_ns"`
 	P99        int64     `json:"p99_ns"`
@@ -63,8 +64,12 @@ func (r *report) begin(host proc.Host, procs, clientCPU, serverCPU int) {
 	}
 	fmt.Fprintf(r.w, "host %s: %d CPUs, %s, kernel %s\n", host.Hostname, host.CPUs, host.CPUModel, host.Kernel)
 	fmt.Fprintf(r.w, "pin=%s (%s), GOMAXPROCS %d\n", r.o.pin, place, procs)
-	fmt.Fprintf(r.w, "%d connection(s), each: %d warm-up msgs, then up to %d msgs or %v\n",
-		r.o.conns, r.o.warmup, r.o.count, r.o.duration)
+	conns := fmt.Sprintf("%d connection(s)", r.o.conns)
+	if len(r.o.connCounts) > 1 {
+		conns = (&intsFlag{l: &r.o.connCounts}).String() + " connections in turn"
+	}
+	fmt.Fprintf(r.w, "%s, each: %d warm-up msgs, then up to %d msgs or %v\n",
+		conns, r.o.warmup, r.o.count, r.o.duration)
 	if r.o.idle > 0 {
 		fmt.Fprintf(r.w, "%d idle connection(s) open beside them\n", r.o.idle)
 	}
@@ -134,8 +139,15 @@ func (r *report) end() {
 			continue
 		}
 		for _, tcp := range results {
-			if tcp.Transport == "tcp" && tcp.Mode == res.Mode && tcp.Size == res.Size && tcp.Conns == res.Conns {
-				lines = append(lines, fmt.Sprintf("  %s %s %d: %s", res.Transport, res.Mode, res.Size, compare(res, tcp)))
+			if tcp.Transport == "tcp" && tcp.Mode == res.Mode && tcp.Size == res.Size && tcp.Conns == res.Conns && tcp.Beside == res.Beside {
+				row := fmt.Sprintf("%s %s %d", res.Transport, res.Mode, res.Size)
+				if len(r.o.connCounts) > 1 {
+					row += fmt.Sprintf(", conns %d", res.Conns)
+					if res.Beside > 0 {
+						row += fmt.Sprintf(" beside %d", res.Beside)
+					}
+				}
+				lines = append(lines, fmt.Sprintf("  %s: %s", row, compare(res, tcp)))
 			}
 		}
 	}
@@ -146,6 +158,59 @@ func (r *report) end() {
 		}
 		fmt.Fprintf(r.w, "\nagainst tcp %s (pin=%s):\n%s\n", what, r.o.pin, strings.Join(lines, "\n"))
 	}
+	if lines := byCount(results); len(lines) > 0 {
+		fmt.Fprintf(r.w, "\nthroughput by connection count, against the peak of each row:\n%s\n", strings.Join(lines, "\n"))
+	}
+}
+
+// byCount describes, for every transport×mode×size measured at several
+// connection counts, the aggregate throughput at each count as a share
+// of the highest: how evenly a transport scales (stream, rate and
+// mixed-bulk rows; one line each, in the order first measured).
+func byCount(results []result) []string {
+	type key struct {
+		transport, mode string
+		size            int
+	}
+	var order []key
+	rows := map[key][]result{}
+	for _, res := range results {
+		if res.Mode == "pingpong" || res.Mode == "mixed-rr" {
+			continue
+		}
+		k := key{res.Transport, res.Mode, res.Size}
+		if rows[k] == nil {
+			order = append(order, k)
+		}
+		rows[k] = append(rows[k], res)
+	}
+	var lines []string
+	for _, k := range order {
+		rs := rows[k]
+		if len(rs) < 2 {
+			continue
+		}
+		peak, low := rs[0], rs[0]
+		for _, res := range rs {
+			if res.BytesPerS > peak.BytesPerS {
+				peak = res
+			}
+			if res.BytesPerS < low.BytesPerS {
+				low = res
+			}
+		}
+		if peak.BytesPerS <= 0 {
+			continue
+		}
+		var at []string
+		for _, res := range rs {
+			at = append(at, fmt.Sprintf("%d %.0f %%", res.Conns, 100*res.BytesPerS/peak.BytesPerS))
+		}
+		lines = append(lines, fmt.Sprintf("  %s %s %d: peak %.1f MB/s at %d; %s; lowest %.0f %% at %d",
+			k.transport, k.mode, k.size, peak.BytesPerS/1e6, peak.Conns, strings.Join(at, ", "),
+			100*low.BytesPerS/peak.BytesPerS, low.Conns))
+	}
+	return lines
 }
 
 // compare describes res relative to tcp, a result of the same mode and
