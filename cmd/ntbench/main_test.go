@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"regexp"
@@ -210,6 +211,33 @@ func TestRounds(t *testing.T) {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q:\n%s", want, table)
 		}
+	}
+}
+
+// TestBoundRatio checks the by-count comparison with the copy bound: the
+// median of each round's ratio, not the ratio of the medians.
+func TestBoundRatio(t *testing.T) {
+	row := func(tr string, conns, round int, gbps float64) result {
+		return result{Transport: tr, Mode: "stream", Size: 65536, Conns: conns, Round: round, BytesPerS: gbps * 1e9}
+	}
+	all := []result{
+		row("ntb", 1, 1, 20), row("copy", 1, 1, 25), // 0.8
+		row("ntb", 1, 2, 6), row("copy", 1, 2, 6), // 1.0 (a slow moment for both)
+		row("ntb", 1, 3, 27), row("copy", 1, 3, 30), // 0.9
+		row("ntb", 4, 1, 10), row("copy", 4, 1, 20),
+	}
+	if f, ok := boundRatio(all, all[0]); !ok || math.Abs(f-0.9) > 1e-9 {
+		t.Errorf("1 connection: %v %v, want 0.9", f, ok)
+	}
+	if f, ok := boundRatio(all, all[6]); !ok || f != 0.5 {
+		t.Errorf("4 connections: %v %v, want 0.5", f, ok)
+	}
+	if _, ok := boundRatio(all, row("ntb", 8, 1, 10)); ok {
+		t.Error("8 connections: a ratio without a bound")
+	}
+	lines := byCount(medians(all), all)
+	if len(lines) != 3 || !strings.Contains(lines[1], "over the copy bound (median of the rounds): 1 0.90, 4 0.50") {
+		t.Errorf("by count:\n%s", strings.Join(lines, "\n"))
 	}
 }
 

@@ -158,16 +158,21 @@ func (r *report) end() {
 		}
 		fmt.Fprintf(r.w, "\nagainst tcp %s (pin=%s):\n%s\n", what, r.o.pin, strings.Join(lines, "\n"))
 	}
-	if lines := byCount(results); len(lines) > 0 {
+	if lines := byCount(results, r.results); len(lines) > 0 {
 		fmt.Fprintf(r.w, "\nthroughput by connection count, against the peak of each row:\n%s\n", strings.Join(lines, "\n"))
 	}
 }
 
 // byCount describes, for every transport×mode×size measured at several
-// connection counts, the aggregate throughput at each count as a share
-// of the highest: how evenly a transport scales (stream, rate and
-// mixed-bulk rows; one line each, in the order first measured).
-func byCount(results []result) []string {
+// connection counts, the aggregate throughput at each count (medians:
+// results) as a share of the highest: how evenly a transport scales
+// (stream, rate and mixed-bulk rows; one line each, in the order first
+// measured). Where the copy bound ran beside a transport, a second line
+// gives the transport's throughput over the bound's at each count: the
+// median over the rounds (all) of the two measured moments apart, which
+// a machine whose speed changes from second to second moves less than
+// either figure.
+func byCount(results, all []result) []string {
 	type key struct {
 		transport, mode string
 		size            int
@@ -209,8 +214,41 @@ func byCount(results []result) []string {
 		lines = append(lines, fmt.Sprintf("  %s %s %d: peak %.1f MB/s at %d; %s; lowest %.0f %% at %d",
 			k.transport, k.mode, k.size, peak.BytesPerS/1e6, peak.Conns, strings.Join(at, ", "),
 			100*low.BytesPerS/peak.BytesPerS, low.Conns))
+		if k.transport == "copy" || rows[key{"copy", k.mode, k.size}] == nil {
+			continue
+		}
+		var ratios []string
+		for _, res := range rs {
+			if f, ok := boundRatio(all, res); ok {
+				ratios = append(ratios, fmt.Sprintf("%d %.2f", res.Conns, f))
+			}
+		}
+		if len(ratios) > 0 {
+			lines = append(lines, fmt.Sprintf("    over the copy bound (median of the rounds): %s", strings.Join(ratios, ", ")))
+		}
 	}
 	return lines
+}
+
+// boundRatio is the median, over the rounds, of res's transport's
+// throughput over the copy bound's at res's mode, size and count.
+func boundRatio(all []result, res result) (float64, bool) {
+	bound := map[int]float64{} // by round
+	for _, b := range all {
+		if b.Transport == "copy" && b.Mode == res.Mode && b.Size == res.Size && b.Conns == res.Conns && b.BytesPerS > 0 {
+			bound[b.Round] = b.BytesPerS
+		}
+	}
+	var paired []result
+	for _, t := range all {
+		if t.Transport == res.Transport && t.Mode == res.Mode && t.Size == res.Size && t.Conns == res.Conns && bound[t.Round] > 0 {
+			paired = append(paired, t)
+		}
+	}
+	if len(paired) == 0 {
+		return 0, false
+	}
+	return median[float64](paired, func(t result) float64 { return t.BytesPerS / bound[t.Round] }), true
 }
 
 // compare describes res relative to tcp, a result of the same mode and
