@@ -110,13 +110,19 @@ bench: ## the full benchmark: JSON (out/bench.jsonl), a chart (out/bench.svg), t
 # Issue 3's concurrency check: aggregate stream throughput at 1 to 64
 # connections, each count against the peak, beside the copy bound and TCP
 # of the same moments; io.Copy's 32 KiB reads, then the default 256 KiB.
-SWEEP := -transports ntb,copy,tcp -modes stream -size 65536 -conns 1,2,4,8,16,32,64 -rounds 3 -duration 1s
+# Every round's rows go to out/sweep-*.jsonl; -plot draws them and prints
+# each count's share of the peak (medians) and ntb over the bound.
+SWEEP ?= -transports ntb,copy,tcp -modes stream -size 65536 -conns 1,2,4,8,16,32,64 -rounds 3 -duration 1s -json -q
 .PHONY: sweep
-sweep: ## the concurrency sweep, 1-64 connections: two tables (32 and 256 KiB reads), charts out/sweep-*.svg
+sweep: ## the concurrency sweep, 1-64 connections, 32 and 256 KiB reads: out/sweep-*.jsonl, charts out/sweep-*.svg (~6 min)
 	@mkdir -p out
 	$(GO) build -o bin/ntbench ./cmd/ntbench
-	bin/ntbench $(SWEEP) -readbuf 32768 -svg out/sweep-32k.svg
-	bin/ntbench $(SWEEP) -readbuf 262144 -svg out/sweep-256k.svg
+	@for rb in 32768 262144; do \
+		echo "ntbench $(SWEEP) -readbuf $$rb > out/sweep-$$((rb / 1024))k.jsonl"; \
+		bin/ntbench $(SWEEP) -readbuf $$rb > out/sweep-$$((rb / 1024))k.jsonl || exit 1; \
+		echo "$$((rb / 1024)) KiB reads:"; \
+		bin/ntbench -plot out/sweep-$$((rb / 1024))k.jsonl -svg out/sweep-$$((rb / 1024))k.svg || exit 1; \
+	done
 
 .PHONY: clean
 clean: ## remove build output and leftover fabric files

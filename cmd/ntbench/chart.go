@@ -16,8 +16,9 @@ import (
 )
 
 // plotResults is -plot: it reads the JSON lines ntbench -json wrote to
-// o.plot ("-": stdin) and draws them into o.svg, without measuring.
-func plotResults(o *options, stdin io.Reader) error {
+// o.plot ("-": stdin) and draws them into o.svg, without measuring; rows
+// of several connection counts it compares, as the table does, on stdout.
+func plotResults(o *options, stdin io.Reader, stdout io.Writer) error {
 	in, fallback := stdin, ""
 	if o.plot != "-" {
 		f, err := os.Open(o.plot)
@@ -34,7 +35,13 @@ func plotResults(o *options, stdin io.Reader) error {
 	if err != nil {
 		return fmt.Errorf("plot %s: %w", o.plot, err)
 	}
-	return writeChart(o.svg, rows, fallback)
+	if err := writeChart(o.svg, rows, fallback); err != nil {
+		return err
+	}
+	if lines := byCount(medians(rows), rows); len(lines) > 0 {
+		printByCount(stdout, lines)
+	}
+	return nil
 }
 
 // readResults parses JSON lines as ntbench -json writes them; blank lines

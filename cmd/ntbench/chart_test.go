@@ -44,8 +44,10 @@ func TestPlotFromJSON(t *testing.T) {
 	if err := os.WriteFile(in, []byte(cannedRows(t)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if stdout := runBench(t, "-plot", in, "-svg", out); stdout != "" {
-		t.Errorf("-plot printed %q, want nothing", stdout)
+	// The rows hold two connection counts: -plot compares them.
+	stdout := runBench(t, "-plot", in, "-svg", out)
+	if want := "  ntb stream 65536: peak 2400.0 MB/s at 4; 1 25 %, 4 100 %; lowest 25 % at 1\n"; !strings.Contains(stdout, want) {
+		t.Errorf("-plot printed %q, want a line %q", stdout, want)
 	}
 	svg, err := os.ReadFile(out)
 	if err != nil {

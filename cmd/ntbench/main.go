@@ -234,7 +234,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 0
 	}
 	if o.plot != "" {
-		if err := plotResults(&o, stdin); err != nil {
+		if err := plotResults(&o, stdin, stdout); err != nil {
 			fmt.Fprintf(stderr, "ntbench: %v\n", err)
 			return 1
 		}

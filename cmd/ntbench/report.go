@@ -159,8 +159,14 @@ func (r *report) end() {
 		fmt.Fprintf(r.w, "\nagainst tcp %s (pin=%s):\n%s\n", what, r.o.pin, strings.Join(lines, "\n"))
 	}
 	if lines := byCount(results, r.results); len(lines) > 0 {
-		fmt.Fprintf(r.w, "\nthroughput by connection count, against the peak of each row:\n%s\n", strings.Join(lines, "\n"))
+		fmt.Fprintln(r.w)
+		printByCount(r.w, lines)
 	}
+}
+
+// printByCount prints byCount's lines under their heading.
+func printByCount(w io.Writer, lines []string) {
+	fmt.Fprintf(w, "throughput by connection count, against the peak of each row:\n%s\n", strings.Join(lines, "\n"))
 }
 
 // byCount describes, for every transport×mode×size measured at several
