@@ -130,3 +130,11 @@ type Device interface {
 	// the windows. It is idempotent.
 	Close() error
 }
+
+// Idler is a Device whose liveness checks may run less often while its
+// user has nothing to move: the user calls Idle(true) before it sleeps on
+// the doorbell with nothing in flight on its side, and Idle(false) once it
+// woke (calls nest, counted).
+type Idler interface {
+	Idle(on bool)
+}

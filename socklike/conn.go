@@ -578,7 +578,10 @@ func (c *Conn) Write(b []byte) (int, error) {
 				}
 			}
 		}
+		c.ep.writersOut.Add(1)
+		c.ep.busy()
 		c.park(&sp, c.wnotify, c.wdl, extra)
+		c.ep.writersOut.Add(-1)
 	}
 }
 

@@ -228,6 +228,7 @@ func (c *Config) setDefaults() error {
 type Endpoint struct {
 	cfg     Config
 	dev     ntb.Device
+	idler   ntb.Idler // dev, if it checks its link less often while we are idle
 	ownsDev bool
 	link    *partition.Link
 
@@ -240,6 +241,8 @@ type Endpoint struct {
 	handoffs    atomic.Uint64 // wake-ups of parked goroutines, for spinners
 	active      atomic.Int32  // goroutines spin-polling
 	parked      atomic.Int32  // goroutines parked, waiting for the poller
+	writersOut  atomic.Int32  // of those, writers with bytes left to send (see busy)
+	idle        atomic.Bool   // the poller told idler it sleeps with nothing to send
 	inCall      atomic.Int32  // goroutines inside Read or Write (past its lock), parked or not
 	smallFor    int64         // smallRecent, in ns (tests lengthen it before connecting)
 	accepting   atomic.Int32  // goroutines in Accept: the poller arms once calls stop (see idleGrace)
@@ -277,6 +280,16 @@ func Open(name string, cfg Config) (*Endpoint, error) {
 	return ep, nil
 }
 
+// busy ends the idle spell the poller announced to the device before it
+// slept on the doorbell with nothing to send (runPoller): it woke, or a
+// writer is about to wait for credit or room, and a peer that dies
+// meanwhile must be noticed at the device's full rate.
+func (ep *Endpoint) busy() {
+	if ep.idle.Load() && ep.idle.Swap(false) {
+		ep.idler.Idle(false)
+	}
+}
+
 // Attach runs an Endpoint over dev. Closing the Endpoint does not close dev.
 func Attach(dev ntb.Device, cfg Config) (*Endpoint, error) {
 	if err := cfg.setDefaults(); err != nil {
@@ -294,6 +307,7 @@ func Attach(dev ntb.Device, cfg Config) (*Endpoint, error) {
 		smallFor:    int64(smallRecent),
 	}
 	ep.quota.Name, ep.quota.Limit = "receive-window memory quota", cfg.MemoryQuota
+	ep.idler, _ = dev.(ntb.Idler)
 	link, err := partition.Open(dev, partition.Config{Partitions: cfg.Partitions, OnSession: ep.install, Logf: cfg.Logf})
 	if err != nil {
 		return nil, fmt.Errorf("attach %s: %w", dev.Name(), err)

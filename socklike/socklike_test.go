@@ -261,3 +261,51 @@ func TestSpinYieldConfig(t *testing.T) {
 	cfg = Config{SpinYield: -1}
 	require.ErrorContains(t, cfg.setDefaults(), "spin yield")
 }
+
+// idlerDevice counts the Idle calls an endpoint makes on its device.
+type idlerDevice struct {
+	ntb.Device
+	idle atomic.Int32
+}
+
+func (d *idlerDevice) Idle(on bool) {
+	if on {
+		d.idle.Add(1)
+	} else {
+		d.idle.Add(-1)
+	}
+}
+
+// TestPollerTellsDeviceIdle checks that the poller, asleep on the doorbell,
+// tells the device it is idle only while it has nothing to send: the
+// fabric then checks the link less often (shm.Device.Idle), which must
+// not slow its noticing a dead peer mid-transfer.
+func TestPollerTellsDeviceIdle(t *testing.T) {
+	da, db := ntbtest.NewPair(1 << 20)
+	t.Cleanup(func() { da.Close(); db.Close() })
+	dev := &idlerDevice{Device: da}
+	a, b := attachPair(t, dev, db, Config{})
+	ca, cb := connPair(t, a, b, 1)
+	go ca.Read(make([]byte, 1)) // a blocked Read: waiting, not sending
+	require.Eventually(t, func() bool { return dev.idle.Load() == 1 }, 10*time.Second, time.Millisecond,
+		"an endpoint with nothing to send, asleep on the doorbell, is idle")
+
+	// A writer with more than the window to send, to a reader that does
+	// not read: it parks for credit, and the poller sleeps on.
+	sleeps := a.Stats().PollerSleeps
+	wrote := make(chan error, 1)
+	go func() { _, err := ca.Write(make([]byte, 4<<20)); wrote <- err }()
+	time.Sleep(time.Second)
+	t.Logf("DEBUG writersOut %d parked %d sleeps %d->%d stats %+v b %+v", a.writersOut.Load(), a.parked.Load(), sleeps, a.Stats().PollerSleeps, a.Stats(), b.Stats())
+	select {
+	case err := <-wrote:
+		t.Logf("DEBUG wrote %v", err)
+	default:
+	}
+	for range 50 {
+		require.Zero(t, dev.idle.Load(), "an endpoint with bytes to send is not idle")
+		time.Sleep(time.Millisecond)
+	}
+	go io.Copy(io.Discard, cb)
+	require.NoError(t, <-wrote)
+}

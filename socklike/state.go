@@ -707,6 +707,16 @@ func (st *state) drainLocked(p *partition.Partition) bool {
 // the 2-vCPU VM before the proxy's copies were cut).
 const idleGrace = 2 * time.Millisecond
 
+// sendQueued reports whether a unit has writers queued.
+func (st *state) sendQueued() bool {
+	for _, u := range st.units {
+		if u.queued.Load() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // runPoller keeps loose frames moving and rebalances units; in CoreInline
 // it also sleeps on the doorbells while nobody else watches the rings. It
 // ends with the session, failing its connections.
@@ -732,6 +742,7 @@ func (st *state) runPoller() {
 	for _, p := range rings {
 		bits |= p.DataBit() | p.SpaceBit()
 	}
+	idler := ep.idler
 	txBytes := make([]uint64, len(st.units))
 	nextBalance := time.Now().Add(rebalanceEvery)
 	var idleSince time.Time
@@ -816,7 +827,18 @@ func (st *state) runPoller() {
 			continue
 		}
 		ep.counters.pollerSleeps.Add(1)
-		if _, err := ep.dev.WaitDoorbell(ctx, bits); err != nil && ctx.Err() == nil {
+		// With nothing of ours to send either, the device may check the
+		// link less often meanwhile (ntb.Idler): an idle pair's CPU was
+		// mostly the fabric's heartbeats. A sender waiting for room keeps
+		// them frequent, so that a peer that dies or a link pulled
+		// mid-transfer is seen as soon as before.
+		if idler != nil && ctlDone && ep.writersOut.Load() == 0 && !st.sendQueued() {
+			ep.idle.Store(true)
+			idler.Idle(true)
+		}
+		_, err := ep.dev.WaitDoorbell(ctx, bits)
+		ep.busy()
+		if err != nil && ctx.Err() == nil {
 			st.sess.Fail(fmt.Errorf("wait for doorbell: %w", err))
 			return
 		}

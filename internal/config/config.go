@@ -124,7 +124,7 @@ type Proxy struct {
 	// SpinBudget is socklike's spin-before-park budget ("" = socklike's).
 	SpinBudget Duration `toml:"spin_budget"`
 	// LinkTimeout declares a rack link down when the peer's heartbeat
-	// stops for this long ("" = the fabric's default, 250 ms). A dead
+	// stops for this long ("" = the fabric's default, 500 ms). A dead
 	// peer process is seen sooner, from its released locks.
 	LinkTimeout Duration `toml:"link_timeout"`
 	// MaxAppsPerUID bounds attachments per local user.

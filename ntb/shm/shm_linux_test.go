@@ -115,6 +115,34 @@ func TestHeartbeatSilence(t *testing.T) {
 	ntbtest.WaitLink(t, b, ntb.LinkUp, time.Second)
 }
 
+// An idle end beats half as often (as long as the peer's timeout spans
+// five of its intervals), and its peer keeps the link up.
+func TestIdleBeatsSlower(t *testing.T) {
+	require.Equal(t, 100*time.Millisecond, idleInterval(50*time.Millisecond, 500*time.Millisecond))
+	require.Equal(t, 50*time.Millisecond, idleInterval(50*time.Millisecond, 250*time.Millisecond), "a timeout of five intervals leaves no room")
+	require.Equal(t, 60*time.Millisecond, idleInterval(50*time.Millisecond, 300*time.Millisecond))
+
+	o := Options{Dir: testDir(t), WindowSize: 64 << 10, HeartbeatInterval: 10 * time.Millisecond, HeartbeatTimeout: time.Second}
+	a, b := openPair(t, o)
+	defer a.Close()
+	defer b.Close()
+	ntbtest.WaitLink(t, b, ntb.LinkUp, time.Second)
+	beats := func() uint64 { // a's beats over 300 ms, as b's registers count them
+		start := b.local.Load64(regHeartbeat)
+		time.Sleep(300 * time.Millisecond)
+		return b.local.Load64(regHeartbeat) - start
+	}
+	busy := beats()
+	a.Idle(true)
+	time.Sleep(o.HeartbeatInterval) // the beat already set keeps its interval
+	idle := beats()
+	a.Idle(false)
+	t.Logf("beats in 300 ms: %d busy, %d idle", busy, idle)
+	require.Less(t, float64(idle), 0.75*float64(busy), "an idle end beats every 20 ms, a busy one every 10 ms")
+	require.Positive(t, idle)
+	require.Equal(t, ntb.LinkUp, b.Link(), "the peer of an idle end keeps the link up")
+}
+
 func TestCorruptInbound(t *testing.T) {
 	a, b := openPair(t, Options{Dir: testDir(t), WindowSize: 64 << 10})
 	defer a.Close()
