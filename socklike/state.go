@@ -835,6 +835,9 @@ func (st *state) runPoller() {
 		if idler != nil && ctlDone && ep.writersOut.Load() == 0 && !st.sendQueued() {
 			ep.idle.Store(true)
 			idler.Idle(true)
+			if ep.writersOut.Load() > 0 || st.sendQueued() {
+				ep.busy() // a writer came between the look and the store
+			}
 		}
 		_, err := ep.dev.WaitDoorbell(ctx, bits)
 		ep.busy()
