@@ -597,15 +597,14 @@ func (d *Device) Idle(on bool) {
 }
 
 // idleInterval is the heartbeat interval of an end whose user is idle
-// (Idle) — it has nothing to move, so nothing is lost while a dead peer
-// goes unnoticed a little longer: twice the
-// interval, as long as the peer's timeout spans five of them. The peer
-// sees a beat move once per its own beat, so between two sightings up to
-// two of our intervals and two of its pass, and a loaded machine fires
-// timers tens of milliseconds late. Every beat costs the process a timer
-// wake-up: three threads (the runtime's timer and scheduler threads, and
-// its monitor) at ~100-150 µs of CPU in all on the 2-vCPU VMs, which was
-// most of what an idle pair spent.
+// (Idle): it has nothing to move, so nothing is lost while a dead peer
+// goes unnoticed a little longer. Twice the interval, as long as the
+// peer's timeout spans five of them: the peer sees a beat move once per
+// its own beat, so between two sightings up to two of our intervals and
+// two of its pass, and a loaded machine fires timers tens of milliseconds
+// late. Every beat costs the process a timer wake-up — three threads (the
+// runtime's timer and scheduler threads, and sysmon), ~100-150 µs of CPU
+// in all on the 2-vCPU VMs — which was most of what an idle pair spent.
 func idleInterval(interval, timeout time.Duration) time.Duration {
 	return max(interval, min(2*interval, timeout/5))
 }
