@@ -93,6 +93,7 @@ type Device struct {
 	timeout  time.Duration
 	idlers   atomic.Int32  // Idle(true) calls not yet ended
 	busy     chan struct{} // Idle(false) wakes the monitor
+	now      chan struct{} // checkNow: the monitor looks at once
 
 	links *ntb.LinkTracker
 	stop  chan struct{}
@@ -218,6 +219,7 @@ func attach(name string, f *os.File, o Options) (_ *Device, err error) {
 	d.stop = make(chan struct{})
 	d.done = make(chan struct{})
 	d.busy = make(chan struct{}, 1)
+	d.now = make(chan struct{}, 1)
 	go d.runMonitor()
 	return d, nil
 }
@@ -465,6 +467,7 @@ func (d *Device) ForceLinkDown() {
 		d.remote.Store32(regPeerDown, 1)
 		d.exit()
 	}
+	d.checkNow()
 }
 
 // ForceLinkUp ends ForceLinkDown.
@@ -473,6 +476,17 @@ func (d *Device) ForceLinkUp() {
 	if d.enter() {
 		d.remote.Store32(regPeerDown, 0)
 		d.exit()
+	}
+	d.checkNow()
+}
+
+// checkNow has the monitor look at the link at once rather than at its
+// next beat: this end's own fault injection is seen the moment it is made
+// (the peer sees it at its next beat).
+func (d *Device) checkNow() {
+	select {
+	case d.now <- struct{}{}:
+	default:
 	}
 }
 
@@ -563,7 +577,8 @@ func (d *Device) runMonitor() {
 
 // sleep waits for the next beat after the one at last, one interval on,
 // or the idle one while the user is idle (and the interval again from the
-// moment it stops being). It reports false once the device closes.
+// moment it stops being), or for checkNow. It reports false once the
+// device closes.
 func (d *Device) sleep(t *time.Timer, last time.Time) bool {
 	for {
 		every := d.interval
@@ -575,6 +590,8 @@ func (d *Device) sleep(t *time.Timer, last time.Time) bool {
 		case <-d.stop:
 			return false
 		case <-d.busy:
+		case <-d.now:
+			return true
 		case <-t.C:
 			return true
 		}

@@ -101,6 +101,24 @@ func TestForcedDown(t *testing.T) {
 	ntbtest.WaitLink(t, b, ntb.LinkUp, time.Second)
 }
 
+// An end sees its own fault injection at once, not at its next beat
+// (here a second away).
+func TestForcedDownSeenAtOnce(t *testing.T) {
+	o := Options{Dir: testDir(t), WindowSize: 64 << 10, HeartbeatInterval: time.Second, HeartbeatTimeout: 10 * time.Second}
+	a, b := openPair(t, o)
+	defer a.Close()
+	defer b.Close()
+	ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
+	start := time.Now()
+	a.ForceLinkDown()
+	ntbtest.WaitLink(t, a, ntb.LinkDown, 500*time.Millisecond)
+	t.Logf("forced down seen by its own end in %v", time.Since(start).Round(time.Microsecond))
+	start = time.Now()
+	a.ForceLinkUp()
+	ntbtest.WaitLink(t, a, ntb.LinkUp, 500*time.Millisecond)
+	t.Logf("and up again in %v", time.Since(start).Round(time.Microsecond))
+}
+
 func TestHeartbeatSilence(t *testing.T) {
 	o := Options{Dir: testDir(t), WindowSize: 64 << 10, HeartbeatInterval: 10 * time.Millisecond, HeartbeatTimeout: 50 * time.Millisecond}
 	a, b := openPair(t, o)
