@@ -242,7 +242,7 @@ type Endpoint struct {
 	active      atomic.Int32  // goroutines spin-polling
 	parked      atomic.Int32  // goroutines parked, waiting for the poller
 	writersOut  atomic.Int32  // of those, writers with bytes left to send (see busy)
-	idle        atomic.Bool   // the poller told idler it sleeps with nothing to send
+	idle        atomic.Bool   // idler was told this end is idle (state.announceIdle)
 	inCall      atomic.Int32  // goroutines inside Read or Write (past its lock), parked or not
 	smallFor    int64         // smallRecent, in ns (tests lengthen it before connecting)
 	accepting   atomic.Int32  // goroutines in Accept: the poller arms once calls stop (see idleGrace)
@@ -280,10 +280,10 @@ func Open(name string, cfg Config) (*Endpoint, error) {
 	return ep, nil
 }
 
-// busy ends the idle spell the poller announced to the device before it
-// slept on the doorbell with nothing to send (runPoller): it woke, or a
-// writer is about to wait for credit or room, and a peer that dies
-// meanwhile must be noticed at the device's full rate.
+// busy ends the idle spell announced to the device (state.announceIdle):
+// the poller or a worker woke, or a writer is about to wait for credit or
+// room, and a peer that dies meanwhile must be noticed at the device's
+// full rate.
 func (ep *Endpoint) busy() {
 	if ep.idle.Load() && ep.idle.Swap(false) {
 		ep.idler.Idle(false)
@@ -439,6 +439,12 @@ func (ep *Endpoint) install(s *partition.Session) {
 		}
 		cpu++
 		return ep.cfg.WorkerCPUs[(cpu-1)%len(ep.cfg.WorkerCPUs)]
+	}
+	switch ep.cfg.CoreModel {
+	case CoreShared:
+		st.workers = len(st.units)
+	case CoreSplit:
+		st.workers = 2 * len(st.units)
 	}
 	for _, u := range st.units {
 		switch ep.cfg.CoreModel {

@@ -47,6 +47,9 @@ type state struct {
 
 	ctlPending atomic.Bool // len(ctlq) > 0
 
+	workers int          // worker goroutines (CoreShared, CoreSplit)
+	asleep  atomic.Int32 // of them, asleep on the doorbell
+
 	turns turns // writers waiting for credit in turns
 }
 
@@ -707,6 +710,31 @@ func (st *state) drainLocked(p *partition.Partition) bool {
 // the 2-vCPU VM before the proxy's copies were cut).
 const idleGrace = 2 * time.Millisecond
 
+// announceIdle tells the device, if it listens (ntb.Idler), that this end
+// sleeps with nothing to send — no loose frame, no writer queued or
+// parked for credit or room — so that it may check the link less often:
+// an idle pair's CPU was mostly the fabric's heartbeats. A sender waiting
+// for room keeps them frequent, so that a peer that dies or a link pulled
+// mid-transfer is seen as soon as before. The poller or the last worker
+// to sleep calls it; Endpoint.busy ends it.
+func (st *state) announceIdle() {
+	ep := st.ep
+	if ep.idler == nil || !st.quiet() || !ep.idle.CompareAndSwap(false, true) {
+		return
+	}
+	ep.idler.Idle(true)
+	if !st.quiet() {
+		ep.busy() // a writer or a worker came between the look and the announcement
+	}
+}
+
+// quiet reports whether nothing of ours waits to be sent and every worker
+// (if any) sleeps.
+func (st *state) quiet() bool {
+	return !st.ctlPending.Load() && st.ep.writersOut.Load() == 0 && !st.sendQueued() &&
+		int(st.asleep.Load()) == st.workers
+}
+
 // sendQueued reports whether a unit has writers queued.
 func (st *state) sendQueued() bool {
 	for _, u := range st.units {
@@ -729,8 +757,12 @@ func (st *state) runPoller() {
 	defer st.failAll()
 	timer := time.NewTimer(idleGrace)
 	defer timer.Stop()
-	pause := func(d time.Duration) {
-		timer.Reset(d)
+	pause := func(d time.Duration) { // d 0: until kicked
+		if d > 0 {
+			timer.Reset(d)
+		} else {
+			timer.Stop()
+		}
 		select {
 		case <-ep.kick:
 		case <-timer.C:
@@ -742,7 +774,6 @@ func (st *state) runPoller() {
 	for _, p := range rings {
 		bits |= p.DataBit() | p.SpaceBit()
 	}
-	idler := ep.idler
 	txBytes := make([]uint64, len(st.units))
 	nextBalance := time.Now().Add(rebalanceEvery)
 	var idleSince time.Time
@@ -754,9 +785,12 @@ func (st *state) runPoller() {
 		}
 		ctlDone := st.flushCtl()
 		if ep.cfg.CoreModel != CoreInline {
-			// The workers watch the rings; only loose frames are ours.
-			if ctlDone {
+			// The workers watch the rings; only loose frames are ours
+			// (queuing one kicks us), and the units' traffic to compare.
+			if ctlDone && ep.cfg.Rebalance {
 				pause(rebalanceEvery)
+			} else if ctlDone {
+				pause(0)
 			} else {
 				pause(time.Millisecond)
 			}
@@ -827,18 +861,7 @@ func (st *state) runPoller() {
 			continue
 		}
 		ep.counters.pollerSleeps.Add(1)
-		// With nothing of ours to send either, the device may check the
-		// link less often meanwhile (ntb.Idler): an idle pair's CPU was
-		// mostly the fabric's heartbeats. A sender waiting for room keeps
-		// them frequent, so that a peer that dies or a link pulled
-		// mid-transfer is seen as soon as before.
-		if idler != nil && ctlDone && ep.writersOut.Load() == 0 && !st.sendQueued() {
-			ep.idle.Store(true)
-			idler.Idle(true)
-			if ep.writersOut.Load() > 0 || st.sendQueued() {
-				ep.busy() // a writer came between the look and the store
-			}
-		}
+		st.announceIdle()
 		_, err := ep.dev.WaitDoorbell(ctx, bits)
 		ep.busy()
 		if err != nil && ctx.Err() == nil {

@@ -277,6 +277,7 @@ func (u *unit) runWorker(tx, rx bool, cpu int) {
 	}
 	budget := st.ep.cfg.SpinBudget
 	idleSince := time.Now()
+	recheck := workerRecheck
 	for ctx.Err() == nil {
 		busy := false
 		if tx && u.queued.Load() > 0 {
@@ -291,7 +292,7 @@ func (u *unit) runWorker(tx, rx bool, cpu int) {
 			busy = true
 		}
 		if busy {
-			idleSince = time.Time{}
+			idleSince, recheck = time.Time{}, workerRecheck
 			continue
 		}
 		if idleSince.IsZero() {
@@ -312,23 +313,35 @@ func (u *unit) runWorker(tx, rx bool, cpu int) {
 			continue
 		}
 		st.ep.counters.pollerSleeps.Add(1)
-		st.sleep(ctx, bits, u.kick, tx)
-		idleSince = time.Now()
+		st.sleep(ctx, bits, u.kick, tx, recheck)
+		// Woken with nothing to do (a recheck), it sleeps again at once,
+		// and longer; woken by work, it spins again once that is done.
+		recheck = min(2*recheck, workerRecheckMax)
 	}
 }
 
-// workerRecheck bounds a worker's sleep. The worker models lose a wake-up
-// now and then (seen as nettest's PingPong hanging in CoreShared, rarely
-// and on a loaded machine, at least since partitions and workers were
-// built); until that is found a worker looks at its rings again after this
-// long, so a lost wake-up costs milliseconds, not a hang. The default
-// CoreInline does not use workers.
-const workerRecheck = 10 * time.Millisecond
+// workerRecheck bounds a worker's first sleep after work. The worker
+// models lose a wake-up now and then (seen as nettest's PingPong hanging
+// in CoreShared, rarely and on a loaded machine, at least since partitions
+// and workers were built); until that is found a worker looks at its rings
+// again after this long, so a lost wake-up costs milliseconds, not a hang.
+// Each look that finds nothing doubles the next sleep, up to
+// workerRecheckMax: every sleep costs a wake-up, and a blocking wait
+// entered anew keeps the runtime's sysmon polling for ~10 ms (it takes the
+// P back only then), so looking every 10 ms kept an idle pair's worker at
+// ~10 % of a core each (CoreShared 21 % for the pair, CoreSplit 44 %; now
+// 1.4-1.5 %, test/TestIdleCPU). A wake-up lost after a long idle spell
+// therefore costs up to workerRecheckMax; after work, milliseconds as
+// before. The default CoreInline does not use workers.
+const (
+	workerRecheck    = 10 * time.Millisecond
+	workerRecheckMax = 1280 * time.Millisecond
+)
 
 // sleep waits for a doorbell in bits, or (kickable) a kick, or ctx, or
-// workerRecheck.
-func (st *state) sleep(ctx context.Context, bits uint64, kick chan struct{}, kickable bool) {
-	wctx, cancel := context.WithTimeout(ctx, workerRecheck)
+// recheck.
+func (st *state) sleep(ctx context.Context, bits uint64, kick chan struct{}, kickable bool, recheck time.Duration) {
+	wctx, cancel := context.WithTimeout(ctx, recheck)
 	defer cancel()
 	if kickable {
 		stop := make(chan struct{})
@@ -341,7 +354,12 @@ func (st *state) sleep(ctx context.Context, bits uint64, kick chan struct{}, kic
 			}
 		}()
 	}
+	if int(st.asleep.Add(1)) == st.workers {
+		st.announceIdle()
+	}
 	_, _ = st.ep.dev.WaitDoorbell(wctx, bits)
+	st.asleep.Add(-1)
+	st.ep.busy()
 	pending := st.ep.dev.Doorbells() & bits
 	st.ep.dev.ClearDoorbells(pending)
 	for _, p := range st.sess.Partitions() {

@@ -64,6 +64,7 @@ type childParams struct {
 	Proxy    string // ntproxy socket to attach to (roleProxyStream)
 	Target   string // host:port to dial through it
 	Pool     bool   // dial it in shared-pool mode
+	Core     socklike.CoreModel
 }
 
 // report is one line a child writes on stdout.
@@ -159,8 +160,14 @@ func fabricDir(t *testing.T) string {
 // openEnd attaches the test process to side of the link in dir.
 func openEnd(t *testing.T, dir string, side shm.Side) *socklike.Endpoint {
 	t.Helper()
+	return openEndCore(t, dir, side, socklike.CoreInline)
+}
+
+// openEndCore is openEnd with the given core model.
+func openEndCore(t *testing.T, dir string, side shm.Side, core socklike.CoreModel) *socklike.Endpoint {
+	t.Helper()
 	logf := func(format string, args ...any) { t.Logf("parent: "+format, args...) }
-	ep, err := socklike.Open(linkName, endpointConfig(dir, side, logf))
+	ep, err := socklike.Open(linkName, endpointConfig(dir, side, core, logf))
 	require.NoError(t, err)
 	logged := logLinkEvents(ep, logf)
 	t.Cleanup(func() { <-logged }) // after Close: no logging once the test is over
@@ -182,8 +189,8 @@ func logLinkEvents(ep *socklike.Endpoint, logf func(string, ...any)) <-chan stru
 	return done
 }
 
-func endpointConfig(dir string, side shm.Side, logf func(string, ...any)) socklike.Config {
-	return socklike.Config{Fabric: shm.Options{Dir: dir, Side: side}, Logf: logf}
+func endpointConfig(dir string, side shm.Side, core socklike.CoreModel, logf func(string, ...any)) socklike.Config {
+	return socklike.Config{Fabric: shm.Options{Dir: dir, Side: side}, CoreModel: core, Logf: logf}
 }
 
 // linkEnd is one process's end of the test's connections: connection i is
@@ -284,7 +291,7 @@ func accept(ctx context.Context, ln *socklike.Listener) (*socklike.Conn, error) 
 
 // childConnect opens a child's endpoint and connections as p says.
 func childConnect(ctl *childCtl, p childParams) (*socklike.Endpoint, []*socklike.Conn, error) {
-	ep, err := socklike.Open(linkName, endpointConfig(p.Dir, p.Side, ctl.logf))
+	ep, err := socklike.Open(linkName, endpointConfig(p.Dir, p.Side, p.Core, ctl.logf))
 	if err != nil {
 		return nil, nil, err
 	}
