@@ -309,3 +309,26 @@ func TestPollerTellsDeviceIdle(t *testing.T) {
 	go io.Copy(io.Discard, cb)
 	require.NoError(t, <-wrote)
 }
+
+// TestSporadicWaitsSpinShort checks that a connection whose Read waited
+// longer than busySpin keeps the short spin budget for its next waits (a
+// longer spin would not have bridged the gap), while a fresh one may spin
+// long.
+func TestSporadicWaitsSpinShort(t *testing.T) {
+	da, db := ntbtest.NewPair(1 << 20)
+	t.Cleanup(func() { da.Close(); db.Close() })
+	a, b := attachPair(t, da, db, Config{})
+	ca, cb := connPair(t, a, b, 1)
+	require.False(t, cb.sporadic.Load(), "a fresh connection")
+	go func() {
+		time.Sleep(10 * busySpin)
+		ca.Write([]byte{1})
+	}()
+	_, err := io.ReadFull(cb, make([]byte, 1))
+	require.NoError(t, err)
+	require.True(t, cb.sporadic.Load(), "a Read that waited %v parked past busySpin", 10*busySpin)
+	sp := spinner{ep: b, short: cb.sporadic.Load()}
+	require.True(t, sp.spin())
+	require.Equal(t, int64(b.cfg.SpinBudget), sp.budget, "its next wait spins SpinBudget, not busySpin")
+	sp.stop()
+}

@@ -319,6 +319,9 @@ func (r *runner) result(t transport, mode string, size int, samples []sample, st
 	if mode == "rate" {
 		res.Window = r.o.window
 	}
+	if mode == "pingpong" {
+		res.GapNs = r.o.gap.Nanoseconds()
+	}
 	return res
 }
 

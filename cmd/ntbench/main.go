@@ -39,7 +39,10 @@
 // Modes:
 //
 //	pingpong  write size bytes, read the size-byte echo, one at a time;
-//	          every round trip is timed
+//	          every round trip is timed; with -gap D the client waits D
+//	          between round trips (sporadic traffic: -gap 1ms is about a
+//	          request a millisecond; time.Sleep below 1 ms sleeps ~1.1 ms
+//	          on these VMs), untimed
 //	stream    write size-byte messages back to back; the server discards
 //	          them and acknowledges the byte count at the end; the time runs
 //	          from the first write to the acknowledgement
@@ -72,7 +75,8 @@
 //	           two cores busy
 //
 // JSON rows also carry pin, count (measured messages, all connections),
-// duration_ns (measured wall time), gomaxprocs, window (rate), read_buf,
+// duration_ns (measured wall time), gomaxprocs, window (rate), gap_ns
+// (pingpong with -gap), read_buf,
 // idle (-idle, when set), round (-rounds, when more than one), beside
 // (mixed-rr: the bulk flows beside it) and host.
 //
@@ -173,6 +177,7 @@ type options struct {
 	idle       int   // connections opened beside the measured ones, never used
 	rounds     int   // times the whole run is repeated, its rows reduced to medians
 	window     int
+	gap        time.Duration // pingpong: wait between round trips
 	pin        string
 	gomaxprocs int
 	verify     bool
@@ -276,6 +281,7 @@ Flags:
 	fs.IntVar(&o.idle, "idle", 0, "connections opened beside the measured ones and left idle (not the copy bound's)")
 	fs.IntVar(&o.rounds, "rounds", 1, "run every transport×mode×size this many times, the transports taking turns, and report the median of each figure")
 	fs.IntVar(&o.window, "window", 32, "messages in flight per connection (rate mode)")
+	fs.DurationVar(&o.gap, "gap", 0, "pingpong: wait this long between round trips, untimed (sporadic traffic; 1ms: about a request a millisecond)")
 	fs.IntVar(&o.readBuf, "readbuf", defaultReadBuf, "the server's read buffer per connection, in bytes (pingpong, stream, rate); many connections' buffers together can outgrow the CPU caches")
 	fs.StringVar(&o.pin, "pin", "split", "`placement`: split (client and server on different CPUs), same (both on one CPU) or none")
 	fs.IntVar(&o.gomaxprocs, "gomaxprocs", 0, "GOMAXPROCS of client and server (0: the CPUs each is pinned to, or the start-up value with -pin none)")
@@ -316,6 +322,8 @@ func (o *options) check(extra []string) error {
 		return fmt.Errorf("-idle %d: need 0 or more", o.idle)
 	case o.window < 1:
 		return fmt.Errorf("-window %d: need at least 1", o.window)
+	case o.gap < 0:
+		return fmt.Errorf("-gap %v: need 0 or more", o.gap)
 	case o.readBuf < 1 || o.readBuf > maxSize:
 		return fmt.Errorf("-readbuf %d: want 1 to %d bytes", o.readBuf, maxSize)
 	case o.gomaxprocs < 0:

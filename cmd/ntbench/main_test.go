@@ -241,6 +241,24 @@ func TestBoundRatio(t *testing.T) {
 	}
 }
 
+// TestGap checks that -gap spaces pingpong's round trips and is reported.
+func TestGap(t *testing.T) {
+	rows := jsonRows(t, runBench(t, "-transports=unix", "-modes=pingpong", "-size=64", "-gap=5ms", "-duration=100ms", "-warmup=5", "-json", "-pin="+testPin(t)))
+	if len(rows) != 1 {
+		t.Fatalf("%d rows, want 1", len(rows))
+	}
+	r := rows[0]
+	if r.GapNs != 5e6 {
+		t.Errorf("gap_ns %d, want 5e6", r.GapNs)
+	}
+	if r.Count < 1 || r.Count > 21 {
+		t.Errorf("%d round trips 5 ms apart in 100 ms", r.Count)
+	}
+	if r.P50 >= 5e6 {
+		t.Errorf("p50 %d ns: the gap was timed", r.P50)
+	}
+}
+
 // TestConnCounts checks that a list of connection counts measures each
 // count in turn, the transports taking turns at each, and that the table
 // compares every count with the row's peak.
@@ -313,6 +331,7 @@ func TestUsage(t *testing.T) {
 		{"-size=64k"},
 		{"-count=0"},
 		{"-conns=1,0"},
+		{"-gap=-1ms"},
 		{"-conns=2,x"},
 		{"-modes=mixed", "-conns=1,2"},
 		{"-duration=0s"},

@@ -317,6 +317,9 @@ func (p *pingpong) measure(deadline time.Time) (sample, error) {
 			return sample{}, err
 		}
 		rtts = append(rtts, time.Since(start))
+		if p.o.gap > 0 {
+			time.Sleep(p.o.gap)
+		}
 	}
 	return sample{msgs: len(rtts), rtts: rtts}, nil
 }
