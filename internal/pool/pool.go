@@ -84,9 +84,11 @@ const (
 )
 
 // Spin budgets: a waiter spins BusySpin instead of its usual budget when
-// its connection moved within BusyWindow. socklike's spinners use the same
-// two (a parked side costs a cross-process wake-up at both ends of a gap
-// between records; an idle or sporadic connection keeps the short budget).
+// its connection moved within BusyWindow (a parked side costs a
+// cross-process wake-up at both ends of a gap between records; an idle
+// connection keeps the short budget). socklike's spinners use the same
+// two, and keep the short budget too for a connection whose last wait
+// outlasted BusySpin; pool waiters do not yet.
 const (
 	BusySpin   = 500 * time.Microsecond
 	BusyWindow = time.Millisecond
