@@ -330,7 +330,7 @@ func (u *unit) runWorker(tx, rx bool, cpu int) {
 // entered anew keeps the runtime's sysmon polling for ~10 ms (it takes the
 // P back only then), so looking every 10 ms kept an idle pair's worker at
 // ~10 % of a core each (CoreShared 21 % for the pair, CoreSplit 44 %; now
-// 1.4-1.5 %, test/TestIdleCPU). A wake-up lost after a long idle spell
+// 1.2-1.6 % on a quiet machine, up to 3 % under CI's load, test/TestIdleCPU). A wake-up lost after a long idle spell
 // therefore costs up to workerRecheckMax; after work, milliseconds as
 // before. The default CoreInline does not use workers.
 const (

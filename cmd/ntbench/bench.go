@@ -319,7 +319,7 @@ func (r *runner) result(t transport, mode string, size int, samples []sample, st
 	if mode == "rate" {
 		res.Window = r.o.window
 	}
-	if mode == "pingpong" {
+	if mode == "pingpong" || mode == "mixed-rr" {
 		res.GapNs = r.o.gap.Nanoseconds()
 	}
 	return res

@@ -42,7 +42,7 @@
 //	          every round trip is timed; with -gap D the client waits D
 //	          between round trips (sporadic traffic: -gap 1ms is about a
 //	          request a millisecond; time.Sleep below 1 ms sleeps ~1.1 ms
-//	          on these VMs), untimed
+//	          on these VMs), untimed; mixed mode's pingpong flow too
 //	stream    write size-byte messages back to back; the server discards
 //	          them and acknowledges the byte count at the end; the time runs
 //	          from the first write to the acknowledgement
@@ -76,7 +76,7 @@
 //
 // JSON rows also carry pin, count (measured messages, all connections),
 // duration_ns (measured wall time), gomaxprocs, window (rate), gap_ns
-// (pingpong with -gap), read_buf,
+// (pingpong and mixed-rr with -gap), read_buf,
 // idle (-idle, when set), round (-rounds, when more than one), beside
 // (mixed-rr: the bulk flows beside it) and host.
 //
@@ -281,7 +281,7 @@ Flags:
 	fs.IntVar(&o.idle, "idle", 0, "connections opened beside the measured ones and left idle (not the copy bound's)")
 	fs.IntVar(&o.rounds, "rounds", 1, "run every transport×mode×size this many times, the transports taking turns, and report the median of each figure")
 	fs.IntVar(&o.window, "window", 32, "messages in flight per connection (rate mode)")
-	fs.DurationVar(&o.gap, "gap", 0, "pingpong: wait this long between round trips, untimed (sporadic traffic; 1ms: about a request a millisecond)")
+	fs.DurationVar(&o.gap, "gap", 0, "pingpong, and mixed mode's pingpong flow: wait this long between round trips, untimed (sporadic traffic; 1ms: about a request a millisecond)")
 	fs.IntVar(&o.readBuf, "readbuf", defaultReadBuf, "the server's read buffer per connection, in bytes (pingpong, stream, rate); many connections' buffers together can outgrow the CPU caches")
 	fs.StringVar(&o.pin, "pin", "split", "`placement`: split (client and server on different CPUs), same (both on one CPU) or none")
 	fs.IntVar(&o.gomaxprocs, "gomaxprocs", 0, "GOMAXPROCS of client and server (0: the CPUs each is pinned to, or the start-up value with -pin none)")

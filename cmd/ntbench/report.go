@@ -33,7 +33,7 @@ type result struct {
 	DurationNs int64     `json:"duration_ns"` // measured wall time
 	GOMAXPROCS int       `json:"gomaxprocs"`
 	Window     int       `json:"window,omitempty"` // rate only
-	GapNs      int64     `json:"gap_ns,omitempty"` // pingpong with -gap: the wait between round trips
+	GapNs      int64     `json:"gap_ns,omitempty"` // pingpong, mixed-rr with -gap: the wait between round trips
 	ReadBuf    int       `json:"read_buf"`         // the server's read buffer per connection
 	Host       proc.Host `json:"host"`
 	Time       string    `json:"time,omitempty"` // start of the measurement, RFC 3339, UTC
