@@ -37,7 +37,7 @@ const (
 // connection shows that the blocked Reads still wake up.
 //
 // The worker models are held to idleMaxWorkers: on a quiet machine they
-// read 1.4-1.5 %, but each worker still looks at its rings every 1.28 s,
+// read 1.2-1.6 %, but each worker still looks at its rings every 1.28 s,
 // which wakes every doorbell waiter of the process and keeps the runtime's
 // sysmon polling for 10 ms, and under CI's load that read 2.6-3.0 %.
 // (Their workers looked every 10 ms and kept a pair at 21 % (CoreShared)
