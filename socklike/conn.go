@@ -1368,8 +1368,8 @@ type spinner struct {
 // whether its server spun 50 or 500 µs, and the longer spin cost 0.45 ms
 // of CPU per message (ntbench -gap 1ms: the pair's CPU 64 %, 2.8x TCP's
 // per message).
-// (Shared-pool connections, socklike/pool.go, wait the same way, without
-// the sporadic rule.)
+// (Shared-pool connections, socklike/pool.go, and ntproxy's side of them
+// wait the same way, pool.Spin.)
 const (
 	busyWindow = pool.BusyWindow
 	busySpin   = pool.BusySpin

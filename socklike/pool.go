@@ -127,6 +127,7 @@ type PoolConn struct {
 
 	rdl, wdl atomic.Int64 // deadlines, Unix nanoseconds; 0: none
 	moved    atomic.Int64 // when a Read or Write last moved bytes, Unix nanoseconds
+	sporadic atomic.Bool  // the last wait outlasted pool.BusySpin (see pool.Spin)
 	closed   atomic.Bool
 	finSent  atomic.Bool
 	err      atomic.Pointer[error] // set when ntproxy went away
@@ -209,9 +210,9 @@ func (c *PoolConn) Read(b []byte) (int, error) {
 		case pf&pool.FlagReset != 0:
 			return 0, c.opErr("read", syscall.ECONNRESET)
 		}
-		c.slot.Wait(pool.App, func() bool {
+		c.sporadic.Store(c.slot.Wait(pool.App, func() bool {
 			return c.slot.InHead() != head || c.slot.ProxyFlags() != pf || c.closed.Load() || c.err.Load() != nil || c.rdl.Load() != dl
-		}, pool.Spin(c.spin, c.moved.Load()), unixTime(dl))
+		}, pool.Spin(c.spin, c.moved.Load(), c.sporadic.Load()), unixTime(dl)))
 	}
 }
 
@@ -254,9 +255,9 @@ func (c *PoolConn) Write(b []byte) (int, error) {
 			n += k
 			continue
 		}
-		c.slot.Wait(pool.App, func() bool {
+		c.sporadic.Store(c.slot.Wait(pool.App, func() bool {
 			return c.slot.OutTail() != tail || c.slot.ProxyFlags() != pf || c.closed.Load() || c.err.Load() != nil || c.wdl.Load() != dl
-		}, pool.Spin(c.spin, c.moved.Load()), unixTime(dl))
+		}, pool.Spin(c.spin, c.moved.Load(), c.sporadic.Load()), unixTime(dl)))
 	}
 	return n, nil
 }

@@ -86,18 +86,20 @@ const (
 // Spin budgets: a waiter spins BusySpin instead of its usual budget when
 // its connection moved within BusyWindow (a parked side costs a
 // cross-process wake-up at both ends of a gap between records; an idle
-// connection keeps the short budget). socklike's spinners use the same
-// two, and keep the short budget too for a connection whose last wait
-// outlasted BusySpin; pool waiters do not yet.
+// connection keeps the short budget) — unless its last wait outlasted
+// BusySpin (Wait's report): a request a millisecond sleeps however long
+// its waiter spins, and the longer spin only burns the CPU. socklike's
+// spinners use the same two and the same rule (Conn.sporadic).
 const (
 	BusySpin   = 500 * time.Microsecond
 	BusyWindow = time.Millisecond
 )
 
-// Spin is the budget of a waiter whose connection last moved at last
-// (Unix nanoseconds) with usual budget spin.
-func Spin(spin time.Duration, last int64) time.Duration {
-	if time.Now().UnixNano()-last < int64(BusyWindow) {
+// Spin is the budget of a waiter with usual budget spin whose connection
+// last moved at last (Unix nanoseconds) and whose last wait outlasted
+// BusySpin if sporadic.
+func Spin(spin time.Duration, last int64, sporadic bool) time.Duration {
+	if !sporadic && time.Now().UnixNano()-last < int64(BusyWindow) {
 		return max(spin, BusySpin)
 	}
 	return spin
@@ -213,14 +215,17 @@ func (s *Slot) Kick(side Side) {
 // holds no P, but the poller is consulted only when no goroutine is
 // runnable, and ntproxy's spinners always are — 64 B round trips took
 // ~490 µs instead of ~13.
-func (s *Slot) Wait(side Side, ready func() bool, spin time.Duration, deadline time.Time) {
+//
+// It reports whether it slept and the whole wait outlasted BusySpin: a
+// spin of BusySpin would not have bridged it (see Spin).
+func (s *Slot) Wait(side Side, ready func() bool, spin time.Duration, deadline time.Time) (long bool) {
 	ev, sleep := evOffs(side)
 	seen := s.hdr.Load32(ev)
+	start := time.Now()
 	if spin > 0 {
-		start := time.Now()
 		for i := 0; ; i++ {
 			if ready() || s.hdr.Load32(ev) != seen {
-				return
+				return false
 			}
 			if i&15 == 15 {
 				if time.Since(start) > spin {
@@ -241,13 +246,14 @@ func (s *Slot) Wait(side Side, ready func() bool, spin time.Duration, deadline t
 	seen = s.hdr.Load32(ev)
 	s.hdr.Store32(sleep, 1)
 	if ready() {
-		return
+		return false
 	}
 	var timeout time.Duration
 	if !deadline.IsZero() {
 		if timeout = time.Until(deadline); timeout <= 0 {
-			return
+			return false
 		}
 	}
 	s.hdr.Wait32(ev, seen, timeout)
+	return time.Since(start) > BusySpin
 }

@@ -91,3 +91,33 @@ func TestKick(t *testing.T) {
 		t.Fatal("Kick did not wake the waiter")
 	}
 }
+
+// A wait a BusySpin spin would not have bridged is reported as long, and
+// the waiter then keeps its usual budget even while its connection is
+// busy; a wait that ends while spinning is not.
+func TestSporadicWaitKeepsShortSpin(t *testing.T) {
+	s, err := NewSlot(unsafeBytes(make([]uint64, SlotSize(MinRing)/8)), MinRing)
+	require.NoError(t, err)
+	const spin = 20 * time.Microsecond
+	now := time.Now().UnixNano()
+	require.Equal(t, BusySpin, Spin(spin, now, false), "busy: the long budget")
+	require.Equal(t, spin, Spin(spin, now, true), "busy but sporadic: the usual budget")
+	require.Equal(t, spin, Spin(spin, now-int64(2*BusyWindow), false), "idle: the usual budget")
+
+	require.False(t, s.Wait(App, func() bool { return true }, BusySpin, time.Time{}), "ready at once")
+	long := make(chan bool)
+	go func() { long <- s.Wait(App, func() bool { return false }, spin, time.Time{}) }()
+	_, asleep := evOffs(App)
+	for s.hdr.Load32(asleep) == 0 { // spinning still, or not yet waiting
+		time.Sleep(100 * time.Microsecond)
+	}
+	time.Sleep(2 * BusySpin)
+	s.Notify(App)
+	select {
+	case l := <-long:
+		require.True(t, l, "slept past BusySpin")
+	case <-time.After(5 * time.Second):
+		t.Fatal("Notify did not wake the waiter")
+	}
+	require.False(t, s.Wait(App, func() bool { return false }, spin, time.Now().Add(-time.Second)), "deadline passed: no sleep")
+}

@@ -205,6 +205,7 @@ func (l *leg) runPool() {
 	s := l.slot
 	spin := cmp.Or(l.s.appCfg.SpinBudget, socklike.DefaultSpinBudget)
 	var moved int64
+	var sporadic bool // the last wait outlasted pool.BusySpin (see pool.Spin)
 	var lastHead, lastTail uint64
 	for !l.ended.Load() {
 		af, pf := s.AppFlags(), s.ProxyFlags() // flags first: a FIN's head is final
@@ -220,9 +221,9 @@ func (l *leg) runPool() {
 			l.close(fmt.Errorf("application: %w", err))
 			return
 		}
-		s.Wait(pool.Proxy, func() bool {
+		sporadic = s.Wait(pool.Proxy, func() bool {
 			return l.ended.Load() || s.OutHead() != head || s.InTail() != tail || s.AppFlags() != af || s.ProxyFlags() != pf
-		}, pool.Spin(spin, moved), time.Time{})
+		}, pool.Spin(spin, moved, sporadic), time.Time{})
 	}
 }
 
