@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -201,4 +202,45 @@ func TestMemLink(t *testing.T) {
 	got, err := b.WaitDoorbell(ctx, 1)
 	require.NoError(t, err)
 	require.Equal(t, uint64(1), got&1)
+}
+
+// A WaitDoorbell call whose context ends wakes alone: the other callers of
+// the process sleep on (each of their wake-ups re-enters a blocking wait,
+// which keeps the runtime's sysmon polling for 10 ms).
+func TestCancelWakesOneWaiter(t *testing.T) {
+	a, b := openPair(t, Options{Dir: testDir(t), WindowSize: 64 << 10, HeartbeatTimeout: 10 * time.Second})
+	defer a.Close()
+	defer b.Close()
+	ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
+	const bit, others, cancels = 1 << 3, 3, 20
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range others {
+		wg.Go(func() { _, _ = a.WaitDoorbell(ctx, bit) })
+	}
+	asleep := func() { // the sleeps' count stands still
+		for last := a.wakeup.Load(); ; {
+			time.Sleep(20 * time.Millisecond)
+			if n := a.wakeup.Load(); n == last {
+				return
+			} else {
+				last = n
+			}
+		}
+	}
+	asleep()
+	before := a.wakeup.Load()
+	for range cancels {
+		cctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { _, _ = a.WaitDoorbell(cctx, bit); close(done) }()
+		time.Sleep(5 * time.Millisecond)
+		cancel()
+		<-done
+	}
+	// One wake-up per cancelled call; a broadcast would add the others'.
+	woke := a.wakeup.Load() - before
+	require.Less(t, woke, uint64(cancels+cancels/2), "sleeps ended for %d cancelled calls", cancels)
+	stop()
+	wg.Wait()
 }
