@@ -1,6 +1,7 @@
 package ntb
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -15,6 +16,9 @@ type LinkTracker struct {
 	seq    atomic.Uint64
 	why    atomic.Pointer[string]
 	events chan LinkEvent
+
+	mu      sync.Mutex
+	changed chan struct{} // closed by the next Set (see Changed); nil: nobody asked
 }
 
 // linkEventBuffer is the events a slow reader may fall behind by before
@@ -44,12 +48,34 @@ func (t *LinkTracker) Events() <-chan LinkEvent { return t.events }
 // Seq counts the changes so far.
 func (t *LinkTracker) Seq() uint64 { return t.seq.Load() }
 
+// Changed returns a channel closed by the next Set or Close (a backend's
+// LinkChanged, see LinkWatcher).
+func (t *LinkTracker) Changed() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.changed == nil {
+		t.changed = make(chan struct{})
+	}
+	return t.changed
+}
+
+// signal closes the channel Changed handed out.
+func (t *LinkTracker) signal() {
+	t.mu.Lock()
+	if t.changed != nil {
+		close(t.changed)
+		t.changed = nil
+	}
+	t.mu.Unlock()
+}
+
 // Set records a change and publishes it; if the channel is full the oldest
 // event is dropped.
 func (t *LinkTracker) Set(s LinkState, why string, at time.Time) {
 	t.state.Store(int32(s))
 	t.why.Store(&why)
 	t.seq.Add(1)
+	t.signal()
 	ev := LinkEvent{State: s, Reason: why, Time: at}
 	select {
 	case t.events <- ev:
@@ -68,5 +94,8 @@ func (t *LinkTracker) Set(s LinkState, why string, at time.Time) {
 // ForceDown marks the link down without an event (a closing device).
 func (t *LinkTracker) ForceDown() { t.state.Store(int32(LinkDown)) }
 
-// Close closes the events channel.
-func (t *LinkTracker) Close() { close(t.events) }
+// Close closes the events channel and wakes Changed's waiters.
+func (t *LinkTracker) Close() {
+	t.signal()
+	close(t.events)
+}

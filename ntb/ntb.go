@@ -138,3 +138,12 @@ type Device interface {
 type Idler interface {
 	Idle(on bool)
 }
+
+// LinkWatcher is a Device that can tell a waiter of the next link change:
+// LinkChanged returns a channel closed by the first change after the
+// call. Taken before a look at Link, it closes WaitDoorbell's window (a
+// change between the look and the call), so a caller needs no periodic
+// re-check.
+type LinkWatcher interface {
+	LinkChanged() <-chan struct{}
+}

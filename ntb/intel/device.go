@@ -131,7 +131,10 @@ type Device struct {
 	notify chan struct{} // closed and replaced to wake WaitDoorbell
 }
 
-var _ ntb.Device = (*Device)(nil)
+var (
+	_ ntb.Device      = (*Device)(nil)
+	_ ntb.LinkWatcher = (*Device)(nil)
+)
 
 // start brings the port up and starts its goroutines. It releases hw on
 // failure.
@@ -458,6 +461,10 @@ func (d *Device) Link() ntb.LinkState { return d.links.Link() }
 func (d *Device) LinkReason() string { return *d.reason.Load() }
 
 func (d *Device) LinkEvents() <-chan ntb.LinkEvent { return d.links.Events() }
+
+// LinkChanged returns a channel closed by the next link change (see
+// ntb.LinkWatcher).
+func (d *Device) LinkChanged() <-chan struct{} { return d.links.Changed() }
 
 // runInterrupts turns MSI-X messages into wake-ups. It returns when the
 // interrupt source is closed (or fails, which only closing it does).

@@ -183,7 +183,10 @@ type Device struct {
 	notify  chan struct{} // closed and replaced to wake WaitDoorbell
 }
 
-var _ ntb.Device = (*Device)(nil)
+var (
+	_ ntb.Device      = (*Device)(nil)
+	_ ntb.LinkWatcher = (*Device)(nil)
+)
 
 // NewDevice attaches one end of the link laid out in p's region, stamping
 // the layout's header if the region is new. On success the Device owns p
@@ -643,6 +646,10 @@ func (d *Device) Link() ntb.LinkState { return d.links.Link() }
 func (d *Device) LinkReason() string { return d.links.Reason() }
 
 func (d *Device) LinkEvents() <-chan ntb.LinkEvent { return d.links.Events() }
+
+// LinkChanged returns a channel closed by the next link change (see
+// ntb.LinkWatcher).
+func (d *Device) LinkChanged() <-chan struct{} { return d.links.Changed() }
 
 // SilenceHeartbeat is fault injection, a hung attachment: while on, the
 // device stops heartbeating, so the peer declares the link down after its

@@ -127,7 +127,10 @@ type Device struct {
 	ringSeq uint32 // our count of rings, the peer's futex word
 }
 
-var _ ntb.Device = (*Device)(nil)
+var (
+	_ ntb.Device      = (*Device)(nil)
+	_ ntb.LinkWatcher = (*Device)(nil)
+)
 
 // Open attaches one end of the link called name, creating the link file if
 // it does not exist.
@@ -498,6 +501,10 @@ func (d *Device) Link() ntb.LinkState { return d.links.Link() }
 func (d *Device) LinkReason() string { return d.links.Reason() }
 
 func (d *Device) LinkEvents() <-chan ntb.LinkEvent { return d.links.Events() }
+
+// LinkChanged returns a channel closed by the next link change (see
+// ntb.LinkWatcher).
+func (d *Device) LinkChanged() <-chan struct{} { return d.links.Changed() }
 
 // ForceLinkDown is fault injection, a cable pull: both ends report the
 // link down (the peer within one heartbeat interval) until ForceLinkUp.
