@@ -465,6 +465,23 @@ func (st *state) pollRing(p *partition.Partition, self *Conn, b []byte) int {
 	return records
 }
 
+// unitPending reports whether a record waits in one of the unit's rings
+// or the control ring, without taking it (a look for a sleeping worker,
+// see workerRecheck). A ring whose RX lock is held is being read.
+func (st *state) unitPending(u *unit) bool {
+	for _, p := range append(u.parts[:len(u.parts):len(u.parts)], st.control) {
+		if !p.TryLockRX() {
+			continue
+		}
+		_, _, ok, err := p.Peek()
+		p.UnlockRX()
+		if ok || err != nil {
+			return true
+		}
+	}
+	return false
+}
+
 // armUnit asks the peer to ring before its next record on the unit's rings
 // and the control ring.
 func (st *state) armUnit(u *unit) {

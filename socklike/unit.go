@@ -277,6 +277,7 @@ func (u *unit) runWorker(tx, rx bool, cpu int) {
 	}
 	budget := st.ep.cfg.SpinBudget
 	idleSince := time.Now()
+	pending := func() bool { return tx && u.queued.Load() > 0 || rx && st.unitPending(u) }
 	recheck := workerRecheck
 	for ctx.Err() == nil {
 		busy := false
@@ -313,57 +314,73 @@ func (u *unit) runWorker(tx, rx bool, cpu int) {
 			continue
 		}
 		st.ep.counters.pollerSleeps.Add(1)
-		st.sleep(ctx, bits, u.kick, tx, recheck)
-		// Woken with nothing to do (a recheck), it sleeps again at once,
-		// and longer; woken by work, it spins again once that is done.
+		st.sleep(ctx, bits, u.kick, tx, pending, recheck)
+		// Woken with nothing to do (a record its reader must take, queued
+		// writes with no room), it sleeps again at once, and looks later.
 		recheck = min(2*recheck, workerRecheckMax)
 	}
 }
 
-// workerRecheck bounds a worker's first sleep after work. The worker
-// models lose a wake-up now and then (seen as nettest's PingPong hanging
-// in CoreShared, rarely and on a loaded machine, at least since partitions
-// and workers were built); until that is found a worker looks at its rings
-// again after this long, so a lost wake-up costs milliseconds, not a hang.
-// Each look that finds nothing doubles the next sleep, up to
-// workerRecheckMax: every sleep costs a wake-up, and a blocking wait
-// entered anew keeps the runtime's sysmon polling for ~10 ms (it takes the
-// P back only then), so looking every 10 ms kept an idle pair's worker at
-// ~10 % of a core each (CoreShared 21 % for the pair, CoreSplit 44 %; now
-// 1.2-1.6 % on a quiet machine, up to 3 % under CI's load, test/TestIdleCPU). A wake-up lost after a long idle spell
-// therefore costs up to workerRecheckMax; after work, milliseconds as
-// before. The default CoreInline does not use workers.
+// workerRecheck is how long a worker sleeps after work before its rings
+// are looked at for it; each look that finds nothing doubles the next, up
+// to workerRecheckMax. The worker models lose a wake-up now and
+// then (seen as nettest's PingPong hanging in CoreShared, rarely and on a
+// loaded machine, at least since partitions and workers were built; with
+// the look off, once in ~1200 suite runs on the AMD VM on 2026-11-24, at
+// a commit of the day before, and in none of ~120 at 7673609; the cause is
+// not found); the look turns
+// such a loss into milliseconds after work, at most workerRecheckMax after
+// a long idle spell, instead of a hang. The look is a timer's, and wakes
+// the worker only when it finds work: a worker that woke to look itself
+// re-entered its blocking wait each time, which keeps the runtime's sysmon
+// polling for ~10 ms, and an idle CoreSplit pair spent ~0.4 % of a core
+// on it (looking every 10 ms, as until e0292a9: 44 %). The default
+// CoreInline does not use workers.
 const (
 	workerRecheck    = 10 * time.Millisecond
 	workerRecheckMax = 1280 * time.Millisecond
 )
 
-// sleep waits for a doorbell in bits, or (kickable) a kick, or ctx, or
-// recheck.
-func (st *state) sleep(ctx context.Context, bits uint64, kick chan struct{}, kickable bool, recheck time.Duration) {
-	wctx, cancel := context.WithTimeout(ctx, recheck)
+// sleep waits for a doorbell in bits, or (kickable) a kick, or ctx, or a
+// look at the rings that finds pending true, the first after recheck (see
+// workerRecheck).
+func (st *state) sleep(ctx context.Context, bits uint64, kick chan struct{}, kickable bool, pending func() bool, recheck time.Duration) {
+	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if kickable {
-		stop := make(chan struct{})
-		defer close(stop)
-		go func() {
+	go func() {
+		var kicked <-chan struct{}
+		if kickable {
+			kicked = kick
+		}
+		look := time.NewTimer(recheck)
+		defer look.Stop()
+		for {
 			select {
-			case <-kick:
+			case <-kicked:
 				cancel()
-			case <-stop:
+				return
+			case <-wctx.Done():
+				return
+			case <-look.C:
+				if pending() {
+					cancel()
+					return
+				}
+				recheck = min(2*recheck, workerRecheckMax)
+				look.Reset(recheck)
 			}
-		}()
-	}
+		}
+	}()
 	if int(st.asleep.Add(1)) == st.workers {
 		st.announceIdle()
 	}
 	_, _ = st.ep.dev.WaitDoorbell(wctx, bits)
 	st.asleep.Add(-1)
 	st.ep.busy()
-	pending := st.ep.dev.Doorbells() & bits
-	st.ep.dev.ClearDoorbells(pending)
+	rang := st.ep.dev.Doorbells() & bits
+	st.ep.dev.ClearDoorbells(rang)
 	for _, p := range st.sess.Partitions() {
-		if pending&p.SpaceBit() != 0 {
+		if rang&p.SpaceBit() != 0 {
 			st.ep.spaceArrived()
 			break
 		}
