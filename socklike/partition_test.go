@@ -15,9 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/nettest"
 
+	"github.com/ntstack/ntstack/ntb"
 	"github.com/ntstack/ntstack/ntb/ntbtest"
 	"github.com/ntstack/ntstack/qos"
 )
@@ -85,6 +87,55 @@ func TestCoreModelsNettest(t *testing.T) {
 				c1, c2 := connPair(t, a, b, port)
 				return c1, c2, func() { c1.Close(); c2.Close() }, nil
 			})
+		})
+	}
+}
+
+// deafDevice drops the doorbells its endpoint rings while muted: the peer
+// learns of records only by looking.
+type deafDevice struct {
+	ntb.Device
+	mute atomic.Bool
+}
+
+func (d *deafDevice) RingPeer(bits uint64) error {
+	if d.mute.Load() {
+		return nil
+	}
+	return d.Device.RingPeer(bits)
+}
+
+// A worker asleep on its doorbells still delivers a record whose doorbell
+// was lost: its rings are looked at for it (workerRecheck), within
+// workerRecheckMax however long it slept.
+func TestWorkerLooksWithoutDoorbell(t *testing.T) {
+	for _, m := range coreModels[1:] {
+		t.Run(m.String(), func(t *testing.T) {
+			da, db := ntbtest.NewPair(1 << 20)
+			t.Cleanup(func() { da.Close(); db.Close() })
+			deaf := &deafDevice{Device: db}
+			a, b := attachPair(t, da, deaf, Config{CoreModel: m, SpinBudget: 20 * time.Microsecond})
+			ca, cb := connPair(t, a, b, 1)
+			got := make(chan string, 1)
+			go func() {
+				buf := make([]byte, 5)
+				_, err := io.ReadFull(ca, buf)
+				assert.NoError(t, err)
+				got <- string(buf)
+			}()
+			time.Sleep(2 * workerRecheckMax) // every look has backed off
+			deaf.mute.Store(true)
+			start := time.Now()
+			_, err := cb.Write([]byte("hello"))
+			require.NoError(t, err)
+			select {
+			case s := <-got:
+				require.Equal(t, "hello", s)
+				t.Logf("delivered after %v with no doorbell", time.Since(start).Round(time.Millisecond))
+			case <-time.After(workerRecheckMax + 5*time.Second):
+				t.Fatal("a record whose doorbell was lost was never delivered")
+			}
+			deaf.mute.Store(false)
 		})
 	}
 }
