@@ -23,7 +23,7 @@ import "github.com/ntstack/ntstack/internal/shmem"
 // by S, like a real NTB port's doorbell and scratchpad registers:
 //
 //	off  size  field
-//	  0     4  doorbell sequence: P adds one after every ring; S sleeps on it (futex)
+//	  0     4  doorbell sequence: P adds one after every ring; S sleeps on it (futex; memory links only)
 //	  4     4  reserved
 //	  8     8  P's attach generation (0 = P detached)
 //	 16     8  P's heartbeat count

@@ -5,9 +5,12 @@
 // backend, used by the demo, the tests and the benchmarks; processes in
 // different network namespaces share it as long as they share /dev/shm.
 //
-// The layout of the link file is drawn in layout.go. Doorbells are futex
-// words in the file, so a sleeping peer wakes in one syscall; the link is
-// up while both sides are attached and their heartbeats keep moving.
+// The layout of the link file is drawn in layout.go. Doorbells are
+// counters in the file; a sleeping peer is woken through its FIFO beside
+// the link file (name.bell0, name.bell1), which it reads through the Go
+// runtime's poller, or, for a memory link without a directory, through a
+// futex word in the file (see bell_linux.go). The link is up while both
+// sides are attached and their heartbeats keep moving.
 //
 // Concurrency: a Device is safe for concurrent use. Lifetime: the window
 // slices are unmapped by Close; using them afterwards faults, so owners
@@ -114,6 +117,9 @@ type Device struct {
 	kick   []byte
 	words  []int         // free offsets of the kick page's other words (mu)
 	wakeup atomic.Uint64 // WaitDoorbell's sleeps that ended (tests)
+	// bell, for a link opened by name, replaces the futex waits: see
+	// bell_linux.go. nil for a memory link.
+	bell *bell
 
 	// users is held shared by every method that touches the mapping and
 	// exclusively by Close to unmap it.
@@ -150,7 +156,7 @@ func Open(name string, o Options) (*Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open link %q: %w", name, err)
 	}
-	return attach(name, f, o)
+	return attach(name, f, path, o)
 }
 
 // NewMemLink creates an anonymous link file (a memfd) that no other process
@@ -181,11 +187,12 @@ func OpenFile(f *os.File, name string, o Options) (*Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open link %q: reopen descriptor: %w", name, err)
 	}
-	return attach(name, own, o)
+	return attach(name, own, "", o)
 }
 
-// attach claims a side of the link file f, which it then owns.
-func attach(name string, f *os.File, o Options) (_ *Device, err error) {
+// attach claims a side of the link file f, which it then owns; path is
+// where the file is named ("" for a memory link).
+func attach(name string, f *os.File, path string, o Options) (_ *Device, err error) {
 	d := &Device{name: name, file: f, interval: o.HeartbeatInterval, idle: idleInterval(o.HeartbeatInterval, o.HeartbeatTimeout), timeout: o.HeartbeatTimeout}
 	defer func() {
 		if err != nil {
@@ -224,6 +231,11 @@ func attach(name string, f *os.File, o Options) (_ *Device, err error) {
 	d.remote.Store64(regGeneration, d.gen)
 	d.remote.Store32(regPeerDown, 0)
 
+	if path != "" {
+		if d.bell, err = openBell(path, d.side); err != nil {
+			return nil, err
+		}
+	}
 	d.links = ntb.NewLinkTracker()
 	d.stop = make(chan struct{})
 	d.done = make(chan struct{})
@@ -329,6 +341,10 @@ func (d *Device) exit() { d.users.RUnlock() }
 
 // wakeLocal wakes this process's WaitDoorbell callers so they re-check.
 func (d *Device) wakeLocal() {
+	if d.bell != nil {
+		d.bell.wake()
+		return
+	}
 	add32(d.kick, 0, 1)
 	futexWakePrivate(d.kick, 0)
 }
@@ -359,7 +375,11 @@ func (d *Device) RingPeer(bits uint64) error {
 	d.ringSeq++
 	storeFutex(d.remote, regDoorbellSeq, d.ringSeq)
 	d.mu.Unlock()
-	futexWake(d.remote, regDoorbellSeq)
+	if d.bell != nil {
+		d.bell.ring()
+	} else {
+		futexWake(d.remote, regDoorbellSeq)
+	}
 	return nil
 }
 
@@ -408,6 +428,9 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 	}
 	defer d.exit()
 	linkSeq := d.links.Seq()
+	if d.bell != nil {
+		return d.waitBell(ctx, want, linkSeq)
+	}
 	own := d.takeWord()
 	defer d.putWord(own)
 	stop := context.AfterFunc(ctx, func() {
@@ -437,6 +460,33 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 			return p, ctx.Err()
 		}
 		futexWait(d.local, regDoorbellSeq, seq, d.kick, [2]int{0, own}, [2]uint32{kick, mine})
+		d.wakeup.Add(1)
+	}
+}
+
+// waitBell is WaitDoorbell on a link opened by name (see bell): the same
+// checks, asleep on a channel rather than the futex words.
+func (d *Device) waitBell(ctx context.Context, want uint64, linkSeq uint64) (uint64, error) {
+	for {
+		rung := d.bell.waiting()
+		d.mu.Lock()
+		p := d.bells.Pending() & want
+		mask := d.mask
+		d.mu.Unlock()
+		switch {
+		case d.closed.Load():
+			return 0, ntb.ErrClosed
+		case p&^mask != 0:
+			return p, nil
+		case d.links.Seq() != linkSeq:
+			return p, nil
+		case ctx.Err() != nil:
+			return p, ctx.Err()
+		}
+		select {
+		case <-rung:
+		case <-ctx.Done():
+		}
 		d.wakeup.Add(1)
 	}
 }
@@ -685,7 +735,11 @@ func (d *Device) Close() error {
 		<-d.done
 		d.closed.Store(true)
 		d.remote.Store64(regGeneration, 0)
-		futexWake(d.remote, regDoorbellSeq)
+		if d.bell != nil {
+			d.bell.ring()
+		} else {
+			futexWake(d.remote, regDoorbellSeq)
+		}
 		d.wakeLocal()
 		d.users.Lock() // wait for methods in flight
 		d.closeErr = d.release()
@@ -704,6 +758,9 @@ func (d *Device) release() error {
 		errs = append(errs, unix.Munmap(d.kick))
 		d.kick = nil
 	}
+	if d.bell != nil {
+		errs = append(errs, d.bell.close())
+	}
 	if d.file != nil {
 		errs = append(errs, d.file.Close()) // drops our locks
 		d.file = nil
@@ -711,15 +768,19 @@ func (d *Device) release() error {
 	return errors.Join(errs...)
 }
 
-// Remove deletes the link file. Attached ends keep working; new ones
-// create a fresh file.
+// Remove deletes the link file and its doorbell FIFOs. Attached ends keep
+// working (each has the other's FIFO open once it has rung it, which the
+// session handshake does); new ones create fresh files.
 func Remove(dir, name string) error {
 	if dir == "" {
 		dir = DefaultDir
 	}
-	err := os.Remove(filepath.Join(dir, name))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
+	link := filepath.Join(dir, name)
+	var errs []error
+	for _, path := range []string{link, bellPath(link, 0), bellPath(link, 1)} {
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
 	}
-	return err
+	return errors.Join(errs...)
 }

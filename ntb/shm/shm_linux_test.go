@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -41,6 +42,27 @@ func TestConformance(t *testing.T) {
 		a, b := openPair(t, Options{Dir: testDir(t), WindowSize: 64 << 10})
 		return a, b
 	})
+}
+
+// A memory link sleeps on futex words rather than FIFOs: the same suite.
+func TestConformanceMemLink(t *testing.T) {
+	ntbtest.Conformance(t, func(t *testing.T) (ntb.Device, ntb.Device) {
+		a, b := openMemPair(t, Options{WindowSize: 64 << 10})
+		return a, b
+	})
+}
+
+// openMemPair attaches both ends of a new memory link.
+func openMemPair(t *testing.T, o Options) (*Device, *Device) {
+	t.Helper()
+	f, err := NewMemLink("t")
+	require.NoError(t, err)
+	defer f.Close() // each end holds its own descriptor
+	a, err := OpenFile(f, "t", o)
+	require.NoError(t, err)
+	b, err := OpenFile(f, "t", o)
+	require.NoError(t, err)
+	return a, b
 }
 
 func TestSides(t *testing.T) {
@@ -205,10 +227,21 @@ func TestMemLink(t *testing.T) {
 }
 
 // A WaitDoorbell call whose context ends wakes alone: the other callers of
-// the process sleep on (each of their wake-ups re-enters a blocking wait,
-// which keeps the runtime's sysmon polling for 10 ms).
+// the process sleep on (on a memory link each of their wake-ups re-enters
+// a blocking futex wait, which keeps the runtime's sysmon polling for
+// 10 ms). Both kinds of link.
 func TestCancelWakesOneWaiter(t *testing.T) {
-	a, b := openPair(t, Options{Dir: testDir(t), WindowSize: 64 << 10, HeartbeatTimeout: 10 * time.Second})
+	o := Options{WindowSize: 64 << 10, HeartbeatTimeout: 10 * time.Second}
+	t.Run("named", func(t *testing.T) {
+		o := o
+		o.Dir = testDir(t)
+		testCancelWakesOne(t, o, openPair)
+	})
+	t.Run("memory", func(t *testing.T) { testCancelWakesOne(t, o, openMemPair) })
+}
+
+func testCancelWakesOne(t *testing.T, o Options, open func(*testing.T, Options) (*Device, *Device)) {
+	a, b := open(t, o)
 	defer a.Close()
 	defer b.Close()
 	ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
@@ -243,4 +276,57 @@ func TestCancelWakesOneWaiter(t *testing.T) {
 	require.Less(t, woke, uint64(cancels+cancels/2), "sleeps ended for %d cancelled calls", cancels)
 	stop()
 	wg.Wait()
+}
+
+// A link opened by name wakes its sleepers through FIFOs beside the link
+// file: a ring wakes a new peer on the side a closed one held; Close leaks
+// no descriptor and no reader goroutine, and Remove deletes the FIFOs
+// with the link.
+func TestBellFIFO(t *testing.T) {
+	dir := testDir(t)
+	fds := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		require.NoError(t, err)
+		return len(ents)
+	}
+	fds0, goroutines0 := fds(), runtime.NumGoroutine()
+	o := Options{Dir: dir, WindowSize: 64 << 10}
+	a, b := openPair(t, o)
+	for side := range 2 {
+		fi, err := os.Stat(bellPath(filepath.Join(dir, "l"), side))
+		require.NoError(t, err)
+		require.Equal(t, os.ModeNamedPipe, fi.Mode().Type())
+	}
+	const bit = 1 << 5
+	waitRing := func(d *Device) {
+		t.Helper()
+		done := make(chan error, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		go func() { _, err := d.WaitDoorbell(ctx, bit); done <- err }()
+		time.Sleep(20 * time.Millisecond) // asleep
+		require.NoError(t, b.RingPeer(bit))
+		require.NoError(t, <-done, "the ring woke the waiter")
+		d.ClearDoorbells(bit)
+	}
+	ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
+	waitRing(a)
+	require.NoError(t, a.Close())
+	ntbtest.WaitLink(t, b, ntb.LinkDown, ntbtest.LinkDetectTimeout)
+	o.Side = Side0
+	a2, err := Open("l", o)
+	require.NoError(t, err)
+	ntbtest.WaitLink(t, a2, ntb.LinkUp, 5*time.Second)
+	waitRing(a2)
+	require.NoError(t, a2.Close())
+	require.NoError(t, b.Close())
+	require.Equal(t, fds0, fds(), "descriptors open after Close")
+	for give := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > goroutines0; time.Sleep(10 * time.Millisecond) {
+		require.True(t, time.Now().Before(give), "%d goroutines left after Close", runtime.NumGoroutine()-goroutines0)
+	}
+
+	require.NoError(t, Remove(dir, "l"))
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Empty(t, entries, "Remove leaves nothing of the link")
 }

@@ -1,0 +1,117 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// bell is the doorbell wake-up of a link opened by name: a FIFO per side
+// beside the link file. The peer writes a byte into ours to wake us; one
+// goroutine reads it through the runtime's poller and wakes every
+// WaitDoorbell call, which waits on a channel. So a sleeping end holds no
+// processor: a futex wait is a blocking system call that keeps its P, and
+// while another P idles the runtime's sysmon polls every 20 µs for up to
+// 10 ms before it takes it back — a request a millisecond (ntbench -gap
+// 1ms) cost ntb 48-50 % of a core unpinned and 36-37 % pinned against
+// TCP's 21-27 %, where TCP's goroutines park on the poller as these now
+// do (31-34 % and 23 %).
+//
+// A link held in a memory file (NewMemLink: ntproxy's application links)
+// has no directory for FIFOs and keeps the futex wait (WaitDoorbell).
+type bell struct {
+	fifo     *os.File // ours, opened read-write: never at end of file
+	peerPath string   // the peer's
+
+	peerMu sync.Mutex // held while peerFd is used, so it is never another file's
+	peerFd int        // open on the peer's FIFO, -1 until it is
+
+	mu   sync.Mutex
+	rung chan struct{} // closed by the next byte or local wake (mu)
+}
+
+// bellPath is side's FIFO of the link file at link.
+func bellPath(link string, side int) string { return fmt.Sprintf("%s.bell%d", link, side) }
+
+// openBell makes (if need be) and opens this side's FIFO of the link file
+// at link and starts its reader.
+func openBell(link string, side int) (*bell, error) {
+	own := bellPath(link, side)
+	if err := unix.Mkfifo(own, 0o660); err != nil && !errors.Is(err, unix.EEXIST) {
+		return nil, fmt.Errorf("make doorbell FIFO: %w", err)
+	}
+	// Read-write: a FIFO read with no writer left reads end of file,
+	// which the poller would report ready forever. os.OpenFile puts a
+	// FIFO in the runtime's poller.
+	f, err := os.OpenFile(own, os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open doorbell FIFO: %w", err)
+	}
+	b := &bell{fifo: f, peerPath: bellPath(link, 1-side), peerFd: -1, rung: make(chan struct{})}
+	go b.read()
+	return b, nil
+}
+
+// read wakes the waiters whenever bytes arrive, until the FIFO closes.
+func (b *bell) read() {
+	buf := make([]byte, 256) // rings since the last read, drained at once
+	for {
+		_, err := b.fifo.Read(buf)
+		b.wake()
+		if err != nil {
+			return
+		}
+	}
+}
+
+// wake wakes every waiter (a ring, or a local event: close, link change,
+// unmasking).
+func (b *bell) wake() {
+	b.mu.Lock()
+	close(b.rung)
+	b.rung = make(chan struct{})
+	b.mu.Unlock()
+}
+
+// waiting is the channel the next wake closes; take it before looking at
+// what the wait is for.
+func (b *bell) waiting() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.rung
+}
+
+// ring writes a byte into the peer's FIFO, opening it first if need be.
+// With no reader there (the peer is not attached) there is nobody to wake;
+// a full FIFO already holds a wake-up.
+func (b *bell) ring() {
+	b.peerMu.Lock()
+	defer b.peerMu.Unlock()
+	if b.peerFd < 0 {
+		fd, err := unix.Open(b.peerPath, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return
+		}
+		b.peerFd = fd
+	}
+	if _, err := unix.Write(b.peerFd, []byte{1}); errors.Is(err, unix.EPIPE) {
+		// The peer's reader went; its successor opens the FIFO anew.
+		unix.Close(b.peerFd)
+		b.peerFd = -1
+	}
+}
+
+// close closes both ends; the reader ends and wakes the waiters.
+func (b *bell) close() error {
+	err := b.fifo.Close()
+	b.peerMu.Lock()
+	if b.peerFd >= 0 {
+		unix.Close(b.peerFd)
+		b.peerFd = -1
+	}
+	b.peerMu.Unlock()
+	return err
+}
