@@ -144,7 +144,10 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 			HandOff:    true,
 			MTU:        socklike.DefaultMTU + legHdr, // a leg frame of a full record is one record
 			Partitions: cfg.Proxy.Partitions,
-			Fabric:     shm.Options{Dir: cfg.Proxy.FabricDir, WindowSize: cfg.Proxy.Window, HeartbeatTimeout: cfg.Proxy.LinkTimeout.Duration},
+			// FutexWait: the pool legs spin runnable while they wait, and a
+			// FIFO read through the runtime's poller would be seen only
+			// once they stop (see shm's bell).
+			Fabric: shm.Options{Dir: cfg.Proxy.FabricDir, WindowSize: cfg.Proxy.Window, HeartbeatTimeout: cfg.Proxy.LinkTimeout.Duration, FutexWait: true},
 			Logf: func(format string, args ...any) {
 				s.logf("link %s: "+format, append([]any{p.Link}, args...)...)
 			},

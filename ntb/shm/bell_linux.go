@@ -10,20 +10,25 @@ import (
 )
 
 // bell is the doorbell wake-up of a link opened by name: a FIFO per side
-// beside the link file. The peer writes a byte into ours to wake us; one
-// goroutine reads it through the runtime's poller and wakes every
-// WaitDoorbell call, which waits on a channel. So a sleeping end holds no
-// processor: a futex wait is a blocking system call that keeps its P, and
-// while another P idles the runtime's sysmon polls every 20 µs for up to
-// 10 ms before it takes it back — a request a millisecond (ntbench -gap
-// 1ms) cost ntb 48-50 % of a core unpinned and 36-37 % pinned against
-// TCP's 21-27 %, where TCP's goroutines park on the poller as these now
-// do (31-34 % and 23 %).
+// beside the link file. An end that sleeps reading its FIFO says so in
+// the peer's registers (regBells), and the peer then rings by writing a
+// byte into it; one goroutine reads it through the runtime's poller and
+// wakes every WaitDoorbell call, which waits on a channel. So a sleeping
+// end holds no processor. A futex wait is a blocking system call that
+// keeps its P, and while another P idles the runtime's sysmon polls every
+// 20 µs for up to 10 ms before it takes it back: a request a millisecond
+// (ntbench -gap 1ms) cost ntb 46-49 % of a core unpinned and 29-31 %
+// pinned against TCP's 21-27 %, where TCP's goroutines park on the poller
+// as these now do (30-33 % and 21-23 %).
 //
-// A link held in a memory file (NewMemLink: ntproxy's application links)
-// has no directory for FIFOs and keeps the futex wait (WaitDoorbell).
+// The poller is consulted only when no goroutine is runnable, though: a
+// process whose goroutines spin while they wait (ntproxy's pool legs)
+// would see its rings late, so it keeps the futex wait (Options.FutexWait;
+// the shared pool's 64 B round trips at a request a millisecond took
+// ~100 µs longer with the FIFO). A memory link (NewMemLink: ntproxy's
+// application links) has no directory for FIFOs and always does.
 type bell struct {
-	fifo     *os.File // ours, opened read-write: never at end of file
+	fifo     *os.File // ours, opened read-write (never at end of file); nil if we wait by futex
 	peerPath string   // the peer's
 
 	peerMu sync.Mutex // held while peerFd is used, so it is never another file's
@@ -36,9 +41,14 @@ type bell struct {
 // bellPath is side's FIFO of the link file at link.
 func bellPath(link string, side int) string { return fmt.Sprintf("%s.bell%d", link, side) }
 
-// openBell makes (if need be) and opens this side's FIFO of the link file
-// at link and starts its reader.
-func openBell(link string, side int) (*bell, error) {
+// openBell prepares the bell of the link file at link for side: the
+// peer's FIFO to ring, and, if read, this side's FIFO, made if need be,
+// opened and read.
+func openBell(link string, side int, read bool) (*bell, error) {
+	b := &bell{peerPath: bellPath(link, 1-side), peerFd: -1}
+	if !read {
+		return b, nil
+	}
 	own := bellPath(link, side)
 	if err := unix.Mkfifo(own, 0o660); err != nil && !errors.Is(err, unix.EEXIST) {
 		return nil, fmt.Errorf("make doorbell FIFO: %w", err)
@@ -50,10 +60,13 @@ func openBell(link string, side int) (*bell, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open doorbell FIFO: %w", err)
 	}
-	b := &bell{fifo: f, peerPath: bellPath(link, 1-side), peerFd: -1, rung: make(chan struct{})}
+	b.fifo, b.rung = f, make(chan struct{})
 	go b.read()
 	return b, nil
 }
+
+// reads reports whether this side sleeps reading its FIFO.
+func (b *bell) reads() bool { return b != nil && b.fifo != nil }
 
 // read wakes the waiters whenever bytes arrive, until the FIFO closes.
 func (b *bell) read() {
@@ -106,7 +119,10 @@ func (b *bell) ring() {
 
 // close closes both ends; the reader ends and wakes the waiters.
 func (b *bell) close() error {
-	err := b.fifo.Close()
+	var err error
+	if b.fifo != nil {
+		err = b.fifo.Close()
+	}
 	b.peerMu.Lock()
 	if b.peerFd >= 0 {
 		unix.Close(b.peerFd)

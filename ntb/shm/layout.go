@@ -23,8 +23,8 @@ import "github.com/ntstack/ntstack/internal/shmem"
 // by S, like a real NTB port's doorbell and scratchpad registers:
 //
 //	off  size  field
-//	  0     4  doorbell sequence: P adds one after every ring; S sleeps on it (futex; memory links only)
-//	  4     4  reserved
+//	  0     4  doorbell sequence: P adds one after every ring; S sleeps on it (futex) unless it bells
+//	  4     4  P bells: 1 when P sleeps reading its FIFO (see bell_linux.go), so S rings there
 //	  8     8  P's attach generation (0 = P detached)
 //	 16     8  P's heartbeat count
 //	 24     4  1 while P forces the link down (fault injection)
@@ -51,7 +51,7 @@ import "github.com/ntstack/ntstack/internal/shmem"
 // per process; 50 ms costs ~0.5%, 100 ms half that.
 const (
 	fileMagic   = 0x4c42544e // "NTBL"
-	fileVersion = 1
+	fileVersion = 2 // 2: the bell word
 
 	offFileMagic   = 0
 	offFileVersion = 4
@@ -64,6 +64,7 @@ const (
 	offWindows = headerSize + 2*regsSize
 
 	regDoorbellSeq = 0
+	regBells       = 4
 	regGeneration  = 8
 	regHeartbeat   = 16
 	regPeerDown    = 24

@@ -61,6 +61,12 @@ type Options struct {
 	WindowSize        int // per side; both ends must agree
 	HeartbeatInterval time.Duration
 	HeartbeatTimeout  time.Duration
+	// FutexWait: sleep in futex waits on the doorbell word rather than
+	// reading a FIFO through the runtime's poller (see bell_linux.go) —
+	// for a process whose goroutines spin while they wait, as ntproxy's
+	// do, since the poller is consulted only when none is runnable. A
+	// memory link always does.
+	FutexWait bool
 }
 
 func (o *Options) setDefaults() {
@@ -117,8 +123,9 @@ type Device struct {
 	kick   []byte
 	words  []int         // free offsets of the kick page's other words (mu)
 	wakeup atomic.Uint64 // WaitDoorbell's sleeps that ended (tests)
-	// bell, for a link opened by name, replaces the futex waits: see
-	// bell_linux.go. nil for a memory link.
+	// bell, for a link opened by name, rings the peer's FIFO when the
+	// peer says it sleeps reading it, and holds ours if we do (see
+	// bell_linux.go); nil for a memory link.
 	bell *bell
 
 	// users is held shared by every method that touches the mapping and
@@ -232,10 +239,15 @@ func attach(name string, f *os.File, path string, o Options) (_ *Device, err err
 	d.remote.Store32(regPeerDown, 0)
 
 	if path != "" {
-		if d.bell, err = openBell(path, d.side); err != nil {
+		if d.bell, err = openBell(path, d.side, !o.FutexWait); err != nil {
 			return nil, err
 		}
 	}
+	var bells uint32
+	if d.bell.reads() {
+		bells = 1
+	}
+	d.remote.Store32(regBells, bells)
 	d.links = ntb.NewLinkTracker()
 	d.stop = make(chan struct{})
 	d.done = make(chan struct{})
@@ -341,7 +353,7 @@ func (d *Device) exit() { d.users.RUnlock() }
 
 // wakeLocal wakes this process's WaitDoorbell callers so they re-check.
 func (d *Device) wakeLocal() {
-	if d.bell != nil {
+	if d.bell.reads() {
 		d.bell.wake()
 		return
 	}
@@ -375,12 +387,18 @@ func (d *Device) RingPeer(bits uint64) error {
 	d.ringSeq++
 	storeFutex(d.remote, regDoorbellSeq, d.ringSeq)
 	d.mu.Unlock()
-	if d.bell != nil {
-		d.bell.ring()
-	} else {
-		futexWake(d.remote, regDoorbellSeq)
-	}
+	d.wakePeer()
 	return nil
+}
+
+// wakePeer wakes the peer where it sleeps: its FIFO if it said it reads
+// one (regBells), its doorbell word otherwise.
+func (d *Device) wakePeer() {
+	if d.local.Load32(regBells) == 1 && d.bell != nil {
+		d.bell.ring()
+		return
+	}
+	futexWake(d.remote, regDoorbellSeq)
 }
 
 func (d *Device) Doorbells() uint64 {
@@ -428,7 +446,7 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 	}
 	defer d.exit()
 	linkSeq := d.links.Seq()
-	if d.bell != nil {
+	if d.bell.reads() {
 		return d.waitBell(ctx, want, linkSeq)
 	}
 	own := d.takeWord()
@@ -735,11 +753,7 @@ func (d *Device) Close() error {
 		<-d.done
 		d.closed.Store(true)
 		d.remote.Store64(regGeneration, 0)
-		if d.bell != nil {
-			d.bell.ring()
-		} else {
-			futexWake(d.remote, regDoorbellSeq)
-		}
+		d.wakePeer()
 		d.wakeLocal()
 		d.users.Lock() // wait for methods in flight
 		d.closeErr = d.release()

@@ -52,6 +52,27 @@ func TestConformanceMemLink(t *testing.T) {
 	})
 }
 
+// A named link whose one end sleeps in futex waits (Options.FutexWait)
+// and the other on its FIFO: each rings the other where it sleeps (the
+// suite rings the second end from the first).
+func TestConformanceMixedWait(t *testing.T) {
+	for _, futexFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("futex waiter first %v", futexFirst), func(t *testing.T) {
+			ntbtest.Conformance(t, func(t *testing.T) (ntb.Device, ntb.Device) {
+				o := Options{Dir: testDir(t), WindowSize: 64 << 10, FutexWait: futexFirst}
+				a, err := Open("l", o)
+				require.NoError(t, err)
+				o.FutexWait = !futexFirst
+				b, err := Open("l", o)
+				require.NoError(t, err)
+				require.Equal(t, !futexFirst, a.bell.reads())
+				require.Equal(t, futexFirst, b.bell.reads())
+				return a, b
+			})
+		})
+	}
+}
+
 // openMemPair attaches both ends of a new memory link.
 func openMemPair(t *testing.T, o Options) (*Device, *Device) {
 	t.Helper()
