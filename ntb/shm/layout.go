@@ -51,7 +51,7 @@ import "github.com/ntstack/ntstack/internal/shmem"
 // per process; 50 ms costs ~0.5%, 100 ms half that.
 const (
 	fileMagic   = 0x4c42544e // "NTBL"
-	fileVersion = 2 // 2: the bell word
+	fileVersion = 2          // 2: the bell word
 
 	offFileMagic   = 0
 	offFileVersion = 4
