@@ -437,8 +437,9 @@ func (d *Device) ClearDoorbellMask(bits uint64) {
 	}
 }
 
-// WaitDoorbell sleeps until an unmasked bit of want is pending. It sleeps
-// on the peer's doorbell sequence word and on the local wake word at once,
+// WaitDoorbell sleeps until an unmasked bit of want is pending. On a link
+// opened by name it sleeps on its bell (see bell_linux.go); otherwise on
+// the peer's doorbell sequence word and on the local wake words at once,
 // with no timeout: link changes, Close and ctx wake it through the latter.
 func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) {
 	if !d.enter() {
@@ -463,43 +464,20 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 		kick := loadFutex(d.kick, 0)
 		mine := loadFutex(d.kick, own)
 		seq := loadFutex(d.local, regDoorbellSeq)
-		d.mu.Lock()
-		p := d.bells.Pending() & want
-		mask := d.mask
-		d.mu.Unlock()
-		switch {
-		case d.closed.Load():
-			return 0, ntb.ErrClosed
-		case p&^mask != 0:
-			return p, nil
-		case d.links.Seq() != linkSeq:
-			return p, nil
-		case ctx.Err() != nil:
-			return p, ctx.Err()
+		if done, p, err := d.waitOver(ctx, want, linkSeq); done {
+			return p, err
 		}
 		futexWait(d.local, regDoorbellSeq, seq, d.kick, [2]int{0, own}, [2]uint32{kick, mine})
 		d.wakeup.Add(1)
 	}
 }
 
-// waitBell is WaitDoorbell on a link opened by name (see bell): the same
-// checks, asleep on a channel rather than the futex words.
+// waitBell is WaitDoorbell asleep on the bell's channel.
 func (d *Device) waitBell(ctx context.Context, want uint64, linkSeq uint64) (uint64, error) {
 	for {
 		rung := d.bell.waiting()
-		d.mu.Lock()
-		p := d.bells.Pending() & want
-		mask := d.mask
-		d.mu.Unlock()
-		switch {
-		case d.closed.Load():
-			return 0, ntb.ErrClosed
-		case p&^mask != 0:
-			return p, nil
-		case d.links.Seq() != linkSeq:
-			return p, nil
-		case ctx.Err() != nil:
-			return p, ctx.Err()
+		if done, p, err := d.waitOver(ctx, want, linkSeq); done {
+			return p, err
 		}
 		select {
 		case <-rung:
@@ -507,6 +485,25 @@ func (d *Device) waitBell(ctx context.Context, want uint64, linkSeq uint64) (uin
 		}
 		d.wakeup.Add(1)
 	}
+}
+
+// waitOver is WaitDoorbell's look before each sleep: done, with what to
+// return, once an unmasked bit of want is pending, the link changed since
+// linkSeq, ctx ended or the device closed.
+func (d *Device) waitOver(ctx context.Context, want uint64, linkSeq uint64) (bool, uint64, error) {
+	d.mu.Lock()
+	p := d.bells.Pending() & want
+	mask := d.mask
+	d.mu.Unlock()
+	switch {
+	case d.closed.Load():
+		return true, 0, ntb.ErrClosed
+	case p&^mask != 0, d.links.Seq() != linkSeq:
+		return true, p, nil
+	case ctx.Err() != nil:
+		return true, p, ctx.Err()
+	}
+	return false, p, nil
 }
 
 // takeWord hands out a word of the kick page for one WaitDoorbell call:
