@@ -60,6 +60,10 @@ func openBell(link string, side int, read bool) (*bell, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open doorbell FIFO: %w", err)
 	}
+	if fi, err := f.Stat(); err != nil || fi.Mode().Type() != os.ModeNamedPipe {
+		f.Close()
+		return nil, fmt.Errorf("doorbell FIFO %s: not a FIFO", own)
+	}
 	b.fifo, b.rung = f, make(chan struct{})
 	go b.read()
 	return b, nil

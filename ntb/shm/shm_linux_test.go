@@ -350,4 +350,10 @@ func TestBellFIFO(t *testing.T) {
 	entries, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	require.Empty(t, entries, "Remove leaves nothing of the link")
+
+	// A file in the FIFO's place is refused, not read as one.
+	require.NoError(t, os.WriteFile(bellPath(filepath.Join(dir, "m"), 0), nil, 0o600))
+	o.Side = Side0
+	_, err = Open("m", o)
+	require.ErrorContains(t, err, "not a FIFO")
 }
