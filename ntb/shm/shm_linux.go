@@ -113,15 +113,11 @@ type Device struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	// kick is a page of process-private words in its own anonymous
-	// mapping. Its first word is bumped by events every WaitDoorbell call
-	// must see (close, link change, unmasking); the others are handed out
-	// one per call (takeWord), so that a call's context wakes that call
-	// alone — a worker's periodic look woke every waiter of the process,
-	// each of which re-entered its wait and set the runtime's sysmon
-	// polling. A call sleeps on the shared doorbell word and both at once.
+	// kick is a process-private word, in its own anonymous mapping, that
+	// local events (close, link change, cancellation) bump to wake the
+	// futex waits of WaitDoorbell; they sleep on it and the shared
+	// doorbell word at once.
 	kick   []byte
-	words  []int         // free offsets of the kick page's other words (mu)
 	wakeup atomic.Uint64 // WaitDoorbell's sleeps that ended (tests)
 	// bell, for a link opened by name, rings the peer's FIFO when the
 	// peer says it sleeps reading it, and holds ours if we do (see
@@ -439,7 +435,7 @@ func (d *Device) ClearDoorbellMask(bits uint64) {
 
 // WaitDoorbell sleeps until an unmasked bit of want is pending. On a link
 // opened by name it sleeps on its bell (see bell_linux.go); otherwise on
-// the peer's doorbell sequence word and on the local wake words at once,
+// the peer's doorbell sequence word and on the local wake word at once,
 // with no timeout: link changes, Close and ctx wake it through the latter.
 func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) {
 	if !d.enter() {
@@ -450,24 +446,20 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 	if d.bell.reads() {
 		return d.waitBell(ctx, want, linkSeq)
 	}
-	own := d.takeWord()
-	defer d.putWord(own)
 	stop := context.AfterFunc(ctx, func() {
 		if d.enter() {
-			add32(d.kick, own, 1)
-			futexWakePrivate(d.kick, own)
+			d.wakeLocal()
 			d.exit()
 		}
 	})
 	defer stop()
 	for {
 		kick := loadFutex(d.kick, 0)
-		mine := loadFutex(d.kick, own)
 		seq := loadFutex(d.local, regDoorbellSeq)
 		if done, p, err := d.waitOver(ctx, want, linkSeq); done {
 			return p, err
 		}
-		futexWait(d.local, regDoorbellSeq, seq, d.kick, [2]int{0, own}, [2]uint32{kick, mine})
+		futexWait2(d.local, regDoorbellSeq, seq, d.kick, 0, kick)
 		d.wakeup.Add(1)
 	}
 }
@@ -504,35 +496,6 @@ func (d *Device) waitOver(ctx context.Context, want uint64, linkSeq uint64) (boo
 		return true, p, ctx.Err()
 	}
 	return false, p, nil
-}
-
-// takeWord hands out a word of the kick page for one WaitDoorbell call:
-// its offset, or 0 (the shared word) when every word is taken.
-func (d *Device) takeWord() int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.words == nil {
-		for off := len(d.kick) - 4; off > 0; off -= 4 {
-			d.words = append(d.words, off)
-		}
-	}
-	if len(d.words) == 0 {
-		return 0
-	}
-	off := d.words[len(d.words)-1]
-	d.words = d.words[:len(d.words)-1]
-	return off
-}
-
-// putWord returns a word takeWord handed out. A wake for the call that
-// held it may still come and wake the next holder early, which re-checks.
-func (d *Device) putWord(off int) {
-	if off == 0 {
-		return
-	}
-	d.mu.Lock()
-	d.words = append(d.words, off)
-	d.mu.Unlock()
 }
 
 func (d *Device) ScratchpadCount() int { return scratchpadRegs }

@@ -52,33 +52,26 @@ func add32(b []byte, off int, v uint32)      { atomic.AddUint32((*uint32)(ptr(b,
 
 var noWaitv atomic.Bool // futex_waitv is missing (kernel < 5.16)
 
-// futexWait sleeps until the shared word at shared[soff] differs from
-// sval or one of the process-private words at private[poffs[i]] differs
-// from pvals[i] (the two may be the same word). Spurious returns are fine:
-// callers re-check. All the words are compared by the kernel atomically
-// with going to sleep, so a wake between the caller's check and the sleep
-// is never lost and no timeout is needed. Without futex_waitv it falls
-// back to waiting on the shared word in slices.
-func futexWait(shared []byte, soff int, sval uint32, private []byte, poffs [2]int, pvals [2]uint32) {
+// futexWait2 sleeps until the shared word at shared[soff] differs from sval
+// or the process-private word at private[poff] differs from pval. Spurious
+// returns are fine: callers re-check. Both words are compared by the
+// kernel atomically with going to sleep, so a wake between the caller's
+// check and the sleep is never lost and no timeout is needed. Without
+// futex_waitv it falls back to waiting on the shared word in slices.
+func futexWait2(shared []byte, soff int, sval uint32, private []byte, poff int, pval uint32) {
 	if !noWaitv.Load() {
-		w := [3]futexWaitv{{val: uint64(sval), uaddr: uint64(uintptr(ptr(shared, soff, 4))), flags: futex2Size32}}
-		n := 1
-		for i := range poffs {
-			if i == 0 || poffs[i] != poffs[0] {
-				w[n] = futexWaitv{val: uint64(pvals[i]), uaddr: uint64(uintptr(ptr(private, poffs[i], 4))), flags: futex2Size32 | futex2Private}
-				n++
-			}
+		w := [2]futexWaitv{
+			{val: uint64(sval), uaddr: uint64(uintptr(ptr(shared, soff, 4))), flags: futex2Size32},
+			{val: uint64(pval), uaddr: uint64(uintptr(ptr(private, poff, 4))), flags: futex2Size32 | futex2Private},
 		}
-		_, _, errno := unix.Syscall6(unix.SYS_FUTEX_WAITV, uintptr(unsafe.Pointer(&w[0])), uintptr(n), 0, 0, 0, 0)
+		_, _, errno := unix.Syscall6(unix.SYS_FUTEX_WAITV, uintptr(unsafe.Pointer(&w[0])), 2, 0, 0, 0, 0)
 		if errno != unix.ENOSYS {
 			return
 		}
 		noWaitv.Store(true)
 	}
-	for i := range poffs {
-		if loadFutex(private, poffs[i]) != pvals[i] {
-			return
-		}
+	if loadFutex(private, poff) != pval {
+		return
 	}
 	ts := unix.NsecToTimespec(int64(fallbackSlice))
 	_, _, _ = unix.Syscall6(unix.SYS_FUTEX, uintptr(ptr(shared, soff, 4)), futexWaitOp, uintptr(sval), uintptr(unsafe.Pointer(&ts)), 0, 0)
