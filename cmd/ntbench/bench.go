@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -174,21 +175,28 @@ func (r *runner) runLocal(t transport, m mode, emit func(result)) error {
 		return nil
 	}
 	for _, size := range r.o.sizes {
-		cpu0, err := proc.CPUTime()
+		measured, err := r.sliced(func(d time.Duration) (slice, error) {
+			cpu0, err := proc.CPUTime()
+			if err != nil {
+				return slice{}, err
+			}
+			at := *r.o
+			at.duration = d
+			start := time.Now()
+			samples, err := t.local(&at, size, [2]int{r.clientCPU, r.serverCPU})
+			if err != nil {
+				return slice{}, fmt.Errorf("size %d: %w", size, err)
+			}
+			wall := time.Since(start)
+			cpu1, err := proc.CPUTime()
+			return slice{samples, wall, cpu1 - cpu0}, err
+		})
 		if err != nil {
 			return err
 		}
-		start := time.Now()
-		samples, err := t.local(r.o, size, [2]int{r.clientCPU, r.serverCPU})
-		if err != nil {
-			return fmt.Errorf("size %d: %w", size, err)
+		for _, p := range measured {
+			emit(r.result(t, m.name, size, p.samples, p))
 		}
-		wall := time.Since(start)
-		cpu1, err := proc.CPUTime()
-		if err != nil {
-			return err
-		}
-		emit(r.result(t, m.name, size, samples, start, wall, cpu1-cpu0))
 	}
 	return nil
 }
@@ -241,33 +249,39 @@ func (r *runner) measure(t transport, m mode, srv *serverProc, size int) (res []
 		return nil, fmt.Errorf("warm-up: %w", err)
 	}
 
-	cpu0, err := r.cpuTime(srv)
-	if err != nil {
-		return nil, err
-	}
-	start := time.Now()
-	deadline := start.Add(r.o.duration)
-	watchdog.Reset(r.o.duration + hangTimeout)
-	samples := make([]sample, len(clients))
-	err = parallel(len(clients), func(i int) (err error) {
-		samples[i], err = clients[i].measure(deadline)
-		return err
+	measured, err := r.sliced(func(d time.Duration) (slice, error) {
+		cpu0, err := r.cpuTime(srv)
+		if err != nil {
+			return slice{}, err
+		}
+		start := time.Now()
+		deadline := start.Add(d)
+		watchdog.Reset(d + hangTimeout)
+		samples := make([]sample, len(clients))
+		err = parallel(len(clients), func(i int) (err error) {
+			samples[i], err = clients[i].measure(deadline)
+			return err
+		})
+		wall := time.Since(start)
+		if err != nil {
+			return slice{}, err
+		}
+		cpu1, err := r.cpuTime(srv)
+		return slice{samples, wall, cpu1 - cpu0}, err
 	})
-	wall := time.Since(start)
 	if err != nil {
 		return nil, err
 	}
-	cpu1, err := r.cpuTime(srv)
-	if err != nil {
-		return nil, err
+	for _, p := range measured {
+		if m.client == nil {
+			rr := r.result(t, "mixed-rr", mixedRRSize, p.samples[:1], p)
+			rr.Beside = len(p.samples) - 1
+			res = append(res, rr, r.result(t, "mixed-bulk", size, p.samples[1:], p))
+		} else {
+			res = append(res, r.result(t, m.name, size, p.samples, p))
+		}
 	}
-	if m.client == nil {
-		rr := r.result(t, "mixed-rr", mixedRRSize, samples[:1], start, wall, cpu1-cpu0)
-		rr.Beside = len(samples) - 1
-		bulk := r.result(t, "mixed-bulk", size, samples[1:], start, wall, cpu1-cpu0)
-		return []result{rr, bulk}, nil
-	}
-	return []result{r.result(t, m.name, size, samples, start, wall, cpu1-cpu0)}, nil
+	return res, nil
 }
 
 // cpuTime returns the CPU time client and server have used so far.
@@ -283,9 +297,10 @@ func (r *runner) cpuTime(srv *serverProc) (time.Duration, error) {
 	return client + server, nil
 }
 
-// result aggregates the samples of all connections of one measurement,
-// which started at start.
-func (r *runner) result(t transport, mode string, size int, samples []sample, start time.Time, wall, cpu time.Duration) result {
+// result aggregates the samples of all connections of one measurement (of
+// its slices of one placement, p).
+func (r *runner) result(t transport, mode string, size int, samples []sample, p placed) result {
+	wall, cpu := p.wall, p.cpu
 	var rtts []time.Duration
 	msgs := 0
 	for _, s := range samples {
@@ -314,7 +329,14 @@ func (r *runner) result(t transport, mode string, size int, samples []sample, st
 		GOMAXPROCS: r.procs,
 		ReadBuf:    r.o.readBuf,
 		Host:       r.host,
-		Time:       start.UTC().Format(time.RFC3339),
+		Time:       p.start.UTC().Format(time.RFC3339),
+		Placement:  p.placement,
+	}
+	if len(p.rtts) > 0 {
+		sorted := slices.Clone(p.rtts)
+		slices.Sort(sorted)
+		res.CoreRTTNs = sorted[len(sorted)/2].Nanoseconds()
+		res.Slices = len(p.rtts) / 2
 	}
 	if mode == "rate" {
 		res.Window = r.o.window

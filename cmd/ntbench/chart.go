@@ -89,10 +89,15 @@ func writeChart(path string, rows []result, fallbackDate string) error {
 // and aggregate stream throughput by connection count when rows hold
 // several counts (e.g. the JSON lines of runs with different -conns, put
 // together). Rows repeated for one transport, mode, size and count (runs
-// put together) are reduced to their median. Rate and mixed rows are not
-// drawn.
+// put together) are reduced to their median. Rows of a placement (-slice)
+// are a line of their own ("ntb near"). Rate and mixed rows are not drawn.
 func chartOf(rows []result, fallbackDate string) (*plot.Chart, error) {
 	rows = medians(rows)
+	for i := range rows {
+		if rows[i].Placement != "" {
+			rows[i].Transport += " " + rows[i].Placement
+		}
+	}
 	var ping, stream []result
 	for _, r := range rows {
 		switch {
@@ -255,20 +260,21 @@ func legendOrder(rows []result) []string {
 	return append(slices.Compact(known), slices.Compact(other)...)
 }
 
-// medians reduces rows repeated for one transport, mode, size and
-// connection count (and bulk flows beside, for mixed-rr) (rounds of one run, or runs put together) to one row
-// holding the median of each figure, keeping the order of first
-// appearance.
+// medians reduces rows repeated for one transport, mode, size, connection
+// count, placement (-slice) and, for mixed-rr, bulk flows beside (rounds
+// of one run, or runs put together) to one row holding the median of each
+// figure (the slices, added up), keeping the order of first appearance.
 func medians(rows []result) []result {
 	type key struct {
 		transport, mode string
 		size, conns     int
 		beside          int
+		placement       string
 	}
 	var order []key
 	groups := map[key][]result{}
 	for _, r := range rows {
-		k := key{r.Transport, r.Mode, r.Size, r.Conns, r.Beside}
+		k := key{r.Transport, r.Mode, r.Size, r.Conns, r.Beside, r.Placement}
 		if _, ok := groups[k]; !ok {
 			order = append(order, k)
 		}
@@ -287,6 +293,11 @@ func medians(rows []result) []result {
 		m.MsgsPerS = median[float64](g, func(r result) float64 { return r.MsgsPerS })
 		m.BytesPerS = median[float64](g, func(r result) float64 { return r.BytesPerS })
 		m.CPUPct = median[float64](g, func(r result) float64 { return r.CPUPct })
+		m.CoreRTTNs = median[int64](g, func(r result) float64 { return float64(r.CoreRTTNs) })
+		m.Slices = 0
+		for _, r := range g {
+			m.Slices += r.Slices
+		}
 		m.Round = 0
 		out = append(out, m)
 	}

@@ -110,6 +110,23 @@
 // compare transports only within one run: absolute times drift between runs
 // and machines; the ratios hold.
 //
+// -pin fixes the vCPU each process runs on, not where the host runs the
+// vCPUs: it moves them from core to core every 0.1-1 s, and whether the
+// two then share a cache decides what a ring between them moves (on the
+// 2-vCPU AMD VM a bare ring copy moved 32 GB/s between cores 80-160 ns
+// apart, a cache line's round trip, and 6.4 GB/s between cores 300-700
+// ns apart; see placement.go). A second's figure is a mixture of the two,
+// whatever the transport. -slice D cuts every measurement into slices of
+// D, times the round trip between the client's and the server's CPU
+// before and after each, and reports a row per placement, near or far,
+// from the slices whose two round trips agree (with -pin split only);
+// -json rows carry placement, core_rtt_ns (the median round trip) and
+// slices. Compare rows of one placement only. Each slice ends as a
+// measurement does (stream: the acknowledgement), so slices much shorter
+// than 200 ms cost many connections their throughput:
+//
+//	ntbench -transports ntb,copy -modes stream -size 65536 -readbuf 32768 -conns 1,2,4,8,16,32,64 -rounds 2 -duration 2s -slice 200ms
+//
 // -gomaxprocs is fixed in both processes for the whole run. The default (0)
 // is the number of CPUs each process is pinned to — 1 with -pin split or
 // same, as the runtime itself would choose for a process started with that
@@ -144,6 +161,7 @@
 package main
 
 import (
+	"github.com/ntstack/ntstack/internal/proc"
 	"github.com/ntstack/ntstack/socklike"
 
 	"errors"
@@ -171,6 +189,7 @@ type options struct {
 	sizes      []int
 	count      int
 	duration   time.Duration
+	slice      time.Duration // cut each measurement into slices this long, each placed (0: one piece)
 	warmup     int
 	connCounts []int // -conns: the connection counts to measure, in turn
 	conns      int   // connections of the measurement under way (the server's: its -conns)
@@ -232,6 +251,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if server {
+		if f, ok := stdin.(*os.File); ok {
+			stdin = proc.Pollable(f) // see there: the control pipe must not hold the P
+		}
 		if err := serve(&o, stdin, stdout); err != nil {
 			fmt.Fprintf(stderr, "ntbench server %s %s: %v\n", o.transport, o.mode, err)
 			return 1
@@ -275,6 +297,7 @@ Flags:
 	fs.Var(&intsFlag{&o.sizes, "size"}, "size", "comma-separated `list` of message sizes in bytes")
 	fs.IntVar(&o.count, "count", 100_000, "measured messages per connection, at most")
 	fs.DurationVar(&o.duration, "duration", 500*time.Millisecond, "measured time per transport×mode×size, at most")
+	fs.DurationVar(&o.slice, "slice", 0, "cut each measurement into slices this long and time a cache line's round trip between the client's and the server's CPU around each: rows are then per placement of the two, near (sharing a cache) or far, which on a VM decides throughput (-pin split; 0: one piece, no placement)")
 	fs.IntVar(&o.warmup, "warmup", 1000, "unmeasured messages per connection before measuring")
 	o.connCounts = []int{1}
 	fs.Var(&intsFlag{&o.connCounts, "connection count"}, "conns", "parallel connections, each in its own goroutine; figures are aggregates. A comma-separated `list` measures each count in turn and compares each with the peak")
@@ -314,6 +337,10 @@ func (o *options) check(extra []string) error {
 		return fmt.Errorf("-count %d: need at least 1", o.count)
 	case o.duration <= 0:
 		return fmt.Errorf("-duration %v: need a positive duration", o.duration)
+	case o.slice < 0:
+		return fmt.Errorf("-slice %v: need 0 or more", o.slice)
+	case o.slice > 0 && o.pin != "split":
+		return fmt.Errorf("-slice needs -pin split (the round trip between client's and server's CPU places its slices), not -pin %s", o.pin)
 	case o.warmup < 0:
 		return fmt.Errorf("-warmup %d: need 0 or more", o.warmup)
 	case o.rounds < 1:
@@ -368,7 +395,7 @@ func (o *options) check(extra []string) error {
 
 // clientOnly names the flags that concern the client process alone and are
 // not passed to the server.
-var clientOnly = []string{"svg", "plot", "rounds", "conns"} // the server gets the count of each measurement
+var clientOnly = []string{"svg", "plot", "rounds", "conns", "slice"} // the server gets the count of each measurement
 
 // setFlags returns the flags set on the command line as arguments, for the
 // server process, less the client-only ones.

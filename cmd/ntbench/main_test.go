@@ -241,6 +241,59 @@ func TestBoundRatio(t *testing.T) {
 	}
 }
 
+// TestSlices cuts measurements into placed slices (-slice): every row
+// is a placement's, near or far, with the median round trip that placed
+// it; a transport's rows together hold at most the slices -duration
+// makes (a slice whose two round trips disagree counts nowhere); the table
+// names the placement; tcp's server outlives the round trips' threads.
+func TestSlices(t *testing.T) {
+	if testPin(t) != "split" {
+		t.Skip("-slice times a round trip between two CPUs; this machine gives the test one")
+	}
+	args := []string{"-transports=copy,tcp", "-modes=stream", "-size=65536", "-duration=100ms", "-slice=20ms", "-warmup=10"}
+	rows := jsonRows(t, runBench(t, append(args, "-json")...))
+	slices := map[string]int{}
+	for _, r := range rows {
+		if r.Placement != placementOf(time.Duration(r.CoreRTTNs)) || r.CoreRTTNs <= 0 || r.Slices < 1 || r.BytesPerS <= 0 {
+			t.Errorf("row %+v", r)
+		}
+		slices[r.Transport] += r.Slices
+	}
+	for _, tr := range []string{"copy", "tcp"} {
+		if n := slices[tr]; n < 1 || n > 5 {
+			t.Errorf("%s: %d slices, want 1 to 5", tr, n)
+		}
+	}
+	table := runBench(t, args...)
+	if !strings.Contains(table, "placement") || !regexp.MustCompile(`(near|far), \d+ns round trip, \d slices`).MatchString(table) {
+		t.Errorf("table names no placement:\n%s", table)
+	}
+}
+
+// TestByPlacement checks that the by-count comparison keeps placements
+// apart: a line per placement, each against its own peak and its own
+// bound.
+func TestByPlacement(t *testing.T) {
+	row := func(tr, place string, conns int, gbps float64) result {
+		return result{Transport: tr, Mode: "stream", Size: 65536, Conns: conns, Placement: place, BytesPerS: gbps * 1e9}
+	}
+	all := []result{
+		row("ntb", "near", 1, 28), row("copy", "near", 1, 32), row("ntb", "far", 1, 7), row("copy", "far", 1, 7),
+		row("ntb", "near", 8, 21), row("copy", "near", 8, 30), row("ntb", "far", 8, 7), row("copy", "far", 8, 7),
+	}
+	lines := strings.Join(byCount(medians(all), all), "\n")
+	for _, want := range []string{
+		"ntb stream 65536 near: peak 28000.0 MB/s at 1; 1 100 %, 8 75 %",
+		"over the copy bound (median of the rounds): 1 0.88, 8 0.70",
+		"ntb stream 65536 far: peak 7000.0 MB/s at 1; 1 100 %, 8 100 %",
+		"over the copy bound (median of the rounds): 1 1.00, 8 1.00",
+	} {
+		if !strings.Contains(lines, want) {
+			t.Errorf("by count lacks %q:\n%s", want, lines)
+		}
+	}
+}
+
 // TestGap checks that -gap spaces pingpong's round trips and is reported.
 func TestGap(t *testing.T) {
 	rows := jsonRows(t, runBench(t, "-transports=unix", "-modes=pingpong", "-size=64", "-gap=5ms", "-duration=100ms", "-warmup=5", "-json", "-pin="+testPin(t)))

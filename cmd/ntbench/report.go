@@ -36,7 +36,10 @@ type result struct {
 	GapNs      int64     `json:"gap_ns,omitempty"` // pingpong, mixed-rr with -gap: the wait between round trips
 	ReadBuf    int       `json:"read_buf"`         // the server's read buffer per connection
 	Host       proc.Host `json:"host"`
-	Time       string    `json:"time,omitempty"` // start of the measurement, RFC 3339, UTC
+	Time       string    `json:"time,omitempty"`        // start of the measurement, RFC 3339, UTC
+	Placement  string    `json:"placement,omitempty"`   // -slice: near or far, the row's slices' placement
+	CoreRTTNs  int64     `json:"core_rtt_ns,omitempty"` // -slice: the median round trip timed around them
+	Slices     int       `json:"slices,omitempty"`      // -slice: how many
 }
 
 // report prints results as they arrive, as table rows or JSON lines, and
@@ -47,7 +50,7 @@ type report struct {
 	results []result
 }
 
-const rowFormat = "%-9s %-8s %7s %5s %8s %8s %8s %8s %8s %6s %8s %9s %6s\n"
+const rowFormat = "%-9s %-8s %7s %5s %8s %8s %8s %8s %8s %6s %8s %9s %6s%s\n"
 
 // begin prints the banner and the column header.
 func (r *report) begin(host proc.Host, procs, clientCPU, serverCPU int) {
@@ -74,8 +77,20 @@ func (r *report) begin(host proc.Host, procs, clientCPU, serverCPU int) {
 	if r.o.idle > 0 {
 		fmt.Fprintf(r.w, "%d idle connection(s) open beside them\n", r.o.idle)
 	}
+	if r.o.slice > 0 {
+		fmt.Fprintf(r.w, "in slices of %v, each placed by the round trip between the two CPUs around it (near: below %v)\n", r.o.slice, farRTT)
+	}
 	fmt.Fprintln(r.w)
-	fmt.Fprintf(r.w, rowFormat, "transport", "mode", "size", "conns", "p50", "p90", "p99", "p99.9", "max", "stalls", "msgs/s", "MB/s", "cpu%")
+	r.header()
+}
+
+// header prints the column header.
+func (r *report) header() {
+	place := ""
+	if r.o.slice > 0 {
+		place = "  placement"
+	}
+	fmt.Fprintf(r.w, rowFormat, "transport", "mode", "size", "conns", "p50", "p90", "p99", "p99.9", "max", "stalls", "msgs/s", "MB/s", "cpu%", place)
 }
 
 // round announces round k of -rounds.
@@ -109,9 +124,16 @@ func (r *report) row(res result) {
 	if res.Max > 0 { // round trips were timed
 		lat = []string{formatNs(res.P50), formatNs(res.P90), formatNs(res.P99), formatNs(res.P999), formatNs(res.Max), fmt.Sprint(res.Stalls)}
 	}
+	place := ""
+	if res.Placement != "" {
+		place = fmt.Sprintf("  %s, %s round trip", res.Placement, formatNs(res.CoreRTTNs))
+		if res.Slices > 0 {
+			place += fmt.Sprintf(", %d slices", res.Slices)
+		}
+	}
 	fmt.Fprintf(r.w, rowFormat, res.Transport, res.Mode, fmt.Sprint(res.Size), fmt.Sprint(res.Conns),
 		lat[0], lat[1], lat[2], lat[3], lat[4], lat[5],
-		formatRate(res.MsgsPerS), fmt.Sprintf("%.1f", res.BytesPerS/1e6), fmt.Sprintf("%.1f", res.CPUPct))
+		formatRate(res.MsgsPerS), fmt.Sprintf("%.1f", res.BytesPerS/1e6), fmt.Sprintf("%.1f", res.CPUPct), place)
 }
 
 // end prints, after several rounds, the medians of their rows, and how
@@ -125,7 +147,7 @@ func (r *report) end() {
 		results = medians(results)
 		if !r.o.quiet {
 			fmt.Fprintf(r.w, "\nmedians of %d rounds:\n", r.o.rounds)
-			fmt.Fprintf(r.w, rowFormat, "transport", "mode", "size", "conns", "p50", "p90", "p99", "p99.9", "max", "stalls", "msgs/s", "MB/s", "cpu%")
+			r.header()
 		}
 		for _, res := range results {
 			r.row(res)
@@ -140,8 +162,11 @@ func (r *report) end() {
 			continue
 		}
 		for _, tcp := range results {
-			if tcp.Transport == "tcp" && tcp.Mode == res.Mode && tcp.Size == res.Size && tcp.Conns == res.Conns && tcp.Beside == res.Beside {
+			if tcp.Transport == "tcp" && tcp.Mode == res.Mode && tcp.Size == res.Size && tcp.Conns == res.Conns && tcp.Beside == res.Beside && tcp.Placement == res.Placement {
 				row := fmt.Sprintf("%s %s %d", res.Transport, res.Mode, res.Size)
+				if res.Placement != "" {
+					row += " " + res.Placement
+				}
 				if len(r.o.connCounts) > 1 {
 					row += fmt.Sprintf(", conns %d", res.Conns)
 					if res.Beside > 0 {
@@ -183,6 +208,7 @@ func byCount(results, all []result) []string {
 	type key struct {
 		transport, mode string
 		size            int
+		placement       string
 	}
 	var order []key
 	rows := map[key][]result{}
@@ -190,7 +216,7 @@ func byCount(results, all []result) []string {
 		if res.Mode == "pingpong" || res.Mode == "mixed-rr" {
 			continue
 		}
-		k := key{res.Transport, res.Mode, res.Size}
+		k := key{res.Transport, res.Mode, res.Size, res.Placement}
 		if rows[k] == nil {
 			order = append(order, k)
 		}
@@ -218,10 +244,14 @@ func byCount(results, all []result) []string {
 		for _, res := range rs {
 			at = append(at, fmt.Sprintf("%d %.0f %%", res.Conns, 100*res.BytesPerS/peak.BytesPerS))
 		}
-		lines = append(lines, fmt.Sprintf("  %s %s %d: peak %.1f MB/s at %d; %s; lowest %.0f %% at %d",
-			k.transport, k.mode, k.size, peak.BytesPerS/1e6, peak.Conns, strings.Join(at, ", "),
+		what := fmt.Sprintf("%s %s %d", k.transport, k.mode, k.size)
+		if k.placement != "" {
+			what += " " + k.placement
+		}
+		lines = append(lines, fmt.Sprintf("  %s: peak %.1f MB/s at %d; %s; lowest %.0f %% at %d",
+			what, peak.BytesPerS/1e6, peak.Conns, strings.Join(at, ", "),
 			100*low.BytesPerS/peak.BytesPerS, low.Conns))
-		if k.transport == "copy" || rows[key{"copy", k.mode, k.size}] == nil {
+		if k.transport == "copy" || rows[key{"copy", k.mode, k.size, k.placement}] == nil {
 			continue
 		}
 		var ratios []string
@@ -238,17 +268,18 @@ func byCount(results, all []result) []string {
 }
 
 // boundRatio is the median, over the rounds, of res's transport's
-// throughput over the copy bound's at res's mode, size and count.
+// throughput over the copy bound's at res's mode, size, count and
+// placement.
 func boundRatio(all []result, res result) (float64, bool) {
 	bound := map[int]float64{} // by round
 	for _, b := range all {
-		if b.Transport == "copy" && b.Mode == res.Mode && b.Size == res.Size && b.Conns == res.Conns && b.BytesPerS > 0 {
+		if b.Transport == "copy" && b.Mode == res.Mode && b.Size == res.Size && b.Conns == res.Conns && b.Placement == res.Placement && b.BytesPerS > 0 {
 			bound[b.Round] = b.BytesPerS
 		}
 	}
 	var paired []result
 	for _, t := range all {
-		if t.Transport == res.Transport && t.Mode == res.Mode && t.Size == res.Size && t.Conns == res.Conns && bound[t.Round] > 0 {
+		if t.Transport == res.Transport && t.Mode == res.Mode && t.Size == res.Size && t.Conns == res.Conns && t.Placement == res.Placement && bound[t.Round] > 0 {
 			paired = append(paired, t)
 		}
 	}

@@ -82,6 +82,28 @@ func threads() ([]int, error) {
 	return tids, nil
 }
 
+// Pollable returns f, a pipe or socket its process inherited blocking (a
+// child's standard input, say), as a file the runtime's poller waits on:
+// a goroutine reading a blocking file holds its P in a system call, and
+// with every P held nothing polls the network, nor the FIFOs ntb's
+// doorbells ring, until sysmon takes the P back, which an idle process's
+// sysmon does up to 10 ms late. (ntbench's server answered its control
+// pipe with GOMAXPROCS 1 so: each measurement began with its readers
+// asleep ~10 ms.) The new file holds a duplicate descriptor; f, now
+// non-blocking too, must not be read afterwards. A file that cannot be
+// duplicated comes back as it was.
+func Pollable(f *os.File) *os.File {
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return f
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return f
+	}
+	return os.NewFile(uintptr(fd), f.Name())
+}
+
 // CPUTime returns the user plus system CPU time the calling process has
 // used so far, all threads included (getrusage RUSAGE_SELF, microsecond
 // resolution).

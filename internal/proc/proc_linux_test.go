@@ -1,6 +1,7 @@
 package proc
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -146,5 +147,29 @@ func TestReadHost(t *testing.T) {
 	h := ReadHost()
 	if h.CPUs < 1 || h.Kernel == "" || h.CPUModel == "" {
 		t.Errorf("ReadHost = %+v, want CPUs, kernel and CPU model", h)
+	}
+}
+
+// TestPollable turns a blocking pipe, as a child inherits its standard
+// input, into a file the runtime's poller waits on: only such a file
+// takes a read deadline.
+func TestPollable(t *testing.T) {
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[1])
+	blocking := os.NewFile(uintptr(fds[0]), "pipe")
+	defer blocking.Close()
+	if err := blocking.SetReadDeadline(time.Now()); err == nil {
+		t.Fatal("a blocking pipe took a deadline: the test proves nothing")
+	}
+	f := Pollable(blocking)
+	defer f.Close()
+	if err := f.SetReadDeadline(time.Now().Add(10 * time.Millisecond)); err != nil {
+		t.Fatalf("deadline: %v", err)
+	}
+	if _, err := f.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read of an empty pipe: %v, want the deadline", err)
 	}
 }

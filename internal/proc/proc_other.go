@@ -11,6 +11,9 @@ import (
 	"time"
 )
 
+// Pollable returns f: this platform's files are left as they are.
+func Pollable(f *os.File) *os.File { return f }
+
 // Affinity is not supported on this platform.
 func Affinity() ([]int, error) {
 	return nil, fmt.Errorf("sched_getaffinity: %w", ErrNotSupported)
