@@ -74,6 +74,7 @@ type Conn struct {
 	readerAt atomic.Int64
 
 	bigAt     atomic.Int64 // ep.now()+1 when a DATA record of more than smallWrite last came (0: never)
+	smallAt   atomic.Int64 // ep.now()+1 when a small DATA record last came while c was not bulk (0: never)
 	bulkEpoch atomic.Int64 // the last period (of smallRecent) c was counted as bulk in, plus 1 (0: never)
 
 	// Send side. sent-peerRead ≤ window, the peer's receive window.
@@ -323,10 +324,14 @@ func (c *Conn) unpost() int {
 
 // noteData notes a DATA record of n bytes for c from partition part (its
 // RX lock held), for share and sharedShare: a record of more than
-// smallWrite marks c as a bulk connection for a while; a small record of
-// a connection that has sent no large one for that long marks the
-// partition as carrying latency traffic. (A bulk connection's own small
-// records — headers between its bodies — do not count.)
+// smallWrite marks c as a bulk connection for a while; the second small
+// record in that while of a connection that has sent no large one marks
+// the partition as carrying latency traffic. A bulk connection's own small
+// records do not count — neither the headers between its bodies nor the
+// one before its first body, or its first after a pause: marked by that,
+// a stream that paused 30 ms then sent a header and 8 MiB had its own
+// window cut to SharedWindow for 10 ms (256 CREDITs for the 8 MiB
+// against 16 after a 1 ms pause; ntbench's slices lost half of each).
 func (c *Conn) noteData(part, n int) {
 	now := c.ep.now() + 1 // never 0
 	pt := &c.st.traffic[part]
@@ -340,7 +345,9 @@ func (c *Conn) noteData(part, n int) {
 		return
 	}
 	if at := c.bigAt.Load(); at == 0 || now-at > c.ep.smallFor {
-		pt.smallAt.Store(now)
+		if last := c.smallAt.Swap(now); last != 0 && now-last <= c.ep.smallFor {
+			pt.smallAt.Store(now)
+		}
 	}
 }
 

@@ -584,6 +584,43 @@ func TestSharedWindow(t *testing.T) {
 	require.Equal(t, written.Load(), r.n, "bulk bytes read")
 }
 
+// TestHeaderBeforeBodyIsNotLatencyTraffic: a connection's small record
+// followed by large ones (a header before its body, on a new connection or
+// one back from a pause) does not mark its partition as carrying latency
+// traffic, which would cut every bulk window there to SharedWindow, its
+// own first; a second small record within smallFor does.
+func TestHeaderBeforeBodyIsNotLatencyTraffic(t *testing.T) {
+	a, b := endpoints(t, "ntbtest", Config{})
+	const smallFor = 100 * time.Millisecond // longer than the sends below take, even under -race
+	a.smallFor, b.smallFor = int64(smallFor), int64(smallFor)
+	w, r := connPair(t, a, b, 1)
+	marked := func() bool { return r.st.traffic[r.rxPart.Load()].smallAt.Load() != 0 }
+	send := func(sizes ...int) { // and read them, at once
+		t.Helper()
+		total := 0
+		for _, n := range sizes {
+			total += n
+		}
+		read := make(chan error, 1)
+		go func() {
+			_, err := io.ReadFull(r, make([]byte, total))
+			read <- err
+		}()
+		for _, n := range sizes {
+			_, err := w.Write(make([]byte, n))
+			require.NoError(t, err)
+		}
+		require.NoError(t, <-read)
+	}
+	send(8, 256<<10, 256<<10)
+	require.False(t, marked(), "a header before a body marked the partition")
+	time.Sleep(smallFor + 20*time.Millisecond) // the body is old news: the next small record starts afresh
+	send(8)
+	require.False(t, marked(), "one small record after a pause marked the partition")
+	send(8)
+	require.True(t, marked(), "the second small record should mark the partition")
+}
+
 // A bulk reader leaves its neighbours' records at the head of the ring for
 // their own readers (state.leaveForReader), but only while they are about
 // to come: a neighbour whose application stops reading must not stall the
