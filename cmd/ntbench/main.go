@@ -53,7 +53,8 @@
 //	mixed     one 64 B pingpong flow (class 0) beside -conns-1 stream flows
 //	          of size-byte writes (class -priority), on one link; reported
 //	          as two rows, mixed-rr (the pingpong flow alone) and mixed-bulk
-//	          (the stream flows together)
+//	          (the stream flows together); every flow runs for -duration,
+//	          whatever -count says, so that each row is beside the other
 //
 // # Reading the figures
 //
