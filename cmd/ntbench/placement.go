@@ -132,9 +132,9 @@ type placed struct {
 // the slices add up to -duration, timing the round trip between the
 // client's and the server's CPU before and after each: a slice whose two
 // round trips differ in placement (the host moved a vCPU meanwhile) counts
-// nowhere, the others towards their placement's. It returns the
-// placements in the order first seen. once runs the measurement for the
-// given time.
+// nowhere, the others towards their placement's (-count bounds each
+// slice). It returns the placements in the order first seen. once runs
+// the measurement for the given time.
 func (r *runner) sliced(once func(time.Duration) (slice, error)) ([]placed, error) {
 	if r.o.slice == 0 {
 		start := time.Now()
@@ -173,6 +173,9 @@ func (r *runner) sliced(once func(time.Duration) (slice, error)) ([]placed, erro
 			p.samples[c].msgs += smp.msgs
 			p.samples[c].rtts = append(p.samples[c].rtts, smp.rtts...)
 		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("the placement changed within every slice of %v; try shorter slices", r.o.slice)
 	}
 	return out, nil
 }
