@@ -62,8 +62,9 @@ func coreRTT(a, b int) (time.Duration, error) {
 		v atomic.Int64 // odd: the echo's turn; -1: stop
 		_ [64]byte
 	}
-	pinned := make(chan error, 1)
+	pinned, done := make(chan error, 1), make(chan struct{})
 	go func() {
+		defer close(done)
 		runtime.LockOSThread()
 		err := proc.PinThread(b)
 		pinned <- err
@@ -81,9 +82,13 @@ func coreRTT(a, b int) (time.Duration, error) {
 		} // else the thread ends with the goroutine, pinned to b
 	}()
 	if err := <-pinned; err != nil {
+		<-done
 		return 0, err
 	}
-	defer line.v.Store(-1)
+	defer func() {
+		line.v.Store(-1)
+		<-done // off CPU b before the measurement resumes
+	}()
 
 	// give up waits a second for the echo: a CPU given to something
 	// else (a real-time thread, say) would keep it from answering.
