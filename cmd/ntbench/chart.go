@@ -263,7 +263,12 @@ func legendOrder(rows []result) []string {
 // medians reduces rows repeated for one transport, mode, size, connection
 // count, placement (-slice) and, for mixed-rr, bulk flows beside (rounds
 // of one run, or runs put together) to one row holding the median of each
-// figure (the slices, added up), keeping the order of first appearance.
+// figure, keeping the order of first appearance. Rows of a placement are
+// slices of one condition, however many of a round fell in it, so their
+// rates pool instead: messages, bytes and CPU time over the time of all
+// their slices (a round's single slice, the one most likely to have
+// straddled a move of the host's, would otherwise weigh as much as
+// another round's ten).
 func medians(rows []result) []result {
 	type key struct {
 		transport, mode string
@@ -293,6 +298,11 @@ func medians(rows []result) []result {
 		m.MsgsPerS = median[float64](g, func(r result) float64 { return r.MsgsPerS })
 		m.BytesPerS = median[float64](g, func(r result) float64 { return r.BytesPerS })
 		m.CPUPct = median[float64](g, func(r result) float64 { return r.CPUPct })
+		if m.Placement != "" {
+			if msgs, bytes, cpu, ok := pooled(g); ok {
+				m.MsgsPerS, m.BytesPerS, m.CPUPct = msgs, bytes, cpu
+			}
+		}
 		m.CoreRTTNs = median[int64](g, func(r result) float64 { return float64(r.CoreRTTNs) })
 		m.Slices = 0
 		for _, r := range g {
@@ -302,6 +312,23 @@ func medians(rows []result) []result {
 		out = append(out, m)
 	}
 	return out
+}
+
+// pooled returns the rates of rows g over their time together; not ok if
+// the rows carry no time.
+func pooled(g []result) (msgsPerS, bytesPerS, cpuPct float64, ok bool) {
+	var secs float64
+	for _, r := range g {
+		d := float64(r.DurationNs) / 1e9
+		secs += d
+		msgsPerS += r.MsgsPerS * d
+		bytesPerS += r.BytesPerS * d
+		cpuPct += r.CPUPct * d
+	}
+	if secs == 0 {
+		return 0, 0, 0, false
+	}
+	return msgsPerS / secs, bytesPerS / secs, cpuPct / secs, true
 }
 
 // median returns the median of f over g, as the type of the figure.

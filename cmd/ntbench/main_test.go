@@ -271,17 +271,26 @@ func TestSlices(t *testing.T) {
 }
 
 // TestByPlacement checks that the by-count comparison keeps placements
-// apart: a line per placement, each against its own peak and its own
-// bound.
+// apart, a line per placement, each against its own peak and its own
+// bound, and that the rounds of a placement pool their slices.
 func TestByPlacement(t *testing.T) {
 	row := func(tr, place string, conns int, gbps float64) result {
-		return result{Transport: tr, Mode: "stream", Size: 65536, Conns: conns, Placement: place, BytesPerS: gbps * 1e9}
+		return result{Transport: tr, Mode: "stream", Size: 65536, Conns: conns, Placement: place, BytesPerS: gbps * 1e9, DurationNs: 1e9}
 	}
 	all := []result{
 		row("ntb", "near", 1, 28), row("copy", "near", 1, 32), row("ntb", "far", 1, 7), row("copy", "far", 1, 7),
 		row("ntb", "near", 8, 21), row("copy", "near", 8, 30), row("ntb", "far", 8, 7), row("copy", "far", 8, 7),
 	}
 	lines := strings.Join(byCount(medians(all), all), "\n")
+	// Rounds of a placement pool their slices: a round of one 0.2 s slice
+	// at 10 GB/s beside one of nine at 20 makes 19, not the median's 15.
+	one := row("ntb", "near", 2, 10)
+	one.DurationNs, one.Round = 2e8, 1
+	nine := row("ntb", "near", 2, 20)
+	nine.DurationNs, nine.Round = 18e8, 2
+	if got := medians([]result{one, nine})[0].BytesPerS; math.Abs(got-19e9) > 1 {
+		t.Errorf("pooled rounds: %.0f B/s, want 19e9", got)
+	}
 	for _, want := range []string{
 		"ntb stream 65536 near: peak 28000.0 MB/s at 1; 1 100 %, 8 75 %",
 		"over the copy bound (median of the rounds): 1 0.88, 8 0.70",
