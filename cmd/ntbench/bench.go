@@ -337,6 +337,7 @@ func (r *runner) result(t transport, mode string, size int, samples []sample, p 
 		slices.Sort(sorted)
 		res.CoreRTTNs = sorted[len(sorted)/2].Nanoseconds()
 		res.Slices = len(p.rtts) / 2
+		res.Moved = p.moved
 	}
 	if mode == "rate" {
 		res.Window = r.o.window

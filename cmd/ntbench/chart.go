@@ -304,9 +304,10 @@ func medians(rows []result) []result {
 			}
 		}
 		m.CoreRTTNs = median[int64](g, func(r result) float64 { return float64(r.CoreRTTNs) })
-		m.Slices = 0
+		m.Slices, m.Moved = 0, 0
 		for _, r := range g {
 			m.Slices += r.Slices
+			m.Moved += r.Moved
 		}
 		m.Round = 0
 		out = append(out, m)

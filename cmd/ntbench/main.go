@@ -121,8 +121,8 @@
 // D, times the round trip between the client's and the server's CPU
 // before and after each, and reports a row per placement, near or far,
 // from the slices whose two round trips agree (with -pin split only);
-// -json rows carry placement, core_rtt_ns (the median round trip) and
-// slices. Compare rows of one placement only. Each slice ends as a
+// -json rows carry placement, core_rtt_ns (the median round trip), slices
+// and moved (the measurement's slices that counted nowhere). Compare rows of one placement only. Each slice ends as a
 // measurement does (stream: the acknowledgement), so slices much shorter
 // than 200 ms cost many connections their throughput:
 //

@@ -130,6 +130,7 @@ type placed struct {
 	placement string          // "" without -slice
 	rtts      []time.Duration // the round trips that placed its slices
 	start     time.Time       // of its first slice
+	moved     int             // slices of the measurement, of any placement, that counted nowhere
 	slice                     // its slices' samples, wall and CPU time added up
 }
 
@@ -147,6 +148,7 @@ func (r *runner) sliced(once func(time.Duration) (slice, error)) ([]placed, erro
 		return []placed{{start: start, slice: s}}, err
 	}
 	var out []placed
+	moved := 0
 	for spent := time.Duration(0); spent < r.o.duration; spent += r.o.slice {
 		before, err := coreRTT(r.clientCPU, r.serverCPU)
 		if err != nil {
@@ -163,6 +165,7 @@ func (r *runner) sliced(once func(time.Duration) (slice, error)) ([]placed, erro
 		}
 		where := placementOf(before)
 		if placementOf(after) != where {
+			moved++
 			continue
 		}
 		i := slices.IndexFunc(out, func(p placed) bool { return p.placement == where })
@@ -181,6 +184,9 @@ func (r *runner) sliced(once func(time.Duration) (slice, error)) ([]placed, erro
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("the placement changed within every slice of %v; try shorter slices", r.o.slice)
+	}
+	for i := range out {
+		out[i].moved = moved
 	}
 	return out, nil
 }

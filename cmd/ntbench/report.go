@@ -40,6 +40,7 @@ type result struct {
 	Placement  string    `json:"placement,omitempty"`   // -slice: near or far, the row's slices' placement
 	CoreRTTNs  int64     `json:"core_rtt_ns,omitempty"` // -slice: the median round trip timed around them
 	Slices     int       `json:"slices,omitempty"`      // -slice: how many
+	Moved      int       `json:"moved,omitempty"`       // -slice: the measurement's slices whose placement changed midway, counted in no row
 }
 
 // report prints results as they arrive, as table rows or JSON lines, and
@@ -129,6 +130,9 @@ func (r *report) row(res result) {
 		place = fmt.Sprintf("  %s, %s round trip", res.Placement, formatNs(res.CoreRTTNs))
 		if res.Slices > 0 {
 			place += fmt.Sprintf(", %d slices", res.Slices)
+		}
+		if res.Moved > 0 {
+			place += fmt.Sprintf(" (%d moved)", res.Moved)
 		}
 	}
 	fmt.Fprintf(r.w, rowFormat, res.Transport, res.Mode, fmt.Sprint(res.Size), fmt.Sprint(res.Conns),
