@@ -266,7 +266,7 @@ func TestSlices(t *testing.T) {
 		}
 	}
 	table := runBench(t, args...)
-	if !strings.Contains(table, "placement") || !regexp.MustCompile(`(near|far), \d+ns round trip, \d slices`).MatchString(table) {
+	if !strings.Contains(table, "placement") || !regexp.MustCompile(`(near|far), [0-9.]+(ns|µs|ms) round trip, \d slices`).MatchString(table) {
 		t.Errorf("table names no placement:\n%s", table)
 	}
 }
