@@ -103,14 +103,21 @@ func (b *bell) waiting() <-chan struct{} {
 
 // ring writes a byte into the peer's FIFO, opening it first if need be.
 // With no reader there (the peer is not attached) there is nobody to wake;
-// a full FIFO already holds a wake-up.
-func (b *bell) ring() {
+// a full FIFO already holds a wake-up. It reports false if the peer's
+// path is not a FIFO: nothing reads there, and a regular file would grow
+// by a byte a ring.
+func (b *bell) ring() bool {
 	b.peerMu.Lock()
 	defer b.peerMu.Unlock()
 	if b.peerFd < 0 {
 		fd, err := unix.Open(b.peerPath, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return
+			return true
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO {
+			unix.Close(fd)
+			return false
 		}
 		b.peerFd = fd
 	}
@@ -119,6 +126,7 @@ func (b *bell) ring() {
 		unix.Close(b.peerFd)
 		b.peerFd = -1
 	}
+	return true
 }
 
 // close closes both ends; the reader ends and wakes the waiters.

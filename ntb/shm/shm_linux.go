@@ -388,10 +388,10 @@ func (d *Device) RingPeer(bits uint64) error {
 }
 
 // wakePeer wakes the peer where it sleeps: its FIFO if it said it reads
-// one (regBells), its doorbell word otherwise.
+// one (regBells, peer-written: any other value means the futex word) and
+// the FIFO is one, its doorbell word otherwise.
 func (d *Device) wakePeer() {
-	if d.local.Load32(regBells) == 1 && d.bell != nil {
-		d.bell.ring()
+	if d.local.Load32(regBells) == 1 && d.bell != nil && d.bell.ring() {
 		return
 	}
 	futexWake(d.remote, regDoorbellSeq)

@@ -293,7 +293,7 @@ func TestCancelWakesOneWaiter(t *testing.T) {
 // A link opened by name wakes its sleepers through FIFOs beside the link
 // file: a ring wakes a new peer on the side a closed one held; Close leaks
 // no descriptor and no reader goroutine, and Remove deletes the FIFOs
-// with the link.
+// with the link; files in a FIFO's place are neither read nor rung.
 func TestBellFIFO(t *testing.T) {
 	dir := testDir(t)
 	fds := func() int {
@@ -347,4 +347,14 @@ func TestBellFIFO(t *testing.T) {
 	o.Side = Side0
 	_, err = Open("m", o)
 	require.ErrorContains(t, err, "not a FIFO")
+	// And a file in the peer's FIFO's place is not rung (its growth a
+	// byte a ring), so the ringer falls back to the futex word.
+	peer := bellPath(filepath.Join(dir, "m"), 1)
+	require.NoError(t, os.WriteFile(peer, nil, 0o600))
+	bl := &bell{peerPath: peer, peerFd: -1}
+	require.False(t, bl.ring(), "rang a regular file")
+	fi, err := os.Stat(peer)
+	require.NoError(t, err)
+	require.Zero(t, fi.Size())
+	require.NoError(t, bl.close())
 }
