@@ -139,7 +139,22 @@ func (p *Partition) Peek() (tag uint32, payload []byte, ok bool, err error) {
 	return tag, payload, ok, err
 }
 
-// Release consumes the record returned by Peek (RX lock held).
+// Ahead shows fn the records after the one Peek returned, for fn to take
+// some out of order (RX lock held; see ring.Consumer.Ahead). err is the
+// session's end or the ring's corruption.
+func (p *Partition) Ahead(limit int, fn func(tag uint32, payload []byte) (take, stop bool)) error {
+	if p.sess.dead.Load() {
+		return p.sess.Err()
+	}
+	err := p.rx.Ahead(limit, fn)
+	if err != nil {
+		p.sess.fail(err)
+	}
+	return err
+}
+
+// Release consumes the record returned by Peek (RX lock held), and the
+// records taken ahead of it that follow it.
 func (p *Partition) Release() {
 	if p.rx.Release() {
 		_ = p.dev.RingPeer(p.spaceBit)

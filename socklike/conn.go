@@ -68,6 +68,9 @@ type Conn struct {
 	// waits at the head of its ring (state.headOff). Set and cleared
 	// under the ring's RX lock.
 	restWaits atomic.Bool
+	// cut: the last poll of this connection's Read took a piece of a
+	// record rather than all b held (state.piece; its goroutine only).
+	cut bool
 	// inRead is set while a Read runs; readerAt is ep.now() when the last
 	// one returned (see state.leaveForReader).
 	inRead   atomic.Bool
@@ -227,7 +230,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 	if n > 0 {
 		c.ep.progress.Store(now) // records moved (see state.pollServe)
 	}
-	if n > yieldAbove && !c.restWaits.Load() && (c.ep.cfg.HandOff || c.st.smallLately()) {
+	if n > yieldAbove && (!c.restWaits.Load() || c.cut) && (c.ep.cfg.HandOff || c.st.smallLately()) {
 		runtime.Gosched() // still in Read: its next records wait for it
 		now = c.ep.now()
 	}
@@ -497,7 +500,11 @@ func (c *Conn) creditFloor() int64 {
 	if floor == 0 || floor > c.window {
 		floor = c.window // none yet, or more than the window could ever free
 	}
-	return max(1, min(int64(len(c.out)-c.outOff), int64(c.ep.cfg.MTU), floor, DefaultMTU))
+	f := max(1, min(int64(len(c.out)-c.outOff), int64(c.ep.cfg.MTU), floor, DefaultMTU))
+	if f > smallPiece && c.ep.cfg.MTU <= DefaultMTU && c.unit != nil && c.st.smallTraffic(c.unit.parts[c.slot].Index) {
+		f = smallPiece // it sends pieces (see serveOnce)
+	}
+	return f
 }
 
 // Write writes b in frames of at most the MTU, blocking while the peer's
@@ -696,6 +703,12 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wa
 			return sent, 0, false
 		}
 		chunk := int(min(int64(len(c.out)-c.outOff), int64(cfg.MTU), credit, int64(p.MaxPayload()), int64(budget)))
+		if chunk > smallPiece && cfg.MTU <= DefaultMTU && c.st.smallTraffic(p.Index) {
+			// A piece, and the pass ends with it: published, and the
+			// writer yields before the next (see smallPiece).
+			chunk, budget = smallPiece, smallPiece
+			*moved += passBytes
+		}
 		if w := u.take(slot, chunk); w > 0 {
 			return sent, w, true
 		}

@@ -99,7 +99,10 @@ type Config struct {
 	// alternating).
 	Window int
 	// MTU is the largest DATA frame; larger writes are cut into MTU-sized
-	// frames so small messages interleave with bulk ones.
+	// frames so small messages interleave with bulk ones. Up to
+	// DefaultMTU, frames on a partition that carries small messages are
+	// cut smaller still, to 16 KiB pieces (see smallPiece); an MTU above
+	// DefaultMTU turns that off too.
 	MTU int
 	// SharedWindow bounds the bulk data a small message can find ahead of
 	// it in a partition's ring. While a partition carries a small-message

@@ -16,11 +16,12 @@ type Stats struct {
 	StaleFrames   int64 // frames for connections that had ended, dropped
 	DataRecords   int64 // DATA records received
 	QueuedRecords int64 // of those, queued (whole or in part) because no Read buffer took them: copied twice
+	TakenAhead    int64 // of those, taken by a small message's reader from behind another connection's bulk record
 }
 
 // counters backs Stats.
 type counters struct {
-	parks, pollerSleeps, ringFull, creditWaits, credits, turns, turnsExpired, migrations, staleFrames, dataRecords, queuedRecords atomic.Int64
+	parks, pollerSleeps, ringFull, creditWaits, credits, turns, turnsExpired, migrations, staleFrames, dataRecords, queuedRecords, takenAhead atomic.Int64
 }
 
 // Stats returns the endpoint's counters.
@@ -38,5 +39,6 @@ func (ep *Endpoint) Stats() Stats {
 		StaleFrames:   c.staleFrames.Load(),
 		DataRecords:   c.dataRecords.Load(),
 		QueuedRecords: c.queuedRecords.Load(),
+		TakenAhead:    c.takenAhead.Load(),
 	}
 }

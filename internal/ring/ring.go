@@ -408,6 +408,7 @@ type Consumer struct {
 
 	cur      uint64 // header of the record returned by Peek, 0 if none
 	curTotal uint64
+	taken    []taken // records consumed ahead of the head (see Ahead)
 
 	spaceWakeSeen uint64
 	dataGen       uint64
@@ -449,33 +450,113 @@ func (c *Consumer) Peek() (tag uint32, payload []byte, ok bool, err error) {
 		return c.decodeCur()
 	}
 	for {
-		pos := c.read & c.mask
-		h := load64(c.data, HeaderSize+int(pos))
-		if h == 0 {
-			return 0, nil, false, nil
+		h, total, pad, err := c.header(c.read)
+		if err != nil || h == 0 {
+			return 0, nil, false, err
 		}
-		n := uint64(uint32(h))
-		flags := uint8(h >> 32)
-		if flags&^knownFlags != 0 || flags&flagValid == 0 {
-			return 0, nil, false, c.fail("record at %d: flags %#x", c.read, flags)
-		}
-		room := c.size - pos // bytes from pos to the end of the ring
-		if flags&flagPad != 0 {
-			// A record always fits at offset 0, so padding there is never
-			// honest (and would make this loop spin forever).
-			if pos == 0 || n != room-recHdr || flags&flagWriteBack != 0 || h>>40 != 0 {
-				return 0, nil, false, c.fail("padding at %d: length %d, want %d", c.read, n, room-recHdr)
-			}
-			c.read += room
+		if pad {
+			c.read += total
 			continue
-		}
-		total := recHdr + (n+7)&^7
-		if n > uint64(MaxPayloadFor(int(c.size))) || total > room {
-			return 0, nil, false, c.fail("record at %d: length %d overruns the ring", c.read, n)
 		}
 		c.cur, c.curTotal = h, total
 		return c.decodeCur()
 	}
+}
+
+// header reads and checks the header at read index r: h is 0 when nothing
+// is published there; total is the bytes the record takes, pad whether it
+// is padding.
+func (c *Consumer) header(r uint64) (h, total uint64, pad bool, err error) {
+	pos := r & c.mask
+	h = load64(c.data, HeaderSize+int(pos))
+	if h == 0 {
+		return 0, 0, false, nil
+	}
+	n := uint64(uint32(h))
+	flags := uint8(h >> 32)
+	if flags&^knownFlags != 0 || flags&flagValid == 0 {
+		return 0, 0, false, c.fail("record at %d: flags %#x", r, flags)
+	}
+	room := c.size - pos // bytes from pos to the end of the ring
+	if flags&flagPad != 0 {
+		// A record always fits at offset 0, so padding there is never
+		// honest (and would make Peek spin forever).
+		if pos == 0 || n != room-recHdr || flags&flagWriteBack != 0 || h>>40 != 0 {
+			return 0, 0, false, c.fail("padding at %d: length %d, want %d", r, n, room-recHdr)
+		}
+		return h, room, true, nil
+	}
+	total = recHdr + (n+7)&^7
+	if n > uint64(MaxPayloadFor(int(c.size))) || total > room {
+		return 0, 0, false, c.fail("record at %d: length %d overruns the ring", r, n)
+	}
+	return h, total, false, nil
+}
+
+// MaxTaken is how many records beyond the head a consumer holds taken (see
+// Ahead) at most.
+const MaxTaken = 8
+
+// taken is a record consumed out of order, ahead of the head: its read
+// index, the bytes it takes, and whether it asked for a write-back.
+type taken struct {
+	at, total uint64
+	writeBack bool
+}
+
+// Ahead calls fn with the published records after the one Peek returned,
+// in ring order, at most limit of them, until fn says stop; records taken
+// already are passed over. fn may take the record it is given: the
+// consumer is then done with it (its payload must be copied out before fn
+// returns), and the record is released, its room handed back, when a
+// Release of the head reaches it. At most MaxTaken records are held taken;
+// Ahead calls fn for none while that many are. It returns the consumer's
+// error, if reading ahead found the ring corrupt.
+//
+// The producer publishes in order and the word after its last record is
+// zero (see the package comment), so every header read before the first
+// zero one is a record, never a stale word; a batch's records show only
+// with its first header.
+func (c *Consumer) Ahead(limit int, fn func(tag uint32, payload []byte) (take, stop bool)) error {
+	if c.err != nil {
+		return c.err
+	}
+	if c.cur == 0 {
+		return nil
+	}
+	r := c.read + c.curTotal
+	for limit > 0 && len(c.taken) < MaxTaken && r-c.read < c.size {
+		h, total, pad, err := c.header(r)
+		if err != nil || h == 0 {
+			return err
+		}
+		if pad || c.takenAt(r) >= 0 {
+			r += total
+			continue
+		}
+		limit--
+		off := HeaderSize + int(r&c.mask) + recHdr
+		n := int(uint32(h))
+		take, stop := fn(uint32(h>>40), c.data[off:off+n:off+n])
+		if take {
+			c.taken = append(c.taken, taken{at: r, total: total, writeBack: uint8(h>>32)&flagWriteBack != 0})
+		}
+		if stop {
+			return nil
+		}
+		r += total
+	}
+	return nil
+}
+
+// takenAt is the index in c.taken of the record at read index r, or -1.
+func (c *Consumer) takenAt(r uint64) int {
+	for i, t := range c.taken {
+		if t.at == r {
+			return i
+		}
+	}
+	return -1
 }
 
 func (c *Consumer) decodeCur() (uint32, []byte, bool, error) {
@@ -493,10 +574,33 @@ func (c *Consumer) Release() (wake bool) {
 	writeBack := uint8(c.cur>>32)&flagWriteBack != 0
 	c.read += c.curTotal
 	c.cur, c.curTotal = 0, 0
+	if len(c.taken) > 0 {
+		writeBack = c.passTaken() || writeBack
+	}
 	if !writeBack {
 		return false
 	}
 	return c.WriteBack()
+}
+
+// passTaken moves the head past the taken records (and padding) it has
+// reached, and reports whether one of them asked for a write-back.
+func (c *Consumer) passTaken() (writeBack bool) {
+	for len(c.taken) > 0 {
+		if i := c.takenAt(c.read); i >= 0 {
+			t := c.taken[i]
+			c.read += t.total // as measured when taken
+			writeBack = writeBack || t.writeBack
+			c.taken = append(c.taken[:i], c.taken[i+1:]...)
+			continue
+		}
+		h, total, pad, err := c.header(c.read)
+		if err != nil || !pad || h == 0 {
+			return writeBack // an error fails the next Peek
+		}
+		c.read += total
+	}
+	return writeBack
 }
 
 // WriteBack publishes the read index to the producer now, and reports

@@ -307,7 +307,8 @@ func TestSizeFor(t *testing.T) {
 
 // FuzzConsumer lets the fuzzer write the peer's side of the ring: the whole
 // record area and the control block. The consumer must never panic or
-// return a payload outside the ring, and must keep failing once failed.
+// return a payload outside the ring (reading at its head or ahead of it),
+// and must keep failing once failed.
 func FuzzConsumer(f *testing.F) {
 	f.Add([]byte{}, uint64(0))
 	seed := make([]byte, 64)
@@ -344,6 +345,14 @@ func FuzzConsumer(f *testing.F) {
 			if len(b) > MaxPayloadFor(MinSize) {
 				t.Fatalf("payload of %d bytes", len(b))
 			}
+			k := 0
+			_ = c.Ahead(MaxTaken, func(_ uint32, b []byte) (take, stop bool) {
+				if len(b) > MaxPayloadFor(MinSize) {
+					t.Fatalf("payload ahead of %d bytes", len(b))
+				}
+				k++
+				return k%2 == 0, false
+			})
 			c.Release()
 		}
 	})
@@ -376,4 +385,92 @@ func TestBatch(t *testing.T) {
 		require.False(t, ok)
 	}
 	require.False(t, p.EndBatch(), "an empty batch asks for no doorbell")
+}
+
+// Records taken ahead of the head (Ahead) are never seen again, the others
+// come in order, and the room of both comes back: over many laps, with
+// write-backs asked for by taken records as by others, the producer never
+// waits for room the consumer has done with.
+func TestAhead(t *testing.T) {
+	p, c, _, _ := newPair(t, MinSize)
+	rng := rand.New(rand.NewPCG(1, 2))
+	payload := func(tag uint32, n int) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(tag + uint32(i))
+		}
+		return b
+	}
+	var sent, got []uint32 // tags in ring order; tags consumed, in either way
+	gone := map[uint32]bool{}
+	next := uint32(0)
+	for len(got) < 5000 {
+		// Fill with records of random sizes until the ring is full.
+		for {
+			tag, n := next, rng.IntN(MaxPayloadFor(MinSize)/2)
+			b, err := p.Reserve(n)
+			if errors.Is(err, ErrFull) {
+				break
+			}
+			require.NoError(t, err)
+			copy(b, payload(tag, n))
+			p.Commit(tag)
+			sent, next = append(sent, tag), next+1
+		}
+		// Take some records ahead of the head, then release the head.
+		tag, _, ok, err := c.Peek()
+		require.NoError(t, err)
+		require.True(t, ok, "the ring is full but the consumer sees nothing")
+		require.False(t, gone[tag], "record %d seen again after it was taken", tag)
+		require.NoError(t, c.Ahead(4, func(tag uint32, b []byte) (take, stop bool) {
+			require.False(t, gone[tag], "record %d seen again after it was taken", tag)
+			require.Equal(t, payload(tag, len(b)), b)
+			if rng.IntN(3) == 0 {
+				gone[tag] = true
+				got = append(got, tag)
+				return true, rng.IntN(2) == 0
+			}
+			return false, false
+		}))
+		gone[tag] = true
+		got = append(got, tag)
+		c.Release()
+		require.LessOrEqual(t, len(c.taken), MaxTaken)
+	}
+	// Drain: what is left comes in ring order, without the taken records.
+	for {
+		tag, _, ok, err := c.Peek()
+		require.NoError(t, err)
+		if !ok {
+			break
+		}
+		require.False(t, gone[tag], "record %d seen again after it was taken", tag)
+		gone[tag] = true
+		c.Release()
+	}
+	require.Len(t, gone, len(sent), "every record consumed once")
+	require.Empty(t, c.taken)
+	free, err := p.Free()
+	require.NoError(t, err)
+	require.Equal(t, MinSize, free, "all room handed back")
+}
+
+// Reading ahead stops at an open batch: its records show with its first
+// header, as they do to Peek.
+func TestAheadStopsAtOpenBatch(t *testing.T) {
+	p, c, _, _ := newPair(t, MinSize)
+	put(t, p, 1, make([]byte, 100))
+	p.BeginBatch()
+	put(t, p, 2, make([]byte, 100))
+	put(t, p, 3, make([]byte, 100))
+	_, _, ok, err := c.Peek()
+	require.NoError(t, err)
+	require.True(t, ok)
+	var seen []uint32
+	ahead := func(tag uint32, b []byte) (take, stop bool) { seen = append(seen, tag); return false, false }
+	require.NoError(t, c.Ahead(8, ahead))
+	require.Empty(t, seen)
+	p.EndBatch()
+	require.NoError(t, c.Ahead(8, ahead))
+	require.Equal(t, []uint32{2, 3}, seen)
 }
