@@ -960,12 +960,14 @@ func TestSmallMessageTakenAhead(t *testing.T) {
 	}
 	_, err := xw.Write(xbuf)
 	require.NoError(t, err)
-	_, err = yw.Write([]byte("three"))
-	require.NoError(t, err)
+	for _, m := range []string{"three", "four!"} { // two records: a Read takes one
+		_, err = yw.Write([]byte(m))
+		require.NoError(t, err)
+	}
 	before := b.Stats().TakenAhead
 	got := make(chan string, 1)
 	go func() {
-		buf := make([]byte, 5)
+		buf := make([]byte, 10)
 		_, err := io.ReadFull(yr, buf)
 		if err != nil {
 			got <- err.Error()
@@ -974,7 +976,12 @@ func TestSmallMessageTakenAhead(t *testing.T) {
 		got <- string(buf)
 	}()
 	p.UnlockRX()
-	require.Equal(t, "three", <-got)
+	select {
+	case m := <-got:
+		require.Equal(t, "threefour!", m)
+	case <-time.After(10 * time.Second):
+		t.Fatal("y's two messages did not arrive (one taken over the other?)")
+	}
 	require.Greater(t, b.Stats().TakenAhead, before, "y's message should have been taken ahead of x's records")
 	require.NoError(t, xw.CloseWrite())
 	require.NoError(t, streamIn(xr, 1, xBytes, nil))
@@ -1032,4 +1039,54 @@ func TestPiecesBesideSmallMessages(t *testing.T) {
 	echo(yr, yw) // and a's: the writer sends pieces
 	records, _ = bulk()
 	require.Equal(t, int64(DefaultMTU/smallPiece), records)
+}
+
+// TestMixedSizesKeepOrder streams small and bulk writes on two connections
+// of one partition in both directions at once, readers stalling now and
+// then: small messages are taken ahead of bulk records and bulk moves in
+// pieces, and every byte must still arrive once, in order.
+func TestMixedSizesKeepOrder(t *testing.T) {
+	const perConn = 8 << 20
+	a, b := endpoints(t, "ntbtest", Config{})
+	a.smallFor, b.smallFor = int64(time.Hour), int64(time.Hour)
+	xw, xr, yw, yr := samePartition(t, a, b, 1, 2)
+	mixed := func(c *Conn, seed uint64) error {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		buf := make([]byte, 96<<10)
+		for off := int64(0); off < perConn; {
+			k := int64(1 + rng.IntN(smallWrite)) // mostly small,
+			if rng.IntN(4) == 0 {
+				k = int64(smallWrite + rng.IntN(len(buf)-smallWrite)) // some bulk
+			}
+			k = min(k, perConn-off)
+			for i := range k {
+				buf[i] = pattern(seed, off+i)
+			}
+			if _, err := c.Write(buf[:k]); err != nil {
+				return err
+			}
+			off += k
+		}
+		return c.CloseWrite()
+	}
+	stall := func(seed uint64) func() {
+		rng := rand.New(rand.NewPCG(seed, 9))
+		return func() {
+			if rng.IntN(64) == 0 {
+				time.Sleep(time.Duration(rng.IntN(200)) * time.Microsecond)
+			}
+		}
+	}
+	errs := make(chan error, 8)
+	for i, c := range []*Conn{xw, yw, xr, yr} {
+		go func() { errs <- mixed(c, uint64(10+i)) }()
+	}
+	for i, c := range []*Conn{xr, yr, xw, yw} {
+		go func() { errs <- streamIn(c, uint64(10+i), perConn, stall(uint64(i))) }()
+	}
+	for range 8 {
+		require.NoError(t, <-errs)
+	}
+	t.Logf("taken ahead: %d at a, %d at b", a.Stats().TakenAhead, b.Stats().TakenAhead)
+	require.Positive(t, a.Stats().TakenAhead+b.Stats().TakenAhead, "nothing was taken ahead: the test tests nothing")
 }

@@ -642,7 +642,7 @@ func (st *state) takeAhead(p *partition.Partition, self *Conn, b []byte, headID 
 			n = copy(b, payload)
 			self.rxmu.Unlock()
 			st.ep.counters.takenAhead.Add(1)
-			return true, false
+			return true, true // b is done with: the caller returns it
 		}
 		c := st.lookup(id)
 		if c == nil {
