@@ -540,8 +540,10 @@ func (st *state) pollLocked(p *partition.Partition, self *Conn, b []byte, poller
 		}
 		kind, id := splitTag(tag)
 		if kind == kindData && p != st.control && len(payload)-st.headOff[part] > smallWrite && st.smallTraffic(part) {
-			if n = st.takeAhead(p, self, b, id); n > 0 {
-				return n, records + 1
+			var taken int
+			n, taken = st.takeAhead(p, self, b, id)
+			if records += taken; n > 0 {
+				return n, records
 			}
 		}
 		if kind == kindData && p != st.control && (poller && len(payload) > smallWrite || self != nil && id != self.id) {
@@ -604,9 +606,10 @@ const aheadRecords = 16
 // the bulk DATA record at the head of data partition p (RX lock held; the
 // head's connection is headID) out of order: self's next one into b, if
 // b holds it, and the others' into their posted buffers or queues, waking
-// their readers. It returns the bytes copied into b. A connection's
-// records keep their order: one whose record (of any kind) it passes over
-// gets nothing taken after it, nor does the head's.
+// their readers; self's ends the look. It returns the bytes copied into
+// b and the records taken. A connection's records keep their order: one
+// whose record (of any kind) it passes over gets nothing taken after it,
+// nor does the head's.
 //
 // Whoever polled a ring copied the bulk records in front of a small
 // message first — to their reader or its queue if the poll was not the
@@ -619,7 +622,7 @@ const aheadRecords = 16
 // partitions carrying small messages lately are looked at (their
 // traffic's smallAt): elsewhere every record is bulk, and reading ahead
 // would cost each of them a dozen cache misses for nothing.
-func (st *state) takeAhead(p *partition.Partition, self *Conn, b []byte, headID uint32) (n int) {
+func (st *state) takeAhead(p *partition.Partition, self *Conn, b []byte, headID uint32) (n, taken int) {
 	part := p.Index
 	passed := make([]uint32, 1, aheadRecords+1) // connections whose order forbids taking
 	passed[0] = headID
@@ -642,6 +645,7 @@ func (st *state) takeAhead(p *partition.Partition, self *Conn, b []byte, headID 
 			n = copy(b, payload)
 			self.rxmu.Unlock()
 			st.ep.counters.takenAhead.Add(1)
+			taken++
 			return true, true // b is done with: the caller returns it
 		}
 		c := st.lookup(id)
@@ -652,6 +656,7 @@ func (st *state) takeAhead(p *partition.Partition, self *Conn, b []byte, headID 
 			ts.emit(st, TapRX, part, tag, id, payload)
 		}
 		st.ep.counters.takenAhead.Add(1)
+		taken++
 		if err := c.deliver(part, kindData, payload); err != nil {
 			err = fmt.Errorf("protocol violation from peer: %w", err)
 			st.ep.logf("%v", err)
@@ -660,7 +665,7 @@ func (st *state) takeAhead(p *partition.Partition, self *Conn, b []byte, headID 
 		}
 		return true, false
 	}) // an error failed the session; the next Peek returns it
-	return n
+	return n, taken
 }
 
 // takeRest consumes what a Read left of the DATA record at the head of data
