@@ -1257,6 +1257,13 @@ func (c *Conn) credit(m creditMsg) error {
 	c.peerFloor = int64(m.floor &^ floorPooled)
 	pooled := m.floor&floorPooled != 0
 	c.peerPooled = pooled
+	// Any CREDIT answers a WANT sent before it, or crossed it (the
+	// receiver then ignores the WANT): the writer's next wait asks again.
+	// Left set by a CREDIT that came while the writer was not waiting, it
+	// would keep the writer from ever asking again; with its reader parked
+	// having read everything, nothing else sends credit (a suspect in
+	// TestNoLossUnderPressure's rare hang, see answerWantLocked).
+	c.wantSent = false
 	// Only a write waiting for credit needs it; waking the writer on
 	// every CREDIT would leave a stale signal for its next park.
 	if !c.waitCredit {

@@ -259,12 +259,18 @@ func (c *Conn) grantTurn(chunk int64) {
 		// small-message flow: the credit creditLocked gives.
 		t.used.Add(-chunk)
 		c.wants = false
+		out, floor := c.creditOut, c.floorOut
 		c.creditLocked(read)
+		c.answerWantLocked(read, out, floor)
 		return
 	}
 	d := min(chunk, read-c.creditOut) // the allowance stays within the window
 	if d < min(chunk, DefaultMTU) {
 		t.used.Add(-chunk)
+		if read == c.recvd.Load() {
+			c.wants = false
+			c.answerWantLocked(read, c.creditOut, c.floorOut)
+		}
 		return
 	}
 	c.wants = false
@@ -273,6 +279,27 @@ func (c *Conn) grantTurn(chunk int64) {
 	c.creditOut += d
 	c.ep.counters.turns.Add(1)
 	c.sendCreditLocked(min(DefaultMTU, c.st.window) | floorPooled)
+}
+
+// answerWantLocked answers a WANT that the rules sent no CREDIT for (cmu
+// held; out and floor are creditOut and floorOut from before they looked)
+// when c's reader has read all that arrived: no Read will come to send
+// one, and the writer waits for it. The CREDIT is for all that was read,
+// so the writer may fill the window again.
+//
+// A hang of TestNoLossUnderPressure (64 connections, 64 KiB windows,
+// -race; about once in 60-80 runs) looked like a writer left without one:
+// it waited for credit under turns' last floor (a whole window), the other
+// connections had ended, and its reader had read everything, parked, with
+// 50 KiB of credit unsent — under a step of the rule that now applied.
+// With this and credit's reset of wantSent the hang remains, rarer or not
+// (3 in 400 runs), and is not understood yet.
+func (c *Conn) answerWantLocked(read, out, floor int64) {
+	if c.creditOut != out || c.floorOut != floor || read != c.recvd.Load() {
+		return // answered, or a Read will
+	}
+	c.creditOut = max(c.creditOut, read)
+	c.sendCreditLocked(c.floorOut)
 }
 
 // sendWant tells the peer c's writer waits for credit. Not from a serve
