@@ -220,6 +220,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 	c.ep.enterCall()
 	defer c.ep.exitCall()
 	c.inRead.Store(true)
+	c.cut = false
 	sp := spinner{ep: c.ep, short: c.sporadic.Load()}
 	defer sp.stop()
 	n, err := c.readLoop(b, &sp)
