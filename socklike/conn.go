@@ -1260,10 +1260,6 @@ func (c *Conn) credit(m creditMsg) error {
 	c.peerPooled = pooled
 	// Any CREDIT answers a WANT sent before it, or crossed it (the
 	// receiver then ignores the WANT): the writer's next wait asks again.
-	// Left set by a CREDIT that came while the writer was not waiting, it
-	// would keep the writer from ever asking again; with its reader parked
-	// having read everything, nothing else sends credit (a suspect in
-	// TestNoLossUnderPressure's rare hang, see answerWantLocked).
 	c.wantSent = false
 	// Only a write waiting for credit needs it; waking the writer on
 	// every CREDIT would leave a stale signal for its next park.
@@ -1275,9 +1271,12 @@ func (c *Conn) credit(m creditMsg) error {
 			// Credit goes in turns, and the writer waits without
 			// having asked since this CREDIT (the receiver ignores a
 			// WANT that crossed it): a serve pass waits again, and
-			// asks.
+			// asks. The writer runs it: our caller may be a small
+			// write or a Read that got its data, which serve nobody
+			// (in CoreInline no worker watches the unit's kick).
 			c.waitCredit, c.wantSent = false, false
 			c.unit.postLocked(c)
+			c.wake(c.wnotify)
 		}
 		return nil
 	}
