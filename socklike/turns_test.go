@@ -227,3 +227,60 @@ func bigLink(t *testing.T) (*Endpoint, *Endpoint) {
 	t.Cleanup(func() { da.Close(); db.Close() })
 	return attachPair(t, da, db, Config{})
 }
+
+// A WANT the rules answer with no CREDIT while its reader is behind
+// stands, and the reader's next reads answer it: dropped, the reader went
+// on to read the rest under turns' rule, which holds back less than half
+// the baseline, and its writer, short of a record, waited for ever
+// (TestNoLossUnderPressure hung so about once in 70 runs). grantTurn(0)
+// is what serveTurns calls when credit left turns between its look and
+// the grant, the race that hang took.
+func TestWantStandsWhileReaderBehind(t *testing.T) {
+	a, b := endpoints(t, "ntbtest", Config{Window: 32 << 10, MTU: 16 << 10})
+	b.smallFor = int64(time.Hour) // all sixteen count as streaming (see share)
+	const conns, first = 16, 64 << 10
+	var cs, ss []*Conn
+	for i := range conns {
+		c, s := connPair(t, a, b, 100+i)
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		s.SetDeadline(time.Now().Add(30 * time.Second))
+		cs, ss = append(cs, c), append(ss, s)
+	}
+	errs := make(chan error, 2*conns)
+	for i := range conns {
+		go func() { errs <- streamOutOpen(cs[i], uint64(i), 0, first) }()
+		go func() { errs <- streamInN(ss[i], uint64(i), 0, first) }()
+	}
+	for range 2 * conns {
+		require.NoError(t, <-errs)
+	}
+	c, s := cs[0], ss[0]
+	require.Positive(t, s.st.turnChunk(), "credit in turns")
+
+	// One record more, of which the reader takes a little.
+	const record, taken = 16 << 10, 1 << 10
+	require.NoError(t, streamOutOpen(c, 0, first, record))
+	require.Eventually(t, func() bool { return s.recvd.Load() == first+record }, 10*time.Second, time.Millisecond)
+	require.NoError(t, streamInN(s, 0, first, taken))
+
+	s.cmu.Lock()
+	out := s.creditOut
+	s.wants = true // as want() leaves it
+	s.cmu.Unlock()
+	s.grantTurn(0)
+	s.cmu.Lock()
+	stands, sent := s.wants, s.creditOut != out
+	s.cmu.Unlock()
+	require.False(t, sent, "the rules send no CREDIT for %d bytes read", taken)
+	require.True(t, stands, "the WANT stands while its reader is behind")
+
+	require.NoError(t, streamInN(s, 0, first+taken, record-taken))
+	require.Eventually(t, func() bool {
+		s.cmu.Lock()
+		defer s.cmu.Unlock()
+		return !s.wants
+	}, 10*time.Second, time.Millisecond, "the reader's reads answer the WANT")
+	require.Eventually(t, func() bool {
+		return c.window-(c.sent.Load()-c.peerRead.Load()) >= record
+	}, 10*time.Second, time.Millisecond, "the writer has credit for a record")
+}
