@@ -159,13 +159,7 @@ func TestTurnsFitWindow(t *testing.T) {
 	a, b := endpoints(t, "ntbtest", Config{Window: 32 << 10, MTU: 16 << 10})
 	b.smallFor = int64(time.Hour) // all sixteen count as streaming (see share)
 	const conns, size = 16, 1 << 20
-	var cs, ss []*Conn
-	for i := range conns {
-		c, s := connPair(t, a, b, 60+i)
-		c.SetDeadline(time.Now().Add(30 * time.Second))
-		s.SetDeadline(time.Now().Add(30 * time.Second))
-		cs, ss = append(cs, c), append(ss, s)
-	}
+	cs, ss := deadlinePairs(t, a, b, conns, 60)
 	st := ss[0].st
 	share := st.rxRings / (2 * conns) // once all sixteen stream
 	chunk := st.turnChunkAt(share)
@@ -220,6 +214,19 @@ func streamPairs(t *testing.T, cs, ss []*Conn, size int64) {
 	}
 }
 
+// deadlinePairs opens n connections from a to b on ports port..port+n-1,
+// each end with a deadline 30 s away.
+func deadlinePairs(t *testing.T, a, b *Endpoint, n, port int) (cs, ss []*Conn) {
+	t.Helper()
+	for i := range n {
+		c, s := connPair(t, a, b, port+i)
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		s.SetDeadline(time.Now().Add(30 * time.Second))
+		cs, ss = append(cs, c), append(ss, s)
+	}
+	return cs, ss
+}
+
 // bigLink attaches two endpoints to a link of 16 MiB windows, the default
 // link's 8 MiB of rings.
 func bigLink(t *testing.T) (*Endpoint, *Endpoint) {
@@ -239,13 +246,7 @@ func TestWantStandsWhileReaderBehind(t *testing.T) {
 	a, b := endpoints(t, "ntbtest", Config{Window: 32 << 10, MTU: 16 << 10})
 	b.smallFor = int64(time.Hour) // all sixteen count as streaming (see share)
 	const conns, first = 16, 64 << 10
-	var cs, ss []*Conn
-	for i := range conns {
-		c, s := connPair(t, a, b, 100+i)
-		c.SetDeadline(time.Now().Add(30 * time.Second))
-		s.SetDeadline(time.Now().Add(30 * time.Second))
-		cs, ss = append(cs, c), append(ss, s)
-	}
+	cs, ss := deadlinePairs(t, a, b, conns, 100)
 	errs := make(chan error, 2*conns)
 	for i := range conns {
 		go func() { errs <- streamOutOpen(cs[i], uint64(i), 0, first) }()
