@@ -46,8 +46,13 @@ const turnSlots = 8
 // switched writers and readers twice as often.
 const turnsAtOnce = 4
 
-// turnExpiry is how long a turn may sit unused while others wait.
-const turnExpiry = time.Millisecond
+// turnExpiry is how long a turn may sit unused while others wait, and how
+// often the line is looked at while the pool is full. 500 µs rather than
+// 1 ms: 64 streams, 32 KiB reads, near, 20 alternating runs of each,
+// medians 18.4 -> 19.8 GB/s (32 streams 19.2 -> 20.8; two shorter
+// batches before agreed, 16 streams unchanged); 3 ms cost 16 % at 64, and
+// 100 µs wrote off turns still in use (see README).
+const turnExpiry = 500 * time.Microsecond
 
 // floorPooled, set in a CREDIT's floor, tells the writer its credit comes
 // in turns: it sends WANT when it waits for credit.
