@@ -23,7 +23,7 @@ type pconn struct {
 	app       uint64 // the application that dialed or accepted it
 	peerApp   *app   // the accepting application of a same-host connection
 	dir       string
-	path      string
+	path      string // the transport it opened on (a leg's current one: leg.path)
 	reason    string
 	link      string
 	partition int

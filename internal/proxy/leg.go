@@ -856,12 +856,11 @@ func (l *leg) install(c net.Conn, path string, peerRx uint64) error {
 		l.ackSent = 0
 	}
 	l.sent = peerRx
+	from := l.path
 	l.cur, l.path = c, path
 	l.gen++
 	gen := l.gen
 	pause := time.Since(l.down)
-	from := l.pc.path
-	l.pc.path = path
 	l.down = time.Time{}
 	l.switches++
 	l.s.pathSwitches.Add(1)

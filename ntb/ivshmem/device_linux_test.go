@@ -47,10 +47,13 @@ func upPair(t *testing.T, size int64, cfg DeviceConfig) (*Server, *Device, *Devi
 	return s, a, b
 }
 
-// lastEvent returns the latest queued link event of d.
-func lastEvent(t *testing.T, d ntb.Device) ntb.LinkEvent {
+// downEvent returns the latest link event of d once it reports the link
+// down. The tracker stores the state before it queues the event, so a
+// WaitLink that saw the link down may return before the event is there.
+func downEvent(t *testing.T, d ntb.Device) ntb.LinkEvent {
 	t.Helper()
 	var ev ntb.LinkEvent
+	timeout := time.After(time.Second)
 	for {
 		select {
 		case e, ok := <-d.LinkEvents():
@@ -58,8 +61,20 @@ func lastEvent(t *testing.T, d ntb.Device) ntb.LinkEvent {
 				return ev
 			}
 			ev = e
+			continue
 		default:
+		}
+		if ev.State == ntb.LinkDown && ev.Reason != "" {
 			return ev
+		}
+		select {
+		case e, ok := <-d.LinkEvents():
+			if !ok {
+				return ev
+			}
+			ev = e
+		case <-timeout:
+			t.Fatalf("%s: no link-down event (latest %+v)", d.Name(), ev)
 		}
 	}
 }
@@ -232,7 +247,7 @@ func TestDeviceRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	ntbtest.WaitLink(t, a, ntb.LinkDown, ntbtest.LinkDetectTimeout)
-	t.Logf("close seen in %v: %q", time.Since(start).Round(time.Millisecond), lastEvent(t, a).Reason)
+	t.Logf("close seen in %v: %q", time.Since(start).Round(time.Millisecond), downEvent(t, a).Reason)
 	if err := b.RingPeer(1); !errors.Is(err, ntb.ErrClosed) {
 		t.Errorf("RingPeer after Close: %v", err)
 	}
@@ -275,7 +290,7 @@ func TestDeviceHeartbeatLossAndTakeover(t *testing.T) {
 
 	b.SilenceHeartbeat(true) // hung: attached, but silent
 	ntbtest.WaitLink(t, a, ntb.LinkDown, time.Second)
-	if ev := lastEvent(t, a); !strings.Contains(ev.Reason, "heartbeat silent") {
+	if ev := downEvent(t, a); !strings.Contains(ev.Reason, "heartbeat silent") {
 		t.Errorf("down because %q", ev.Reason)
 	}
 	b.SilenceHeartbeat(false)
@@ -290,7 +305,7 @@ func TestDeviceHeartbeatLossAndTakeover(t *testing.T) {
 	ntbtest.WaitLink(t, a, ntb.LinkUp, time.Second)
 	ntbtest.WaitLink(t, c, ntb.LinkUp, time.Second)
 	ntbtest.WaitLink(t, b, ntb.LinkDown, time.Second)
-	if ev := lastEvent(t, b); !strings.Contains(ev.Reason, "taken over") {
+	if ev := downEvent(t, b); !strings.Contains(ev.Reason, "taken over") {
 		t.Errorf("b down because %q", ev.Reason)
 	}
 	if err := b.RingPeer(1); !errors.Is(err, ntb.ErrLinkDown) {
@@ -341,7 +356,7 @@ func TestDeviceGarbageRegisters(t *testing.T) {
 		a.local.Store32(off, rng.Uint32()) // the words b writes
 	}
 	ntbtest.WaitLink(t, a, ntb.LinkDown, time.Second)
-	t.Logf("garbage registers: %q", lastEvent(t, a).Reason)
+	t.Logf("garbage registers: %q", downEvent(t, a).Reason)
 	for off := 0; off < devPage; off += 4 {
 		if off/devSlotSize != a.id {
 			a.mem.Store32(devOffPresence+off, rng.Uint32())
