@@ -71,10 +71,11 @@ type Conn struct {
 	// cut: the last poll of this connection's Read took a piece of a
 	// record rather than all b held (state.piece; its goroutine only).
 	cut bool
-	// inRead is set while a Read runs; readerAt is ep.now() when the last
-	// one returned (see state.leaveForReader).
-	inRead   atomic.Bool
-	readerAt atomic.Int64
+	// inRead is set while a Read runs; readerLeft marks the return of
+	// the last one, and readerAt is when a look found it (readerRecent).
+	inRead     atomic.Bool
+	readerLeft atomic.Bool
+	readerAt   atomic.Int64
 
 	bigAt     atomic.Int64 // ep.now()+1 when a DATA record of more than smallWrite last came (0: never)
 	smallAt   atomic.Int64 // ep.now()+1 when a small DATA record last came while c was not bulk (0: never)
@@ -227,17 +228,30 @@ func (c *Conn) Read(b []byte) (int, error) {
 	if m := c.unpost(); m > 0 { // delivered into b on the way out
 		n, err = m, nil
 	}
-	now := c.ep.now()
 	if n > 0 {
-		c.ep.progress.Store(now) // records moved (see state.pollServe)
+		c.ep.noteProgress() // records moved (see state.pollServe)
 	}
 	if n > yieldAbove && (!c.restWaits.Load() || c.cut) && (c.ep.cfg.HandOff || c.st.smallLately()) {
 		runtime.Gosched() // still in Read: its next records wait for it
-		now = c.ep.now()
 	}
-	c.readerAt.Store(now)
+	c.readerLeft.Store(true)
 	c.inRead.Store(false)
 	return n, err
+}
+
+// readerRecent reports whether c's reader, outside Read, left it within
+// readerBack before now (see state.leaveForReader). Read marks its return
+// rather than read the clock (8 % of a 4 KiB reader's CPU): the first look
+// after it turns the mark into now. A mark can be old — nobody looked
+// while the reader was away — and then one look counts the reader as
+// just gone and a record waits for it readerBack longer at most.
+func (c *Conn) readerRecent(now int64) bool {
+	if c.readerLeft.Load() {
+		c.readerAt.Store(now)
+		c.readerLeft.Store(false)
+		return true
+	}
+	return now-c.readerAt.Load() <= int64(readerBack)
 }
 
 // yieldAbove: a Read or Write moving more than this yields the processor

@@ -393,7 +393,7 @@ func (st *state) pollServe(self *Conn, b []byte, serve bool) (n, records int) {
 		st.serveUnits()
 	}
 	if records > 0 && n == 0 {
-		st.ep.noteProgress() // with n > 0, Read notes it with the time
+		st.ep.noteProgress() // with n > 0, Read notes it
 	}
 	if left && n == 0 {
 		runtime.Gosched() // let the reader we leave records to run
@@ -453,7 +453,7 @@ func (st *state) leaveForReader(part int, id uint32, n int, now int64) bool {
 	if c == nil {
 		return false
 	}
-	if !c.inRead.Load() && now-c.readerAt.Load() > int64(readerBack) {
+	if !c.inRead.Load() && !c.readerRecent(now) {
 		return false
 	}
 	if w := st.headWait[part]; w != 0 && now-w > int64(headWaitMax) {
