@@ -549,7 +549,7 @@ func (st *state) pollLocked(p *partition.Partition, self *Conn, b []byte, poller
 		}
 		if kind == kindData && p != st.control && (poller && len(payload) > smallWrite || self != nil && id != self.id) {
 			rest := len(payload) - st.headOff[part]
-			if now := st.ep.now(); (poller || st.headOff[part] > 0 || self.bulkAt(now)) && st.leaveForReader(part, id, rest, now) {
+			if (poller || st.headOff[part] > 0 || self.bulkReader()) && st.leaveForReader(part, id, rest, st.ep.now()) {
 				return 0, records
 			}
 		}
