@@ -622,6 +622,38 @@ func TestHeaderBeforeBodyIsNotLatencyTraffic(t *testing.T) {
 	require.True(t, marked(), "the second small record should mark the partition")
 }
 
+// TestStreamStaysBulkReader: a reader whose last record was large counts
+// as a bulk reader however long ago that was (a stream whose writer
+// waited in the turns' line), so it leaves its neighbours' records to
+// their readers rather than copy them into their queues; a small record
+// after smallFor without a large one makes it a small-message reader.
+func TestStreamStaysBulkReader(t *testing.T) {
+	a, b := endpoints(t, "ntbtest", Config{})
+	const smallFor = 50 * time.Millisecond
+	a.smallFor, b.smallFor = int64(smallFor), int64(smallFor)
+	w, r := connPair(t, a, b, 1)
+	send := func(n int) { // and read it
+		t.Helper()
+		read := make(chan error, 1)
+		go func() {
+			_, err := io.ReadFull(r, make([]byte, n))
+			read <- err
+		}()
+		_, err := w.Write(make([]byte, n))
+		require.NoError(t, err)
+		require.NoError(t, <-read)
+	}
+	require.False(t, r.bulkReader(), "before any record")
+	send(256 << 10)
+	require.True(t, r.bulkReader(), "after a large record")
+	time.Sleep(smallFor + 20*time.Millisecond)
+	require.True(t, r.bulkReader(), "a stream paused longer than smallFor")
+	send(8)
+	require.False(t, r.bulkReader(), "a small record after the pause")
+	send(256 << 10)
+	require.True(t, r.bulkReader(), "a large record again")
+}
+
 // A bulk reader leaves its neighbours' records at the head of the ring for
 // their own readers (state.leaveForReader), but only while they are about
 // to come: a neighbour whose application stops reading must not stall the
