@@ -133,8 +133,10 @@ const minShare = 16 << 10
 // smallRecent is how long a connection counts as bulk after its last large
 // record, and a partition as carrying small-message traffic after the last
 // small record of a connection that is not bulk (see Conn.noteData):
-// longer than the gaps of a sporadic flow (a message a millisecond).
-// Endpoint.smallFor holds it.
+// longer than the gaps of a sporadic flow (a message a millisecond). (As
+// a reader that leaves its neighbours' records to their readers, a
+// connection counts as bulk until a small record comes after this long:
+// Conn.bulkReader.) Endpoint.smallFor holds it.
 const smallRecent = 10 * time.Millisecond
 
 // partTraffic is what a data partition has carried lately, as its
