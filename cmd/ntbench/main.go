@@ -116,11 +116,12 @@
 // two then share a cache decides what a ring between them moves (on the
 // 2-vCPU AMD VM a bare ring copy moved 32 GB/s between cores 80-160 ns
 // apart, a cache line's round trip, and 6.4 GB/s between cores 300-700
-// ns apart; see placement.go). A second's figure is a mixture of the two,
-// whatever the transport. -slice D cuts every measurement into slices of
-// D, times the round trip between the client's and the server's CPU
-// before and after each, and reports a row per placement, near or far,
-// from the slices whose two round trips agree (with -pin split only);
+// ns apart, and ~20 GB/s between hyperthreads of one core, ~70 ns apart;
+// see placement.go). A second's figure is a mixture of them, whatever the
+// transport. -slice D cuts every measurement into slices of D, times the
+// round trip between the client's and the server's CPU before and after
+// each, and reports a row per placement, sibling, near or far, from the
+// slices whose two round trips agree (with -pin split only);
 // -json rows carry placement, core_rtt_ns (the median round trip), slices
 // and moved (the measurement's slices that counted nowhere). Compare rows of one placement only. Each slice ends as a
 // measurement does (stream: the acknowledgement), so slices much shorter
@@ -298,7 +299,7 @@ Flags:
 	fs.Var(&intsFlag{&o.sizes, "size"}, "size", "comma-separated `list` of message sizes in bytes")
 	fs.IntVar(&o.count, "count", 100_000, "measured messages per connection, at most")
 	fs.DurationVar(&o.duration, "duration", 500*time.Millisecond, "measured time per transport×mode×size, at most")
-	fs.DurationVar(&o.slice, "slice", 0, "cut each measurement into slices this long and time a cache line's round trip between the client's and the server's CPU around each: rows are then per placement of the two, near (sharing a cache) or far, which on a VM decides throughput (-pin split; 0: one piece, no placement)")
+	fs.DurationVar(&o.slice, "slice", 0, "cut each measurement into slices this long and time a cache line's round trip between the client's and the server's CPU around each: rows are then per placement of the two, sibling (hyperthreads of one core), near (sharing a cache) or far, which on a VM decides throughput (-pin split; 0: one piece, no placement)")
 	fs.IntVar(&o.warmup, "warmup", 1000, "unmeasured messages per connection before measuring")
 	o.connCounts = []int{1}
 	fs.Var(&intsFlag{&o.connCounts, "connection count"}, "conns", "parallel connections, each in its own goroutine; figures are aggregates. A comma-separated `list` measures each count in turn and compares each with the peak")

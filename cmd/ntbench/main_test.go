@@ -242,7 +242,7 @@ func TestBoundRatio(t *testing.T) {
 }
 
 // TestSlices cuts measurements into placed slices (-slice): every row
-// is a placement's, near or far, with the median round trip that placed
+// is a placement's, sibling, near or far, with the median round trip that placed
 // it; a transport's rows together hold the slices -duration makes, less
 // those whose two round trips disagreed, which every row counts; the table
 // names the placement; tcp's server outlives the round trips' threads.
@@ -268,6 +268,19 @@ func TestSlices(t *testing.T) {
 	table := runBench(t, args...)
 	if !strings.Contains(table, "placement") || !regexp.MustCompile(`(near|far), [0-9.]+(ns|µs|ms) round trip, \d slices`).MatchString(table) {
 		t.Errorf("table names no placement:\n%s", table)
+	}
+}
+
+// TestPlacementOf names placements by round trip: hyperthreads of one
+// core, cores sharing a cache, cores sharing none.
+func TestPlacementOf(t *testing.T) {
+	for rtt, want := range map[time.Duration]string{
+		70 * time.Nanosecond: "sibling", siblingRTT - 1: "sibling", siblingRTT: "near",
+		120 * time.Nanosecond: "near", farRTT - 1: "near", farRTT: "far", 450 * time.Nanosecond: "far",
+	} {
+		if got := placementOf(rtt); got != want {
+			t.Errorf("placementOf(%v) = %s, want %s", rtt, got, want)
+		}
 	}
 }
 

@@ -23,17 +23,28 @@ import (
 // means anything without its placement; -slice measures it (see
 // sliced).
 //
-// farRTT divides the placements: a round trip at least this long is far
-// (no cache shared), shorter is near. On real hosts cores of one socket
-// answer in 50-200 ns and of two sockets in 250 ns and more. (Round
-// trips of ~70 ns, rarer, are hyperthreads of one core, which move a
-// ring at ~20 GB/s, their copies sharing the core; they count as near.)
-const farRTT = 250 * time.Nanosecond
+// farRTT and siblingRTT divide the placements: a round trip at least
+// farRTT long is far (no cache shared), one under siblingRTT is between
+// hyperthreads of one core (sibling), and the rest is near (cores sharing
+// an L3). On real hosts cores of one socket answer in 50-200 ns and of
+// two sockets in 250 ns and more. On the AMD VM (200 round trips over a
+// minute, 2026-11-25) siblings answered in 70-72 ns, rarer than the
+// others, cores sharing an L3 in 81-156 ns and the far ones in 371-560
+// ns; siblings move a ring at ~20 GB/s, their copies sharing the core,
+// and ntb's 64 KiB stream at 16-17 GB/s against 19-24 near in the same
+// runs, so counted as near they made its rows a mixture of two machines.
+const (
+	farRTT     = 250 * time.Nanosecond
+	siblingRTT = 80 * time.Nanosecond
+)
 
 // placementOf names the placement a round trip of rtt shows.
 func placementOf(rtt time.Duration) string {
-	if rtt >= farRTT {
+	switch {
+	case rtt >= farRTT:
 		return "far"
+	case rtt < siblingRTT:
+		return "sibling"
 	}
 	return "near"
 }

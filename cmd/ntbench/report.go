@@ -37,7 +37,7 @@ type result struct {
 	ReadBuf    int       `json:"read_buf"`         // the server's read buffer per connection
 	Host       proc.Host `json:"host"`
 	Time       string    `json:"time,omitempty"`        // start of the measurement, RFC 3339, UTC
-	Placement  string    `json:"placement,omitempty"`   // -slice: near or far, the row's slices' placement
+	Placement  string    `json:"placement,omitempty"`   // -slice: sibling, near or far, the row's slices' placement
 	CoreRTTNs  int64     `json:"core_rtt_ns,omitempty"` // -slice: the median round trip timed around them
 	Slices     int       `json:"slices,omitempty"`      // -slice: how many
 	Moved      int       `json:"moved,omitempty"`       // -slice: the measurement's slices whose placement changed midway, counted in no row
@@ -79,7 +79,7 @@ func (r *report) begin(host proc.Host, procs, clientCPU, serverCPU int) {
 		fmt.Fprintf(r.w, "%d idle connection(s) open beside them\n", r.o.idle)
 	}
 	if r.o.slice > 0 {
-		fmt.Fprintf(r.w, "in slices of %v, each placed by the round trip between the two CPUs around it (near: below %v)\n", r.o.slice, farRTT)
+		fmt.Fprintf(r.w, "in slices of %v, each placed by the round trip between the two CPUs around it (sibling: below %v, near: below %v)\n", r.o.slice, siblingRTT, farRTT)
 	}
 	fmt.Fprintln(r.w)
 	r.header()
