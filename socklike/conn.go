@@ -46,15 +46,16 @@ type Conn struct {
 	queued     atomic.Int64
 	recvd      atomic.Int64
 	read       atomic.Int64
-	cmu        sync.Mutex   // serialises consumed: Read, and whoever delivers into its posted buffer
-	creditOut  int64        // read total last sent as CREDIT; guarded by cmu
-	floorOut   int64        // floor last sent as CREDIT (0: none, the window); guarded by cmu
-	wants      bool         // its writer asked for a turn and has none yet; guarded by cmu
-	turnsDone  bool         // released: no more turns; guarded by cmu
-	ahead      atomic.Int64 // turn credit whose bytes have not arrived (see turns.go)
-	turnQueued bool         // in the turns line; guarded by state.turns.mu
-	turnHeld   bool         // among the turns' holders; guarded by state.turns.mu
-	aheadSeen  int64        // ahead at the last look for unused turns (-1: a turn since); guarded by state.turns.mu
+	cmu        sync.Mutex       // serialises consumed: Read, and whoever delivers into its posted buffer
+	creditOut  int64            // read total last sent as CREDIT; guarded by cmu
+	floorOut   int64            // floor last sent as CREDIT (0: none, the window); guarded by cmu
+	wants      bool             // its writer asked for a turn and has none yet; guarded by cmu
+	creditBuf  [creditSize]byte // the CREDIT being sent, encoded (one of the call's own escapes to the heap); guarded by cmu
+	turnsDone  bool             // released: no more turns; guarded by cmu
+	ahead      atomic.Int64     // turn credit whose bytes have not arrived (see turns.go)
+	turnQueued bool             // in the turns line; guarded by state.turns.mu
+	turnHeld   bool             // among the turns' holders; guarded by state.turns.mu
+	aheadSeen  int64            // ahead at the last look for unused turns (-1: a turn since); guarded by state.turns.mu
 
 	rxmu sync.Mutex // serialises delivery of the peer's frames
 	// rxmu protects the following fields; rxPart is also read atomically.
@@ -501,7 +502,7 @@ func (c *Conn) sendCreditLocked(floor int64) {
 	c.mu.Unlock()
 	if live {
 		m := creditMsg{consumed: uint64(c.creditOut), gen: c.peerGen, floor: uint32(floor)}
-		c.st.sendLoose(c.st.control, kindCredit, c.peerID, c.id, m.encode(nil))
+		c.st.sendLoose(c.st.control, kindCredit, c.peerID, c.id, m.encode(c.creditBuf[:0]))
 		c.ep.counters.credits.Add(1)
 	}
 }

@@ -102,6 +102,9 @@ type wantMsg struct {
 	inflight uint32 // sent beyond consumed (at most the window)
 }
 
+// wantSize is the size of an encoded WANT.
+const wantSize = 16
+
 func (m wantMsg) encode(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint64(b, m.consumed)
 	b = binary.LittleEndian.AppendUint32(b, m.gen)
@@ -121,6 +124,9 @@ func (m acceptMsg) encode(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint32(b, m.gen)
 	return binary.LittleEndian.AppendUint32(b, m.dialGen)
 }
+
+// creditSize is the size of an encoded CREDIT.
+const creditSize = 16
 
 func (m creditMsg) encode(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint64(b, m.consumed)
@@ -166,8 +172,8 @@ func decodeU32(p []byte, what string) (uint32, error) {
 }
 
 func decodeCredit(p []byte) (creditMsg, error) {
-	if len(p) != 16 {
-		return creditMsg{}, fmt.Errorf("credit frame of %d bytes, want 16", len(p))
+	if len(p) != creditSize {
+		return creditMsg{}, fmt.Errorf("credit frame of %d bytes, want %d", len(p), creditSize)
 	}
 	m := creditMsg{consumed: binary.LittleEndian.Uint64(p), gen: binary.LittleEndian.Uint32(p[8:]), floor: binary.LittleEndian.Uint32(p[12:])}
 	if f := m.floor &^ floorPooled; f == 0 || f > maxWindow {
@@ -177,8 +183,8 @@ func decodeCredit(p []byte) (creditMsg, error) {
 }
 
 func decodeWant(p []byte) (wantMsg, error) {
-	if len(p) != 16 {
-		return wantMsg{}, fmt.Errorf("want frame of %d bytes, want 16", len(p))
+	if len(p) != wantSize {
+		return wantMsg{}, fmt.Errorf("want frame of %d bytes, want %d", len(p), wantSize)
 	}
 	m := wantMsg{consumed: binary.LittleEndian.Uint64(p), gen: binary.LittleEndian.Uint32(p[8:]), inflight: binary.LittleEndian.Uint32(p[12:])}
 	if m.inflight > maxWindow {

@@ -320,11 +320,12 @@ func (c *Conn) settleWantLocked(read, out, floor int64) {
 	c.wants = false
 }
 
-// sendWant tells the peer c's writer waits for credit. Not from a serve
-// pass, whose TX locks a full control ring's queue (state.flushCtl) may
-// need.
-func (c *Conn) sendWant() {
+// sendWant tells the peer c's writer waits for credit, encoding the frame
+// in buf (empty, at least wantSize long, the caller's to reuse once it
+// returns). Not from a serve pass, whose TX locks a full control ring's
+// queue (state.flushCtl) may need.
+func (c *Conn) sendWant(buf []byte) {
 	v := c.peerRead.Load()
 	m := wantMsg{consumed: uint64(v), gen: c.peerGen, inflight: uint32(c.sent.Load() - v)}
-	c.st.sendLoose(c.st.control, kindWant, c.peerID, c.id, m.encode(nil))
+	c.st.sendLoose(c.st.control, kindWant, c.peerID, c.id, m.encode(buf))
 }

@@ -78,6 +78,11 @@ type unit struct {
 	parts []*partition.Partition // by class slot, see partFor
 
 	serveMu sync.Mutex // held by whoever serves the unit
+	// wantsBuf backs a serve pass's list of writers to send WANT for, and
+	// wantFrame their frames as they are encoded (serveMu held): the
+	// pass's own escaped to the heap, an allocation or two per WANT.
+	wantsBuf  [4]*Conn
+	wantFrame [wantSize]byte
 
 	mu sync.Mutex
 	// mu protects the following fields.
@@ -179,8 +184,8 @@ const (
 // (0: blocked on ring space or nothing to do), and how many connections it
 // queued on u again.
 func (u *unit) serve(self *Conn) (progress bool, wait time.Duration, requeued int) {
-	var open uint64   // partitions (slots) with a batch open
-	var wants []*Conn // writers to send WANT for, once the batches are out
+	var open uint64                         // partitions (slots) with a batch open
+	wants := u.wantsBuf[:0:len(u.wantsBuf)] // writers to send WANT for, once the batches are out
 	defer func() {
 		for i, p := range u.parts {
 			if open&(1<<i) != 0 {
@@ -188,8 +193,9 @@ func (u *unit) serve(self *Conn) (progress bool, wait time.Duration, requeued in
 			}
 		}
 		for _, c := range wants {
-			c.sendWant()
+			c.sendWant(u.wantFrame[:0])
 		}
+		clear(wants)
 	}()
 	var full uint64 // slots found full this pass
 	misses, moved := 0, 0
