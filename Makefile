@@ -111,8 +111,11 @@ bench: ## the full benchmark: JSON (out/bench.jsonl), a chart (out/bench.svg), t
 # connections, each count against the peak, beside the copy bound and TCP
 # of the same moments; io.Copy's 32 KiB reads, then the default 256 KiB.
 # Every round's rows go to out/sweep-*.jsonl; -plot draws them and prints
-# each count's share of the peak (medians) and ntb over the bound.
-SWEEP ?= -transports ntb,copy,tcp -modes stream -size 65536 -conns 1,2,4,8,16,32,64 -rounds 2 -duration 2s -slice 200ms -json -q
+# each count's share of the peak (medians), each count against the peak's
+# count of the same round (the rounds paired: four rounds of 1 s rather
+# than two of 2 s, so that the counts meet the machine's drift alike) and
+# ntb over the bound.
+SWEEP ?= -transports ntb,copy,tcp -modes stream -size 65536 -conns 1,2,4,8,16,32,64 -rounds 4 -duration 1s -slice 200ms -json -q
 .PHONY: sweep
 sweep: ## the concurrency sweep, 1-64 connections, 32 and 256 KiB reads: out/sweep-*.jsonl, charts out/sweep-*.svg (~6 min)
 	@mkdir -p out

@@ -66,7 +66,7 @@ func benchmark(o *options, fwd []string, stdout, stderr io.Writer) (err error) {
 
 	rep := &report{o: o, w: stdout}
 	rep.begin(r.host, r.procs, clientCPU, serverCPU)
-	failed := 0
+	failed, unplaced := 0, 0
 	for round := 1; round <= o.rounds; round++ {
 		add := rep.add
 		if o.rounds > 1 {
@@ -88,7 +88,11 @@ func benchmark(o *options, fwd []string, stdout, stderr io.Writer) (err error) {
 							what += fmt.Sprintf(", %d connections", n)
 						}
 						fmt.Fprintf(stderr, "ntbench: %s: %v\n", what, err)
-						failed++
+						if errors.Is(err, errAllMoved) {
+							unplaced++
+						} else {
+							failed++
+						}
 					}
 				}
 			}
@@ -99,6 +103,9 @@ func benchmark(o *options, fwd []string, stdout, stderr io.Writer) (err error) {
 		if err := writeChart(o.svg, rep.results, ""); err != nil {
 			return err
 		}
+	}
+	if unplaced > 0 && len(rep.results) == 0 {
+		return fmt.Errorf("none of the %d measurements kept a slice", unplaced)
 	}
 	if failed > 0 {
 		return fmt.Errorf("%d of %d transport×mode runs failed", failed, o.rounds*len(o.connCounts)*len(o.transports)*len(o.modes))

@@ -28,11 +28,13 @@
 // transports one after the other at each count (so that a transport and
 // its bound see the same moment of the machine). The table then ends with
 // each throughput row at every count as a share of its peak — whether a
-// transport keeps its throughput as connections are added — and, with
-// the copy bound among the transports, each transport's throughput over
-// the bound's at every count, the median of the rounds' ratios (on a
-// machine whose speed changes from second to second the ratio of two
-// adjacent measurements moves less than either):
+// transport keeps its throughput as connections are added — then, with
+// several rounds, every count against the peak's count of the same round
+// (the median of the rounds' ratios), and, with the copy bound among the
+// transports, each transport's throughput over the bound's at every
+// count, the median of the rounds' ratios (on a machine whose speed
+// changes from second to second the ratio of two adjacent measurements
+// moves less than either):
 //
 //	ntbench -transports ntb,copy -modes stream -size 65536 -readbuf 32768 -conns 1,2,4,8,16,32,64 -rounds 3
 //

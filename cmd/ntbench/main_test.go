@@ -236,8 +236,36 @@ func TestBoundRatio(t *testing.T) {
 		t.Error("8 connections: a ratio without a bound")
 	}
 	lines := byCount(medians(all), all)
-	if len(lines) != 3 || !strings.Contains(lines[1], "over the copy bound (median of the rounds): 1 0.90, 4 0.50") {
+	if len(lines) != 5 || !strings.Contains(lines[2], "over the copy bound (median of the rounds): 1 0.90, 4 0.50") {
 		t.Errorf("by count:\n%s", strings.Join(lines, "\n"))
+	}
+}
+
+// TestSameRound checks byCount's pairing of each count with the peak's
+// count of the same round: a machine that slows from round to round moves
+// both, and the median of the rounds' ratios keeps the count's real share
+// where the medians' share does not; counts missing from a round pair
+// only where they ran; one round gives no such line.
+func TestSameRound(t *testing.T) {
+	row := func(conns, round int, gbps float64) result {
+		return result{Transport: "ntb", Mode: "stream", Size: 65536, Conns: conns, Round: round, BytesPerS: gbps * 1e9}
+	}
+	all := []result{
+		row(1, 1, 30), row(8, 1, 27), row(64, 1, 24), // 0.90, 0.80
+		row(1, 2, 20), row(8, 2, 18), // 0.90; 64 did not run
+		row(1, 3, 25), row(8, 3, 23.75), row(64, 3, 25), // 0.95, 1.00
+	}
+	lines := strings.Join(byCount(medians(all), all), "\n")
+	for _, want := range []string{
+		"ntb stream 65536: peak 25000.0 MB/s at 1; 1 100 %, 8 95 %, 64 98 %",
+		"against 1 connection(s) of the same round (median of the rounds' ratios; rounds paired): 1 1.00 (3), 8 0.90 (3), 64 0.90 (2); lowest 0.90 at 8",
+	} {
+		if !strings.Contains(lines, want) {
+			t.Errorf("by count lacks %q:\n%s", want, lines)
+		}
+	}
+	if lines := byCount(medians(all[:3]), all[:3]); len(lines) != 1 {
+		t.Errorf("one round: %q, want the share line alone", lines)
 	}
 }
 

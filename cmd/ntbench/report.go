@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/ntstack/ntstack/internal/proc"
@@ -203,11 +204,16 @@ func printByCount(w io.Writer, lines []string) {
 // connection counts, the aggregate throughput at each count (medians:
 // results) as a share of the highest: how evenly a transport scales
 // (stream, rate and mixed-bulk rows; one line each, in the order first
-// measured). Where the copy bound ran beside a transport, a second line
-// gives the transport's throughput over the bound's at each count: the
-// median over the rounds (all) of the two measured moments apart, which
-// a machine whose speed changes from second to second moves less than
-// either figure.
+// measured). With several rounds (all), a second line pairs each count
+// with the peak's count of the same round: the median over the rounds of
+// the one's throughput over the other's, which the machine's drift from
+// round to round moves less than the medians' share (counts are measured
+// one after the other, seconds apart, and on a shared VM the same run
+// moves by a fifth from one minute to the next). Where the copy bound ran
+// beside a transport, a last line gives the transport's throughput over
+// the bound's at each count: the median over the rounds of the two
+// measured moments apart, which a machine whose speed changes from second
+// to second moves less than either figure.
 func byCount(results, all []result) []string {
 	type key struct {
 		transport, mode string
@@ -232,6 +238,9 @@ func byCount(results, all []result) []string {
 		if len(rs) < 2 {
 			continue
 		}
+		// By count: a placement's first rows need not be the lowest
+		// counts' (a count's first slices may all have been elsewhere).
+		slices.SortStableFunc(rs, func(a, b result) int { return a.Conns - b.Conns })
 		peak, low := rs[0], rs[0]
 		for _, res := range rs {
 			if res.BytesPerS > peak.BytesPerS {
@@ -255,6 +264,9 @@ func byCount(results, all []result) []string {
 		lines = append(lines, fmt.Sprintf("  %s: peak %.1f MB/s at %d; %s; lowest %.0f %% at %d",
 			what, peak.BytesPerS/1e6, peak.Conns, strings.Join(at, ", "),
 			100*low.BytesPerS/peak.BytesPerS, low.Conns))
+		if line := sameRound(all, rs, peak); line != "" {
+			lines = append(lines, line)
+		}
 		if k.transport == "copy" || rows[key{"copy", k.mode, k.size, k.placement}] == nil {
 			continue
 		}
@@ -269,6 +281,47 @@ func byCount(results, all []result) []string {
 		}
 	}
 	return lines
+}
+
+// sameRound is byCount's line pairing each count of rs (one transport's
+// medians) with peak's count in the same round of all; empty with fewer
+// than two rounds.
+func sameRound(all, rs []result, peak result) string {
+	same := func(t result) bool {
+		return t.Transport == peak.Transport && t.Mode == peak.Mode && t.Size == peak.Size && t.Placement == peak.Placement && t.BytesPerS > 0
+	}
+	ref := map[int]float64{} // the peak's count, by round
+	for _, t := range all {
+		if same(t) && t.Conns == peak.Conns {
+			ref[t.Round] = t.BytesPerS
+		}
+	}
+	if len(ref) < 2 {
+		return ""
+	}
+	var parts []string
+	lowest, lowAt := 0.0, 0
+	for _, res := range rs {
+		var paired []result
+		for _, t := range all {
+			if same(t) && t.Conns == res.Conns && ref[t.Round] > 0 {
+				paired = append(paired, t)
+			}
+		}
+		if len(paired) == 0 {
+			continue
+		}
+		f := median[float64](paired, func(t result) float64 { return t.BytesPerS / ref[t.Round] })
+		parts = append(parts, fmt.Sprintf("%d %.2f (%d)", res.Conns, f, len(paired)))
+		if lowAt == 0 || f < lowest {
+			lowest, lowAt = f, res.Conns
+		}
+	}
+	if len(parts) < 2 {
+		return ""
+	}
+	return fmt.Sprintf("    against %d connection(s) of the same round (median of the rounds' ratios; rounds paired): %s; lowest %.2f at %d",
+		peak.Conns, strings.Join(parts, ", "), lowest, lowAt)
 }
 
 // boundRatio is the median, over the rounds, of res's transport's
