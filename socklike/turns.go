@@ -38,7 +38,18 @@ import (
 // waited turnExpiry for room and the writer's turn credit has not moved
 // meanwhile, it is written off the pool. Should the writer send on it
 // later, the rings hold that much more than half for a while.
-const turnSlots = 8
+//
+// turnSlots is 3, not 8 as first: at 4-8 streaming connections shares
+// come back in credit steps of four records, so the connections' records
+// took turns in the ring in runs of 4-5, and each change of connection
+// there costs the reader 1-2 µs (waking and scheduling the next reader):
+// 10-14 % of its time at 8 connections, 5-6 % in turns' runs of 10-16
+// (AMD VM, near, 32 KiB reads, timed in a throwaway). Alternating runs,
+// turns from 4 streams against from 9: 8 connections 25.7 against 24.0
+// GB/s (11 and 10 runs; three earlier batches +3 %, +6 %, -3 %), 6
+// connections 25.6 against 24.8 (8 and 11), 4 connections within noise
+// (-5 % to +8 % over four batches), 3 unchanged.
+const turnSlots = 3
 
 // turnsAtOnce is how many turns the pool holds: a turn is a quarter of
 // half the rings, 1 MiB of the default link's 8 MiB, sixteen 64 KiB

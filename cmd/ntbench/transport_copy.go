@@ -18,7 +18,7 @@ import (
 // partition of the default window), in -mtu records, each connection in
 // turn sending its receive share as ntb divides the rings (half of them
 // over the connections, at most half a ring and the -recvwindow), or,
-// beyond eight connections, its turn of credit as ntb gives them (an
+// beyond three connections, its turn of credit as ntb gives them (an
 // eighth of the rings; socklike's turns.go). Every connection streams, so
 // -idle is not modelled, nor is -qos. A reader thread copies each record
 // into its connection's read buffer of -readbuf bytes, filling it from
@@ -73,7 +73,7 @@ func copyBound(o *options, size int, cpus [2]int) ([]sample, error) {
 	share := min(window, max(l.RingSize*o.partitions/(2*o.conns), 16<<10))
 	// Beyond turnSlots connections, a turn of a turnsAtOnce'th of half the
 	// rings (socklike's turnChunk).
-	const turnSlots, turnsAtOnce = 8, 4
+	const turnSlots, turnsAtOnce = 3, 4
 	rings := l.RingSize * o.partitions
 	if slot := min(rings/(2*turnSlots), window); share < slot && slot >= min(64<<10, o.mtu) {
 		share = min(rings/(2*turnsAtOnce), window-min(16<<10, window))
