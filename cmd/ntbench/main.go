@@ -125,7 +125,10 @@
 // each, and reports a row per placement, sibling, near or far, from the
 // slices whose two round trips agree (with -pin split only);
 // -json rows carry placement, core_rtt_ns (the median round trip), slices
-// and moved (the measurement's slices that counted nowhere). Compare rows of one placement only. Each slice ends as a
+// and moved (the measurement's slices that counted nowhere). Compare rows of one placement only.
+// -await P waits before each measurement, up to 20 s, until the round
+// trip shows placement P, so that every count and transport of a sweep
+// gets slices of it (a real host's fixed placement is there at once). Each slice ends as a
 // measurement does (stream: the acknowledgement), so slices much shorter
 // than 200 ms cost many connections their throughput:
 //
@@ -194,6 +197,7 @@ type options struct {
 	count      int
 	duration   time.Duration
 	slice      time.Duration // cut each measurement into slices this long, each placed (0: one piece)
+	await      string        // with -slice: wait for this placement before each measurement ("": do not)
 	warmup     int
 	connCounts []int // -conns: the connection counts to measure, in turn
 	conns      int   // connections of the measurement under way (the server's: its -conns)
@@ -301,6 +305,7 @@ Flags:
 	fs.Var(&intsFlag{&o.sizes, "size"}, "size", "comma-separated `list` of message sizes in bytes")
 	fs.IntVar(&o.count, "count", 100_000, "measured messages per connection, at most")
 	fs.DurationVar(&o.duration, "duration", 500*time.Millisecond, "measured time per transport×mode×size, at most")
+	fs.StringVar(&o.await, "await", "", "with -slice: before each measurement, wait up to "+awaitMax.String()+" for this `placement` of the two CPUs (sibling, near or far), so that every count and transport gets slices of it")
 	fs.DurationVar(&o.slice, "slice", 0, "cut each measurement into slices this long and time a cache line's round trip between the client's and the server's CPU around each: rows are then per placement of the two, sibling (hyperthreads of one core), near (sharing a cache) or far, which on a VM decides throughput (-pin split; 0: one piece, no placement)")
 	fs.IntVar(&o.warmup, "warmup", 1000, "unmeasured messages per connection before measuring")
 	o.connCounts = []int{1}
@@ -345,6 +350,10 @@ func (o *options) check(extra []string) error {
 		return fmt.Errorf("-slice %v: need 0 or more", o.slice)
 	case o.slice > 0 && o.pin != "split":
 		return fmt.Errorf("-slice needs -pin split (the round trip between client's and server's CPU places its slices), not -pin %s", o.pin)
+	case o.await != "" && o.slice == 0:
+		return fmt.Errorf("-await %s needs -slice (it waits for a placement of the slices)", o.await)
+	case o.await != "" && !slices.Contains([]string{"sibling", "near", "far"}, o.await):
+		return fmt.Errorf("-await %q: want sibling, near or far", o.await)
 	case o.warmup < 0:
 		return fmt.Errorf("-warmup %d: need 0 or more", o.warmup)
 	case o.rounds < 1:
@@ -399,7 +408,7 @@ func (o *options) check(extra []string) error {
 
 // clientOnly names the flags that concern the client process alone and are
 // not passed to the server.
-var clientOnly = []string{"svg", "plot", "rounds", "conns", "slice"} // the server gets the count of each measurement
+var clientOnly = []string{"svg", "plot", "rounds", "conns", "slice", "await"} // the server gets the count of each measurement
 
 // setFlags returns the flags set on the command line as arguments, for the
 // server process, less the client-only ones.

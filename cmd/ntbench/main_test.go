@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -312,6 +313,31 @@ func TestPlacementOf(t *testing.T) {
 	}
 }
 
+// TestAwaitPlacement waits for a placement (-await): it looks until the
+// round trip shows it, and gives up after the limit, a probe's error
+// ending the wait.
+func TestAwaitPlacement(t *testing.T) {
+	rtts := []time.Duration{450, 430, 120, 70} // ns: far, far, near, sibling
+	probes, slept := 0, time.Duration(0)
+	probe := func() (time.Duration, error) {
+		rtt := rtts[min(probes, len(rtts)-1)] * time.Nanosecond
+		probes++
+		return rtt, nil
+	}
+	sleep := func(d time.Duration) { slept += d }
+	if met, err := awaitPlacement("near", probe, sleep, time.Second); !met || err != nil || probes != 3 || slept != 2*awaitEvery {
+		t.Errorf("near: met %v, err %v after %d probes and %v asleep; want met after 3 and %v", met, err, probes, slept, 2*awaitEvery)
+	}
+	probes, slept = 0, 0
+	if met, err := awaitPlacement("far", func() (time.Duration, error) { return 100 * time.Nanosecond, nil }, sleep, 4*awaitEvery); met || err != nil || slept != 4*awaitEvery {
+		t.Errorf("far never comes: met %v, err %v, %v asleep; want the limit, %v", met, err, slept, 4*awaitEvery)
+	}
+	boom := errors.New("no CPU")
+	if _, err := awaitPlacement("near", func() (time.Duration, error) { return 0, boom }, sleep, time.Second); !errors.Is(err, boom) {
+		t.Errorf("probe error: %v", err)
+	}
+}
+
 // TestByPlacement checks that the by-count comparison keeps placements
 // apart, a line per placement, each against its own peak and its own
 // bound, and that the rounds of a placement pool their slices.
@@ -439,6 +465,8 @@ func TestUsage(t *testing.T) {
 		{"-conns=2,x"},
 		{"-modes=mixed", "-conns=1,2"},
 		{"-duration=0s"},
+		{"-await=near"},                 // without -slice
+		{"-await=close", "-slice=20ms"}, // no such placement
 		{"extra"},
 	} {
 		var stderr syncBuffer

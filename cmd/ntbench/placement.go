@@ -38,6 +38,36 @@ const (
 	siblingRTT = 80 * time.Nanosecond
 )
 
+// awaitMax bounds -await's wait before a measurement; awaitEvery is how
+// often it looks. The host moves the vCPUs every 0.1-1 s, but on the AMD
+// VM a placement has held for most of half a minute (the far one, 82 %
+// of a 30 s spell).
+const (
+	awaitMax   = 20 * time.Second
+	awaitEvery = 50 * time.Millisecond
+)
+
+// awaitPlacement waits until probe's round trip shows placement want,
+// looking every awaitEvery for at most limit. It reports whether it came.
+// (-await: a sweep on a machine whose placement changes every second or
+// so otherwise measures one count mostly near and the next mostly far,
+// and a placement's row may get no slice at some count.)
+func awaitPlacement(want string, probe func() (time.Duration, error), sleep func(time.Duration), limit time.Duration) (bool, error) {
+	for waited := time.Duration(0); ; waited += awaitEvery {
+		rtt, err := probe()
+		if err != nil {
+			return false, err
+		}
+		if placementOf(rtt) == want {
+			return true, nil
+		}
+		if waited >= limit {
+			return false, nil
+		}
+		sleep(awaitEvery)
+	}
+}
+
 // errAllMoved: the placement changed within every slice of a
 // measurement, which then has no row. Not a failure of the run: with
 // three placements and a host that moves the vCPUs every 0.1-1 s, a
@@ -164,6 +194,16 @@ func (r *runner) sliced(once func(time.Duration) (slice, error)) ([]placed, erro
 		start := time.Now()
 		s, err := once(r.o.duration)
 		return []placed{{start: start, slice: s}}, err
+	}
+	if r.o.await != "" {
+		probe := func() (time.Duration, error) { return coreRTT(r.clientCPU, r.serverCPU) }
+		met, err := awaitPlacement(r.o.await, probe, time.Sleep, awaitMax)
+		if err != nil {
+			return nil, err
+		}
+		if !met {
+			fmt.Fprintf(r.stderr, "ntbench: no %s placement within %v; measuring in whatever comes\n", r.o.await, awaitMax)
+		}
 	}
 	var out []placed
 	moved := 0
