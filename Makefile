@@ -119,7 +119,7 @@ bench: ## the full benchmark: JSON (out/bench.jsonl), a chart (out/bench.svg), t
 # each measurement wait (at most 20 s) for the near placement first.
 SWEEP ?= -transports ntb,copy,tcp -modes stream -size 65536 -conns 1,2,4,8,16,32,64 -rounds 4 -duration 1s -slice 200ms -json -q $(if $(AWAIT),-await $(AWAIT))
 .PHONY: sweep
-sweep: ## the concurrency sweep, 1-64 connections, 32 and 256 KiB reads: out/sweep-*.jsonl, charts out/sweep-*.svg (~6 min)
+sweep: ## the concurrency sweep, 1-64 connections, 32 and 256 KiB reads: out/sweep-*.jsonl, charts out/sweep-*.svg (~4 min)
 	@mkdir -p out
 	$(GO) build -o bin/ntbench ./cmd/ntbench
 	@for rb in 32768 262144; do \

@@ -79,7 +79,8 @@ type unit struct {
 
 	serveMu sync.Mutex // held by whoever serves the unit
 	// wantsBuf backs a serve pass's list of writers to send WANT for, and
-	// wantFrame their frames as they are encoded (serveMu held): the
+	// wantFrame their frames as they are encoded (used by whoever serves
+	// the unit: serveMu's holder inline, the TX worker otherwise): the
 	// pass's own escaped to the heap, an allocation or two per WANT.
 	wantsBuf  [4]*Conn
 	wantFrame [wantSize]byte
@@ -195,7 +196,7 @@ func (u *unit) serve(self *Conn) (progress bool, wait time.Duration, requeued in
 		for _, c := range wants {
 			c.sendWant(u.wantFrame[:0])
 		}
-		clear(wants)
+		clear(u.wantsBuf[:]) // no connection kept alive by a stale pointer
 	}()
 	var full uint64 // slots found full this pass
 	misses, moved := 0, 0

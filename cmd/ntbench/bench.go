@@ -255,6 +255,12 @@ func (r *runner) measure(t transport, m mode, srv *serverProc, size int) (res []
 	if err := parallel(len(clients), func(i int) error { return clients[i].warmup() }); err != nil {
 		return nil, fmt.Errorf("warm-up: %w", err)
 	}
+	if r.o.await != "" {
+		if err := r.await(); err != nil {
+			return nil, err
+		}
+		watchdog.Reset(hangTimeout) // the wait was no hang
+	}
 
 	measured, err := r.sliced(func(d time.Duration) (slice, error) {
 		cpu0, err := r.cpuTime(srv)

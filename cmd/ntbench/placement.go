@@ -68,6 +68,24 @@ func awaitPlacement(want string, probe func() (time.Duration, error), sleep func
 	}
 }
 
+// await waits for -await's placement, if one was asked for (sliced's first
+// step; a server measurement also waits before it restarts its hang
+// watchdog, so that the wait does not count against it).
+func (r *runner) await() error {
+	if r.o.await == "" {
+		return nil
+	}
+	probe := func() (time.Duration, error) { return coreRTT(r.clientCPU, r.serverCPU) }
+	met, err := awaitPlacement(r.o.await, probe, time.Sleep, awaitMax)
+	if err != nil {
+		return err
+	}
+	if !met {
+		fmt.Fprintf(r.stderr, "ntbench: no %s placement within %v; measuring in whatever comes\n", r.o.await, awaitMax)
+	}
+	return nil
+}
+
 // errAllMoved: the placement changed within every slice of a
 // measurement, which then has no row. Not a failure of the run: with
 // three placements and a host that moves the vCPUs every 0.1-1 s, a
@@ -195,15 +213,8 @@ func (r *runner) sliced(once func(time.Duration) (slice, error)) ([]placed, erro
 		s, err := once(r.o.duration)
 		return []placed{{start: start, slice: s}}, err
 	}
-	if r.o.await != "" {
-		probe := func() (time.Duration, error) { return coreRTT(r.clientCPU, r.serverCPU) }
-		met, err := awaitPlacement(r.o.await, probe, time.Sleep, awaitMax)
-		if err != nil {
-			return nil, err
-		}
-		if !met {
-			fmt.Fprintf(r.stderr, "ntbench: no %s placement within %v; measuring in whatever comes\n", r.o.await, awaitMax)
-		}
+	if err := r.await(); err != nil {
+		return nil, err
 	}
 	var out []placed
 	moved := 0
