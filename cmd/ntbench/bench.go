@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"sync"
@@ -22,13 +23,11 @@ import (
 // processes.
 func benchmark(o *options, fwd []string, stdout, stderr io.Writer) (err error) {
 	r := &runner{o: o, fwd: fwd, host: proc.ReadHost(), stderr: stderr}
-	if o.cpuprofile != "" {
-		stop, err := startProfile(o.cpuprofile)
-		if err != nil {
-			return err
-		}
-		defer stop()
+	stop, err := startCapture(o.cpuprofile, o.trace, "")
+	if err != nil {
+		return err
 	}
+	defer stop()
 
 	// Fix GOMAXPROCS before pinning: left automatic, the runtime would
 	// shrink it to the pinned CPU count within a second, in the middle of
@@ -377,15 +376,38 @@ func parallel(n int, f func(i int) error) error {
 	return errors.Join(errs...)
 }
 
-// startProfile starts a CPU profile into path; stop ends and closes it.
-func startProfile(path string) (stop func(), err error) {
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("cpu profile: %w", err)
+// startCapture starts a CPU profile into profile+suffix and an execution
+// trace into exec+suffix, each if its path is set; stop ends and closes
+// them.
+func startCapture(profile, exec, suffix string) (stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for _, s := range stops {
+			s()
+		}
 	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("cpu profile: %w", err)
+	capture := func(path, what string, start func(io.Writer) error, end func()) error {
+		if path == "" {
+			return nil
+		}
+		f, err := os.Create(path + suffix)
+		if err == nil {
+			if err = start(f); err != nil {
+				f.Close()
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		stops = append(stops, func() { end(); f.Close() })
+		return nil
 	}
-	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+	if err := capture(profile, "cpu profile", pprof.StartCPUProfile, pprof.StopCPUProfile); err != nil {
+		return nil, err
+	}
+	if err := capture(exec, "execution trace", trace.Start, trace.Stop); err != nil {
+		stop()
+		return nil, err
+	}
+	return stop, nil
 }

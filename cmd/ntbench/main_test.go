@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -432,6 +433,22 @@ func TestTableRun(t *testing.T) {
 	for _, want := range []string{"GOMAXPROCS", "transport mode", "\ntcp       pingpong      64", "\nunix      pingpong      64", "against tcp in this run", "unix pingpong 64: p50 "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestTraceFiles checks that -trace leaves an execution trace of each
+// process: the client's at the path, the server's beside it.
+func TestTraceFiles(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "run.trace")
+	runBench(t, "-json", "-transports=tcp", "-modes=pingpong", "-size=64", "-count=50", "-warmup=5", "-pin="+testPin(t), "-trace="+path)
+	for _, p := range []string{path, path + ".server"} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.HasPrefix(b, []byte("go 1.")) || len(b) < 1024 {
+			t.Errorf("%s: %d bytes, starting %q: not an execution trace", p, len(b), b[:min(len(b), 16)])
 		}
 	}
 }

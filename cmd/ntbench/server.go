@@ -46,13 +46,11 @@ func serve(o *options, stdin io.Reader, stdout io.Writer) error {
 			return err
 		}
 	}
-	if o.cpuprofile != "" {
-		stop, err := startProfile(o.cpuprofile + ".server")
-		if err != nil {
-			return err
-		}
-		defer stop()
+	stop, err := startCapture(o.cpuprofile, o.trace, ".server")
+	if err != nil {
+		return err
 	}
+	defer stop()
 	ln, addr, err := t.listen(o)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)

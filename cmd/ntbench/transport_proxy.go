@@ -278,14 +278,12 @@ func runProxyd(cfgPath string) int {
 			return 1
 		}
 	}
-	if path := os.Getenv(proxydProfEnv); path != "" {
-		stop, err := startProfile(path)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "ntbench proxyd: %v\n", err)
-			return 1
-		}
-		defer stop()
+	stop, err := startCapture(os.Getenv(proxydProfEnv), "", "")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "ntbench proxyd: %v\n", err)
+		return 1
 	}
+	defer stop()
 	cfg, err := config.Load(cfgPath)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "ntbench proxyd: %v\n", err)
