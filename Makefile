@@ -116,8 +116,10 @@ bench: ## the full benchmark: JSON (out/bench.jsonl), a chart (out/bench.svg), t
 # than two of 2 s, so that the counts meet the machine's drift alike) and
 # ntb over the bound.
 # On a VM whose vCPUs the host moves (see ntbench -slice), AWAIT=near makes
-# each measurement wait (at most 20 s) for the near placement first.
-SWEEP ?= -transports ntb,copy,tcp -modes stream -size 65536 -conns 1,2,4,8,16,32,64 -rounds 4 -duration 1s -slice 200ms -json -q $(if $(AWAIT),-await $(AWAIT))
+# each measurement wait (at most 20 s) for the near placement first; more
+# ROUNDS make the paired figures steadier (ROUNDS=12: ~12 min).
+ROUNDS ?= 4
+SWEEP ?= -transports ntb,copy,tcp -modes stream -size 65536 -conns 1,2,4,8,16,32,64 -rounds $(ROUNDS) -duration 1s -slice 200ms -json -q $(if $(AWAIT),-await $(AWAIT))
 .PHONY: sweep
 sweep: ## the concurrency sweep, 1-64 connections, 32 and 256 KiB reads: out/sweep-*.jsonl, charts out/sweep-*.svg (~4 min)
 	@mkdir -p out
