@@ -1,6 +1,7 @@
 package socklike
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -286,4 +287,62 @@ func TestWantStandsWhileReaderBehind(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return c.window-(c.sent.Load()-c.peerRead.Load()) >= record
 	}, 10*time.Second, time.Millisecond, "the writer has credit for a record")
+}
+
+// A Dial waiting for its ACCEPT serves the units (state.poll) in every core
+// model, so a worker model's TX worker and a dialer may both come to serve
+// a unit: each pass holds serveMu, which guards the pass's WANT buffers.
+// Eight connections stream in turns (WANTs in the passes) through a worker
+// per unit while connections are dialed and closed; under -race, a pass
+// without serveMu is reported here.
+func TestDialWhileWorkerServes(t *testing.T) {
+	da, db := ntbtest.NewPair(16 << 20)
+	t.Cleanup(func() { da.Close(); db.Close() })
+	a, b := attachPair(t, da, db, Config{CoreModel: CoreShared})
+	const conns, size = 8, 8 << 20
+	var cs, ss []*Conn
+	for i := range conns {
+		c, s := connPair(t, a, b, 40+i)
+		cs, ss = append(cs, c), append(ss, s)
+	}
+	ln, err := b.Listen(60)
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	done := make(chan struct{})
+	dialed := make(chan int)
+	go func() {
+		n := 0
+		defer func() { dialed <- n }()
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			c, err := a.DialContext(ctx, 60)
+			cancel()
+			if err != nil {
+				t.Errorf("dial %d: %v", n, err)
+				return
+			}
+			c.Close()
+			n++
+		}
+	}()
+	streamPairs(t, cs, ss, size)
+	close(done)
+	n := <-dialed
+	t.Logf("%d dials while %d connections streamed %d MiB each", n, conns, size>>20)
+	require.Positive(t, n)
+	require.Positive(t, b.Stats().Turns, "the streams went in turns")
 }

@@ -79,9 +79,9 @@ type unit struct {
 
 	serveMu sync.Mutex // held by whoever serves the unit
 	// wantsBuf backs a serve pass's list of writers to send WANT for, and
-	// wantFrame their frames as they are encoded (used by whoever serves
-	// the unit: serveMu's holder inline, the TX worker otherwise): the
-	// pass's own escaped to the heap, an allocation or two per WANT.
+	// wantFrame their frames as they are encoded (guarded by serveMu, which
+	// every serve pass holds): the pass's own escaped to the heap, an
+	// allocation or two per WANT.
 	wantsBuf  [4]*Conn
 	wantFrame [wantSize]byte
 
@@ -289,7 +289,11 @@ func (u *unit) runWorker(tx, rx bool, cpu int) {
 	for ctx.Err() == nil {
 		busy := false
 		if tx && u.queued.Load() > 0 {
+			// serveMu: a Dial waiting for its ACCEPT serves the units
+			// too (state.poll), whatever the core model.
+			u.serveMu.Lock()
 			progress, wait, _ := u.serve(nil)
+			u.serveMu.Unlock()
 			busy = progress
 			if !progress && wait > 0 {
 				time.Sleep(wait)

@@ -125,14 +125,15 @@
 // each, and reports a row per placement, sibling, near or far, from the
 // slices whose two round trips agree (with -pin split only);
 // -json rows carry placement, core_rtt_ns (the median round trip), slices
-// and moved (the measurement's slices that counted nowhere). Compare rows of one placement only.
-// -await P waits before each measurement, up to 20 s, until the round
-// trip shows placement P, so that every count and transport of a sweep
-// gets slices of it (a real host's fixed placement is there at once). Each slice ends as a
-// measurement does (stream: the acknowledgement), so slices much shorter
-// than 200 ms cost many connections their throughput:
+// and moved (the measurement's slices that counted nowhere). Compare rows
+// of one placement only. -await P waits before each measurement, up to
+// 20 s, until the round trip shows placement P, so that every count and
+// transport of a sweep gets slices of it (a real host's fixed placement
+// is there at once). Each slice ends as a measurement does (stream: the
+// acknowledgement), so slices much shorter than 200 ms cost many
+// connections their throughput:
 //
-//	ntbench -transports ntb,copy -modes stream -size 65536 -readbuf 32768 -conns 1,2,4,8,16,32,64 -rounds 2 -duration 2s -slice 200ms
+//	ntbench -transports ntb,copy -modes stream -size 65536 -readbuf 32768 -conns 1,2,4,8,16,32,64 -rounds 4 -duration 1s -slice 200ms -await near
 //
 // -gomaxprocs is fixed in both processes for the whole run. The default (0)
 // is the number of CPUs each process is pinned to — 1 with -pin split or
