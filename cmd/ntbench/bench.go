@@ -255,10 +255,7 @@ func (r *runner) measure(t transport, m mode, srv *serverProc, size int) (res []
 		return nil, fmt.Errorf("warm-up: %w", err)
 	}
 	if r.o.await != "" {
-		if err := r.await(); err != nil {
-			return nil, err
-		}
-		watchdog.Reset(hangTimeout) // the wait was no hang
+		watchdog.Reset(awaitMax + hangTimeout) // sliced waits for the placement first: no hang
 	}
 
 	measured, err := r.sliced(func(d time.Duration) (slice, error) {

@@ -69,8 +69,7 @@ func awaitPlacement(want string, probe func() (time.Duration, error), sleep func
 }
 
 // await waits for -await's placement, if one was asked for (sliced's first
-// step; a server measurement also waits before it restarts its hang
-// watchdog, so that the wait does not count against it).
+// step; measure gives its hang watchdog awaitMax more for it).
 func (r *runner) await() error {
 	if r.o.await == "" {
 		return nil
