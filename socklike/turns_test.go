@@ -6,6 +6,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,7 +20,8 @@ import (
 // stay open, holding its credit: more than the pool has, so the later ones
 // get their turns only once the earlier ones are written off. Then four
 // more stream 32 MiB each beside them. Every byte arrives in order, turns
-// are granted, and the unused ones are written off.
+// are granted, the unused ones are written off, and the turn credit out
+// never passes the pool.
 func TestCreditTurns(t *testing.T) {
 	a, b := bigLink(t)
 	b.smallFor = int64(time.Hour) // the connections count as streaming to the end (see share)
@@ -29,11 +31,15 @@ func TestCreditTurns(t *testing.T) {
 
 	const idle, bulk, size = 16, 4, 32 << 20
 	deadline := time.Now().Add(time.Minute)
+	var st *state // the receiving session
 	pair := func() (*Conn, *Conn) {
 		c, err := a.Dial(9)
 		require.NoError(t, err)
 		s, err := ln.AcceptConn()
 		require.NoError(t, err)
+		if st == nil {
+			st = s.st
+		}
 		c.SetDeadline(deadline)
 		s.SetDeadline(deadline)
 		t.Cleanup(func() { c.Close(); s.Close() })
@@ -70,6 +76,23 @@ func TestCreditTurns(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	// Watch the pool while the bulk writers stream: the turns never hold
+	// more than turnPool, and they fill it beyond half the rings, the
+	// pool's first form.
+	var most atomic.Int64
+	watched := make(chan struct{})
+	stop := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			most.Store(max(most.Load(), st.turns.used.Load()))
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Microsecond):
+			}
+		}
+	}()
 	for i := range bulk {
 		c, s := pair()
 		wg.Add(2)
@@ -83,14 +106,18 @@ func TestCreditTurns(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	close(stop)
+	<-watched
 	close(errs)
 	for err := range errs {
 		require.NoError(t, err)
 	}
-	st := b.Stats()
-	t.Logf("turns %d, written off %d, credits %d", st.Turns, st.TurnsExpired, st.Credits)
-	require.Positive(t, st.Turns)
-	require.Positive(t, st.TurnsExpired)
+	stats := b.Stats()
+	t.Logf("turns %d, written off %d, credits %d; at most %d of the pool's %d out", stats.Turns, stats.TurnsExpired, stats.Credits, most.Load(), st.turnPool())
+	require.Positive(t, stats.Turns)
+	require.Positive(t, stats.TurnsExpired)
+	require.LessOrEqual(t, most.Load(), st.turnPool())
+	require.Greater(t, most.Load(), st.rxRings/2)
 }
 
 // streamOutOpen writes pattern bytes from..from+n in writes of a record
