@@ -84,12 +84,14 @@ func TestCreditTurns(t *testing.T) {
 	stop := make(chan struct{})
 	go func() {
 		defer close(watched)
+		tick := time.NewTicker(20 * time.Microsecond)
+		defer tick.Stop()
 		for {
 			most.Store(max(most.Load(), st.turns.used.Load()))
 			select {
 			case <-stop:
 				return
-			case <-time.After(20 * time.Microsecond):
+			case <-tick.C:
 			}
 		}
 	}()
