@@ -18,7 +18,7 @@ import (
 // streaming connections (those that hold a share, see state.share), the
 // receiver hands out three quarters of the rings in turns (turnPool): a
 // writer that runs out of credit says so (WANT), and waits in line for a
-// chunk of half the rings / turnsAtOnce, which it sends as one run of
+// chunk of half the rings / turnsInHalf, which it sends as one run of
 // records.
 // Every connection keeps a baseline of minShare, beyond the turns, so a
 // small message never waits in line (the writer asks only when a record
@@ -52,12 +52,14 @@ import (
 // (-5 % to +8 % over four batches), 3 unchanged.
 const turnSlots = 3
 
-// turnsAtOnce sets a turn's size: a quarter of half the rings, 1 MiB of
-// the default link's 8 MiB, sixteen 64 KiB records in a run. Turns of
-// half that (512 KiB), the first form, switched writers and readers twice
-// as often; twice that (2 MiB, two in a pool of half the rings) cost 64
-// streams 13 % (AMD VM, near, 32 KiB reads, 11 paired rounds: 0.87).
-const turnsAtOnce = 4
+// turnsInHalf sets a turn's size: half the rings hold four turns, 1 MiB
+// each of the default link's 8 MiB, sixteen 64 KiB records in a run (the
+// pool, turnPool, holds six). Turns of half that (512 KiB), the first
+// form, switched writers and readers twice as often; twice that (2 MiB)
+// cost 64 streams 13 % in a pool of half the rings (AMD VM, near, 32 KiB
+// reads, 11 paired rounds: 0.87) and 8-13 % in pools of three quarters
+// and the whole rings (0.87, 0.91-0.92; 10 rounds, mostly SMT siblings).
+const turnsInHalf = 4
 
 // turnPool is how much turn credit may be out at once: three quarters of
 // the rings, six turns of the default link. The quarter left holds the
@@ -124,7 +126,7 @@ func (st *state) turnChunkAt(share int64) int64 {
 
 // turnSize is the credit of a turn while credit goes in turns.
 func (st *state) turnSize() int64 {
-	return min(st.rxRings/(2*turnsAtOnce), st.window-min(minShare, st.window))
+	return min(st.rxRings/(2*turnsInHalf), st.window-min(minShare, st.window))
 }
 
 // want acts on c's WANT: its writer waits for credit. Turn credit it

@@ -151,21 +151,23 @@ func TestRingManyConns(t *testing.T) {
 	}
 }
 
-// TestCopyBound runs the copy bound: one stream row per size with the
-// connections and read buffer it copied into, none for other modes, and it
-// is not among the transports a plain run compares.
+// TestCopyBound runs the copy bound: one stream row per size and
+// connection count (64 connections copy in turns, as ntb's credit goes)
+// with the connections and read buffer it copied into, none for other
+// modes, and it is not among the transports a plain run compares.
 func TestCopyBound(t *testing.T) {
 	out := runBench(t, "-json", "-transports=copy", "-modes=pingpong,stream", "-size=4096,65536",
-		"-duration=50ms", "-conns=3", "-readbuf=32768", "-pin="+testPin(t))
-	var sizes []int
+		"-duration=50ms", "-conns=3,64", "-readbuf=32768", "-pin="+testPin(t))
+	var got []string
 	for _, r := range jsonRows(t, out) {
-		if r.Transport != "copy" || r.Mode != "stream" || r.Conns != 3 || r.ReadBuf != 32768 || r.Count < 1 || r.BytesPerS <= 0 {
+		if r.Transport != "copy" || r.Mode != "stream" || r.ReadBuf != 32768 || r.Count < 1 || r.BytesPerS <= 0 {
 			t.Errorf("row %+v", r)
 		}
-		sizes = append(sizes, r.Size)
+		got = append(got, fmt.Sprintf("%d/%d", r.Size, r.Conns))
 	}
-	if fmt.Sprint(sizes) != "[4096 65536]" {
-		t.Errorf("rows for sizes %v, want [4096 65536]:\n%s", sizes, out)
+	slices.Sort(got)
+	if fmt.Sprint(got) != "[4096/3 4096/64 65536/3 65536/64]" {
+		t.Errorf("rows for sizes/connections %v, want each of 4096 and 65536 at 3 and 64:\n%s", got, out)
 	}
 	if slices.Contains(transportNames(false), "copy") {
 		t.Errorf("default transports %v include the copy bound", transportNames(false))

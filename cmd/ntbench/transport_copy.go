@@ -71,16 +71,19 @@ func copyBound(o *options, size int, cpus [2]int) ([]sample, error) {
 	// (socklike's state.share, at least its 16 KiB minimum).
 	window := min(o.recvWindow, max(l.RingSize/2, 16<<10))
 	share := min(window, max(l.RingSize*o.partitions/(2*o.conns), 16<<10))
-	// Beyond turnSlots connections, a turn of a turnsAtOnce'th of half the
-	// rings (socklike's turnChunk).
-	const turnSlots, turnsAtOnce = 3, 4
+	// Beyond turnSlots connections, a turn of a turnsInHalf'th of half the
+	// rings (socklike's turnChunk), and three quarters of the rings in
+	// turns at once (its turnPool) rather than the shares' half.
+	const turnSlots, turnsInHalf = 3, 4
 	rings := l.RingSize * o.partitions
+	most := slots / 2
 	if slot := min(rings/(2*turnSlots), window); share < slot && slot >= min(64<<10, o.mtu) {
-		share = min(rings/(2*turnsAtOnce), window-min(16<<10, window))
+		share = min(rings/(2*turnsInHalf), window-min(16<<10, window))
+		most = slots * 3 / 4
 	}
 	run := int64(max(1, share/rec))
-	// In flight: the shares together, at most half the ring.
-	lag := min(slots/2, run*int64(o.conns))
+	// In flight: the shares or turns together, up to most.
+	lag := min(most, run*int64(o.conns))
 
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // one thread per copy
 	var head, tail atomic.Int64                     // records written, read; a wait for either yields the CPU (-pin same)
