@@ -54,15 +54,27 @@ const turnSlots = 3
 
 // turnsInHalf sets a turn's size: half the rings hold four turns, 1 MiB
 // each of the default link's 8 MiB, sixteen 64 KiB records in a run (the
-// pool, turnPool, holds six). Turns of half that (512 KiB), the first
-// form, switched writers and readers twice as often; twice that (2 MiB)
-// cost 64 streams 13 % in a pool of half the rings (AMD VM, near, 32 KiB
-// reads, 11 paired rounds: 0.87) and 8-13 % in pools of three quarters
-// and the whole rings (0.87, 0.91-0.92; 10 rounds, mostly SMT siblings).
-const turnsInHalf = 4
+// pool, turnPool, holds six) — twice that while at most fewStreams
+// connections live. Turns of half that (512 KiB), the first form,
+// switched writers and readers twice as often.
+//
+// 2 MiB turns halve the changes of connection at the ring's head (the
+// hand-overs and parks a turn costs the reader) and gain at few streams,
+// but at many the rings run empty more often (each writer's turn starts
+// later, the pipeline of turns drains: at 64 streams the reader found its
+// ring empty 1.5 M times a run against 0.9 M, and both processes slept),
+// so they lose there. AMD VM, 32 KiB reads, 10 alternating rounds each,
+// 2 MiB over 1 MiB turns, paired medians: 4 streams 1.08 and 1.04 (two
+// batches), 6 streams 1.09, 8 streams 1.04; 16 streams 0.97, 64 streams
+// 0.86 (and 0.87 and 0.91-0.92 with pools of half and all the rings,
+// earlier).
+const (
+	turnsInHalf = 4
+	fewStreams  = 8
+)
 
 // turnPool is how much turn credit may be out at once: three quarters of
-// the rings, six turns of the default link. The quarter left holds the
+// the rings, six turns of the default link (three at few streams). The quarter left holds the
 // baselines (64 × 16 KiB at 64 connections is an eighth) and turns
 // written off while still in use. A pool of half the rings, the first
 // form, kept less in the rings than one stream alone keeps: that stream's
@@ -124,9 +136,15 @@ func (st *state) turnChunkAt(share int64) int64 {
 	return chunk
 }
 
-// turnSize is the credit of a turn while credit goes in turns.
+// turnSize is the credit of a turn while credit goes in turns (see
+// turnsInHalf). It counts the live connections, not the streaming ones
+// (share): every poll looks at it while writers wait in line.
 func (st *state) turnSize() int64 {
-	return min(st.rxRings/(2*turnsInHalf), st.window-min(minShare, st.window))
+	n := int64(turnsInHalf)
+	if st.live.Load() <= fewStreams {
+		n /= 2
+	}
+	return min(st.rxRings/(2*n), st.window-min(minShare, st.window))
 }
 
 // want acts on c's WANT: its writer waits for credit. Turn credit it

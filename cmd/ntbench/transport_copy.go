@@ -72,9 +72,14 @@ func copyBound(o *options, size int, cpus [2]int) ([]sample, error) {
 	window := min(o.recvWindow, max(l.RingSize/2, 16<<10))
 	share := min(window, max(l.RingSize*o.partitions/(2*o.conns), 16<<10))
 	// Beyond turnSlots connections, a turn of a turnsInHalf'th of half the
-	// rings (socklike's turnChunk), and three quarters of the rings in
-	// turns at once (its turnPool) rather than the shares' half.
-	const turnSlots, turnsInHalf = 3, 4
+	// rings, twice that up to fewStreams connections (socklike's
+	// turnSize), and three quarters of the rings in turns at once (its
+	// turnPool) rather than the shares' half.
+	const turnSlots, fewStreams = 3, 8
+	turnsInHalf := 4
+	if o.conns <= fewStreams {
+		turnsInHalf = 2
+	}
 	rings := l.RingSize * o.partitions
 	most := slots / 2
 	if slot := min(rings/(2*turnSlots), window); share < slot && slot >= min(64<<10, o.mtu) {
