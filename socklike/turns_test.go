@@ -202,6 +202,23 @@ func TestTurnsFitWindow(t *testing.T) {
 	require.Positive(t, b.Stats().Turns)
 }
 
+// Turns are a quarter of the rings while at most fewStreams connections
+// live, an eighth beyond (turnSize): four streams take turns of the larger
+// size, every byte checked; with more connections open they are halved.
+func TestTurnsLargerAtFewStreams(t *testing.T) {
+	a, b := bigLink(t)
+	b.smallFor = int64(time.Hour) // all four count as streaming (see share)
+	const conns, size = 4, 8 << 20
+	cs, ss := deadlinePairs(t, a, b, conns, 20)
+	st := ss[0].st
+	require.Equal(t, st.rxRings/4, st.turnChunkAt(st.rxRings/(2*conns)), "a quarter of the rings a turn")
+	streamPairs(t, cs, ss, size)
+	require.Positive(t, b.Stats().Turns, "the four streams took turns")
+
+	deadlinePairs(t, a, b, fewStreams+1-conns, 40)
+	require.Equal(t, st.rxRings/8, st.turnSize(), "an eighth with %d connections", fewStreams+1)
+}
+
 // A connection's share of the rings is split over the connections that
 // stream, not over every open one: one stream beside idle connections
 // gets half the rings, as it would alone; then all turnSlots stream (no
