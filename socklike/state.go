@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ntstack/ntstack/internal/credit"
 	"github.com/ntstack/ntstack/partition"
 )
 
@@ -121,14 +122,13 @@ func (st *state) share() int64 {
 	w := st.window
 	if live := int64(st.live.Load()); live > 0 {
 		n := min(max(st.bulk.recent(st.bulkLast.Load())+int64(st.turns.nwait.Load()), 1), live)
-		w = min(w, max(st.rxRings/(2*n), minShare))
+		w = credit.Share(st.rxRings, w, n)
 	}
 	return w
 }
 
-// minShare is the least window share: below it credit round trips
-// dominate.
-const minShare = 16 << 10
+// minShare is the least window share (credit.MinShare).
+const minShare = credit.MinShare
 
 // smallRecent is how long a connection counts as bulk after its last large
 // record, and a partition as carrying small-message traffic after the last

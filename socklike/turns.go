@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ntstack/ntstack/internal/credit"
 )
 
 // Credit in turns.
@@ -14,12 +16,13 @@ import (
 // an 8 MiB ring a share is one 64 KiB record, so every record costs its
 // writer a park and a wake, its reader a goroutine switch, and a CREDIT;
 // and the records of all connections interleave in the ring, so the reader
-// touches every connection's buffer in turn. Instead, beyond turnSlots
-// streaming connections (those that hold a share, see state.share), the
-// receiver hands out three quarters of the rings in turns (turnPool): a
-// writer that runs out of credit says so (WANT), and waits in line for a
-// chunk of half the rings / turnsInHalf, which it sends as one run of
-// records.
+// touches every connection's buffer in turn. Instead, beyond
+// credit.TurnSlots streaming connections (those that hold a share, see
+// state.share), the receiver hands out three quarters of the rings in
+// turns (credit.Pool): a writer that runs out of credit says so (WANT),
+// and waits in line for a chunk of a quarter or an eighth of the rings
+// (credit.TurnSize, where the sizes and the pool are measured), which it
+// sends as one run of records.
 // Every connection keeps a baseline of minShare, beyond the turns, so a
 // small message never waits in line (the writer asks only when a record
 // it would send does not fit the baseline, see creditPooled).
@@ -39,55 +42,6 @@ import (
 // waited turnExpiry for room and the writer's turn credit has not moved
 // meanwhile, it is written off the pool. Should the writer send on it
 // later, the rings hold that much more than the pool for a while.
-//
-// turnSlots is 3, not 8 as first: at 4-8 streaming connections shares
-// come back in credit steps of four records, so the connections' records
-// took turns in the ring in runs of 4-5, and each change of connection
-// there costs the reader 1-2 µs (waking and scheduling the next reader):
-// 10-14 % of its time at 8 connections, 5-6 % in turns' runs of 10-16
-// (AMD VM, near, 32 KiB reads, timed in a throwaway). Alternating runs,
-// turns from 4 streams against from 9: 8 connections 25.7 against 24.0
-// GB/s (11 and 10 runs; three earlier batches +3 %, +6 %, -3 %), 6
-// connections 25.6 against 24.8 (8 and 11), 4 connections within noise
-// (-5 % to +8 % over four batches), 3 unchanged.
-const turnSlots = 3
-
-// turnsInHalf sets a turn's size: half the rings hold four turns, 1 MiB
-// each of the default link's 8 MiB, sixteen 64 KiB records in a run (the
-// pool, turnPool, holds six) — twice that while at most fewStreams
-// connections live. Turns of half that (512 KiB), the first form,
-// switched writers and readers twice as often.
-//
-// 2 MiB turns halve the changes of connection at the ring's head (the
-// hand-overs and parks a turn costs the reader) and gain at few streams,
-// but at many the rings run empty more often (each writer's turn starts
-// later, the pipeline of turns drains: at 64 streams the reader found its
-// ring empty 1.5 M times a run against 0.9 M, and both processes slept),
-// so they lose there. AMD VM, 32 KiB reads, 10 alternating rounds each,
-// 2 MiB over 1 MiB turns, paired medians: 4 streams 1.08 and 1.04 (two
-// batches), 6 streams 1.09, 8 streams 1.04; 16 streams 0.97, 64 streams
-// 0.86 (and 0.87 and 0.91-0.92 with pools of half and all the rings,
-// earlier).
-const (
-	turnsInHalf = 4
-	fewStreams  = 8
-)
-
-// turnPool is how much turn credit may be out at once: three quarters of
-// the rings, six turns of the default link (three at few streams). The quarter left holds the
-// baselines (64 × 16 KiB at 64 connections is an eighth) and turns
-// written off while still in use. A pool of half the rings, the first
-// form, kept less in the rings than one stream alone keeps: that stream's
-// share is half the rings too, but a turn counts from its grant, and part
-// of the pool is always granted and not yet sent (the CREDIT on its way,
-// the writer waiting for its processor). AMD VM, 64 streams, near, 32 KiB
-// reads, alternating rounds, half -> three quarters: paired medians 1.12,
-// 1.07, 1.08, 1.02 and 0.96 in five batches (71 rounds, 43 faster; the
-// geometric mean of the 58 ratios within 0.67-1.5 is 1.04, standard error
-// 0.02): a gain of a few per cent. Five eighths 1.18 and 1.02 (11 and 12
-// rounds), the whole rings 1.02 (46), a quarter 0.88 (15). At 16 streams
-// three quarters 0.97 ± 0.04 (19 rounds), at 32 1.13 (6).
-func (st *state) turnPool() int64 { return st.rxRings * 3 / 4 }
 
 // turnExpiry is how long a turn may sit unused while others wait, and how
 // often the line is looked at while the pool is full. 500 µs rather than
@@ -116,35 +70,17 @@ type turns struct {
 }
 
 // turnChunk is the credit of one turn, or 0 while credit is not given in
-// turns: with turnSlots streaming connections or fewer (each share is
-// half the rings / turnSlots or more), and where a turn would not hold a
-// whole record.
-//
-// A turn is at most the credit the window leaves beside the baseline
-// (creditPooled), all grantTurn can give. A larger one, the whole window,
-// as windows under a sixteenth of the rings and 16 KiB had, was never
-// granted, and every writer waited for one for ever.
+// turns (credit.Turn).
 func (st *state) turnChunk() int64 { return st.turnChunkAt(st.share()) }
 
 // turnChunkAt is turnChunk, share being st.share() now.
 func (st *state) turnChunkAt(share int64) int64 {
-	slot := min(st.rxRings/(2*turnSlots), st.window)
-	chunk := st.turnSize()
-	if record := min(DefaultMTU, int64(st.ep.cfg.MTU)); slot < record || chunk < record || share >= slot {
-		return 0
-	}
-	return chunk
+	return credit.Turn(st.rxRings, st.window, share, min(DefaultMTU, int64(st.ep.cfg.MTU)), int64(st.live.Load()))
 }
 
-// turnSize is the credit of a turn while credit goes in turns (see
-// turnsInHalf). It counts the live connections, not the streaming ones
-// (share): every poll looks at it while writers wait in line.
+// turnSize is the credit of a turn while credit goes in turns.
 func (st *state) turnSize() int64 {
-	n := int64(turnsInHalf)
-	if st.live.Load() <= fewStreams {
-		n /= 2
-	}
-	return min(st.rxRings/(2*n), st.window-min(minShare, st.window))
+	return credit.TurnSize(st.rxRings, st.window, int64(st.live.Load()))
 }
 
 // want acts on c's WANT: its writer waits for credit. Turn credit it
@@ -219,7 +155,7 @@ func (st *state) queueTurn(c *Conn) {
 // for a chunk (or, credit not being in turns now, to all of them).
 func (st *state) serveTurns() {
 	t := &st.turns
-	budget := st.turnPool()
+	budget := credit.Pool(st.rxRings)
 	for t.nwait.Load() > 0 {
 		if t.armed.Load() && t.used.Load()+st.turnSize() > budget {
 			// No room, and the timer looks again. Every poll comes

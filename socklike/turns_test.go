@@ -12,10 +12,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ntstack/ntstack/internal/credit"
 	"github.com/ntstack/ntstack/ntb/ntbtest"
 )
 
-// Beyond turnSlots connections over rings large enough, credit goes in
+// Beyond credit.TurnSlots connections over rings large enough, credit goes in
 // turns. Sixteen writers each stop a little way into their first turn and
 // stay open, holding its credit: more than the pool has, so the later ones
 // get their turns only once the earlier ones are written off. Then four
@@ -77,7 +78,7 @@ func TestCreditTurns(t *testing.T) {
 	}
 	wg.Wait()
 	// Watch the pool while the bulk writers stream: the turns never hold
-	// more than turnPool, and they fill it beyond half the rings, the
+	// more than credit.Pool, and they fill it beyond half the rings, the
 	// pool's first form.
 	var most atomic.Int64
 	watched := make(chan struct{})
@@ -115,10 +116,10 @@ func TestCreditTurns(t *testing.T) {
 		require.NoError(t, err)
 	}
 	stats := b.Stats()
-	t.Logf("turns %d, written off %d, credits %d; at most %d of the pool's %d out", stats.Turns, stats.TurnsExpired, stats.Credits, most.Load(), st.turnPool())
+	t.Logf("turns %d, written off %d, credits %d; at most %d of the pool's %d out", stats.Turns, stats.TurnsExpired, stats.Credits, most.Load(), credit.Pool(st.rxRings))
 	require.Positive(t, stats.Turns)
 	require.Positive(t, stats.TurnsExpired)
-	require.LessOrEqual(t, most.Load(), st.turnPool())
+	require.LessOrEqual(t, most.Load(), credit.Pool(st.rxRings))
 	require.Greater(t, most.Load(), st.rxRings/2)
 }
 
@@ -155,13 +156,13 @@ func streamInN(c *Conn, seed uint64, from, n int64) error {
 
 // Beside other connections credit goes back in steps of at least
 // creditRun, so that writers send runs of records rather than one record
-// each, and CREDITs do not come once a record (creditStep). turnSlots
+// each, and CREDITs do not come once a record (creditStep). credit.TurnSlots
 // connections, as many as stream without turns, stream 8 MiB each, every
 // byte checked.
 func TestCreditStepRuns(t *testing.T) {
 	a, b := bigLink(t)
 
-	const conns, size = turnSlots, 8 << 20
+	const conns, size = credit.TurnSlots, 8 << 20
 	var cs, ss []*Conn
 	for i := range conns {
 		c, s := connPair(t, a, b, 20+i)
@@ -176,7 +177,7 @@ func TestCreditStepRuns(t *testing.T) {
 	st := b.Stats()
 	records, credits := st.DataRecords-before.DataRecords, st.Credits-before.Credits
 	t.Logf("%d DATA records, %d CREDITs", records, credits)
-	// Measured at eight connections (then turnSlots), 1024 records: a
+	// Measured at eight connections (then credit.TurnSlots), 1024 records: a
 	// step of an eighth of the share (one 64 KiB record) sent 559
 	// CREDITs, creditRun 146. At three, 384 records: ~43.
 	require.GreaterOrEqual(t, records, int64(conns*size/DefaultMTU))
@@ -202,7 +203,7 @@ func TestTurnsFitWindow(t *testing.T) {
 	require.Positive(t, b.Stats().Turns)
 }
 
-// Turns are a quarter of the rings while at most fewStreams connections
+// Turns are a quarter of the rings while at most credit.FewStreams connections
 // live, an eighth beyond (turnSize): four streams take turns of the larger
 // size, every byte checked; with more connections open they are halved.
 func TestTurnsLargerAtFewStreams(t *testing.T) {
@@ -215,18 +216,18 @@ func TestTurnsLargerAtFewStreams(t *testing.T) {
 	streamPairs(t, cs, ss, size)
 	require.Positive(t, b.Stats().Turns, "the four streams took turns")
 
-	deadlinePairs(t, a, b, fewStreams+1-conns, 40)
-	require.Equal(t, st.rxRings/8, st.turnSize(), "an eighth with %d connections", fewStreams+1)
+	deadlinePairs(t, a, b, credit.FewStreams+1-conns, 40)
+	require.Equal(t, st.rxRings/8, st.turnSize(), "an eighth with %d connections", credit.FewStreams+1)
 }
 
 // A connection's share of the rings is split over the connections that
 // stream, not over every open one: one stream beside idle connections
-// gets half the rings, as it would alone; then all turnSlots stream (no
+// gets half the rings, as it would alone; then all credit.TurnSlots stream (no
 // turns yet), and each gets its part of half. Every byte is checked.
 func TestIdleConnsHoldNoShare(t *testing.T) {
 	a, b := bigLink(t)
 	b.smallFor = int64(time.Hour) // one period: the count only grows
-	const conns, size = turnSlots, 8 << 20
+	const conns, size = credit.TurnSlots, 8 << 20
 	var cs, ss []*Conn
 	for i := range conns {
 		c, s := connPair(t, a, b, 80+i)

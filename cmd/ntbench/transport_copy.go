@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ntstack/ntstack/internal/credit"
 	"github.com/ntstack/ntstack/internal/proc"
 	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/partition"
@@ -18,14 +19,16 @@ import (
 // partition of the default window), in -mtu records, each connection in
 // turn sending its receive share as ntb divides the rings (half of them
 // over the connections, at most half a ring and the -recvwindow), or,
-// beyond three connections, its turn of credit as ntb gives them (an
-// eighth of the rings; socklike's turns.go). Every connection streams, so
+// beyond three connections, its turn of credit as ntb gives them (a
+// quarter of the rings up to eight connections, an eighth beyond; both
+// take them from internal/credit). Every connection streams, so
 // -idle is not modelled, nor is -qos. A reader thread copies each record
 // into its connection's read buffer of -readbuf bytes, filling it from
 // start to end and again, as the server's readers do. They run on the two
 // CPUs -pin gives the processes (the reader on the client's, the calling
 // thread's); one index store hands a record over, and the writer keeps at
-// most the shares together unread, as ntb's credit does. There is no
+// most the shares together unread (or the turns' pool, three quarters
+// of the ring), as ntb's credit does. There is no
 // framing, no flow control per connection and no scheduling. It measures
 // stream only, for -duration, and is left out of the default transports.
 //
@@ -67,26 +70,19 @@ func copyBound(o *options, size int, cpus [2]int) ([]sample, error) {
 	}
 	filled := make([]int, o.conns) // where each buffer's next copy goes
 	pat := newPattern(size)
-	// Each connection's turn is its receive share, as ntb divides the rings
-	// (socklike's state.share, at least its 16 KiB minimum).
-	window := min(o.recvWindow, max(l.RingSize/2, 16<<10))
-	share := min(window, max(l.RingSize*o.partitions/(2*o.conns), 16<<10))
-	// Beyond turnSlots connections, a turn of a turnsInHalf'th of half the
-	// rings, twice that up to fewStreams connections (socklike's
-	// turnSize), and three quarters of the rings in turns at once (its
-	// turnPool) rather than the shares' half.
-	const turnSlots, fewStreams = 3, 8
-	turnsInHalf := 4
-	if o.conns <= fewStreams {
-		turnsInHalf = 2
-	}
-	rings := l.RingSize * o.partitions
+	// Each connection's run is its receive share, or beyond
+	// credit.TurnSlots connections its turn, as ntb divides the rings
+	// (socklike's state.share and turns), with the shares' half of the
+	// rings in flight or the turns' pool.
+	window := min(o.recvWindow, max(l.RingSize/2, credit.MinShare))
+	rings := int64(l.RingSize * o.partitions)
+	share := credit.Share(rings, int64(window), int64(o.conns))
 	most := slots / 2
-	if slot := min(rings/(2*turnSlots), window); share < slot && slot >= min(64<<10, o.mtu) {
-		share = min(rings/(2*turnsInHalf), window-min(16<<10, window))
-		most = slots * 3 / 4
+	if turn := credit.Turn(rings, int64(window), share, int64(min(64<<10, o.mtu)), int64(o.conns)); turn > 0 {
+		share = turn
+		most = slots * credit.Pool(rings) / rings
 	}
-	run := int64(max(1, share/rec))
+	run := max(1, share/int64(rec))
 	// In flight: the shares or turns together, up to most.
 	lag := min(most, run*int64(o.conns))
 
