@@ -53,6 +53,7 @@ type Conn struct {
 	creditBuf  [creditSize]byte // the CREDIT being sent, encoded (one of the call's own escapes to the heap); guarded by cmu
 	turnsDone  bool             // released: no more turns; guarded by cmu
 	ahead      atomic.Int64     // turn credit whose bytes have not arrived (see turns.go)
+	turnAt     atomic.Int64     // ep.now() of the grant of c's turn or its latest arrival since
 	turnQueued bool             // in the turns line; guarded by state.turns.mu
 	turnHeld   bool             // among the turns' holders; guarded by state.turns.mu
 	aheadSeen  int64            // ahead at the last look for unused turns (-1: a turn since); guarded by state.turns.mu

@@ -367,11 +367,13 @@ func (st *state) pollServe(self *Conn, b []byte, serve bool) (n, records int) {
 		first = max(int(self.rxPart.Load()), 0)
 	}
 	left := false
+	looked := 0
 	for k := range st.parts {
 		p := st.parts[(first+k)%len(st.parts)]
 		if !p.TryLockRX() {
 			continue
 		}
+		looked++
 		got, r := st.pollLocked(p, self, b, false)
 		left = left || st.headWait[p.Index] != 0
 		p.UnlockRX()
@@ -384,6 +386,9 @@ func (st *state) pollServe(self *Conn, b []byte, serve bool) (n, records int) {
 			n = got
 			break
 		}
+	}
+	if records == 0 && looked == len(st.parts) && !left {
+		st.expireIdleTurns() // every ring empty
 	}
 	if n == 0 && serve {
 		// Serve frames the RX path queued (ACCEPT, CLOSE answers; their
@@ -988,6 +993,7 @@ func (st *state) runPoller() {
 			// the other side may be never, or until sysmon retakes it.
 			continue
 		}
+		st.expireIdleTurns() // the rings are empty
 		ep.counters.pollerSleeps.Add(1)
 		st.announceIdle()
 		_, err := ep.dev.WaitDoorbell(ctx, bits)

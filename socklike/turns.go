@@ -20,8 +20,8 @@ import (
 // credit.TurnSlots streaming connections (those that hold a share, see
 // state.share), the receiver hands out three quarters of the rings in
 // turns (credit.Pool): a writer that runs out of credit says so (WANT),
-// and waits in line for a chunk of a quarter or an eighth of the rings
-// (credit.TurnSize, where the sizes and the pool are measured), which it
+// and waits in line for a chunk of a quarter of the rings
+// (credit.TurnSize, where the size and the pool are measured), which it
 // sends as one run of records.
 // Every connection keeps a baseline of minShare, beyond the turns, so a
 // small message never waits in line (the writer asks only when a record
@@ -38,10 +38,12 @@ import (
 // credit it could not use goes back at once rather than on arrival.
 //
 // A writer whose application stops writing before its turn is used up
-// sends nothing more: its credit cannot be recalled, but once the line has
-// waited turnExpiry for room and the writer's turn credit has not moved
-// meanwhile, it is written off the pool. Should the writer send on it
-// later, the rings hold that much more than the pool for a while.
+// sends nothing more: its credit cannot be recalled, but it is written off
+// the pool once a poll finds the rings empty while the line waits and
+// nothing of the turn has arrived for turnIdle (expireIdleTurns), or once
+// the line has waited turnExpiry for room and the writer's turn credit has
+// not moved meanwhile. Should the writer send on it later, the rings hold
+// that much more than the pool for a while.
 
 // turnExpiry is how long a turn may sit unused while others wait, and how
 // often the line is looked at while the pool is full. 500 µs rather than
@@ -50,6 +52,19 @@ import (
 // batches before agreed, 16 streams unchanged); 3 ms cost 16 % at 64, and
 // 100 µs wrote off turns still in use (see README).
 const turnExpiry = 500 * time.Microsecond
+
+// turnIdle is how long a turn may show no sign of life (its grant, an
+// arrival) while the rings are empty and others wait, before it is written
+// off. With the rings empty none of it is on its way, so the write-off
+// need not wait for turnExpiry's two looks, whose timer fires after ~1.1
+// ms on the VMs (as any Go timer under a millisecond does). At the end of
+// each of ntbench's 200 ms slices every stream finishes its last chunk
+// with part of a turn unused; with 64 streams and 2 MiB turns the rings
+// then stood empty ~2 ms at a time, 0.4 s of 2.4 in all, and 17 ms with
+// this write-off (AMD VM, server-side event trace in a throwaway). A
+// writer woken slower than this loses its turn from the pool's count, not
+// its credit: the rings may then hold up to a turn more than the pool.
+const turnIdle = 50 * time.Microsecond
 
 // floorPooled, set in a CREDIT's floor, tells the writer its credit comes
 // in turns: it sends WANT when it waits for credit.
@@ -62,11 +77,12 @@ type turns struct {
 
 	mu sync.Mutex
 	// mu protects the following fields.
-	wait      []*Conn     // writers that asked, oldest first
-	holders   []*Conn     // writers granted turns (some may have used them up)
-	checkedAt int64       // ep.now() of the last look for unused turns
-	timer     *time.Timer // looks again while the line waits (nobody else may)
-	armed     atomic.Bool // timer set; written under mu
+	wait      []*Conn      // writers that asked, oldest first
+	holders   []*Conn      // writers granted turns (some may have used them up)
+	checkedAt int64        // ep.now() of the last look for unused turns
+	timer     *time.Timer  // looks again while the line waits (nobody else may)
+	armed     atomic.Bool  // timer set; written under mu
+	idleAt    atomic.Int64 // ep.now() of the last expireIdleTurns look
 }
 
 // turnChunk is the credit of one turn, or 0 while credit is not given in
@@ -75,12 +91,12 @@ func (st *state) turnChunk() int64 { return st.turnChunkAt(st.share()) }
 
 // turnChunkAt is turnChunk, share being st.share() now.
 func (st *state) turnChunkAt(share int64) int64 {
-	return credit.Turn(st.rxRings, st.window, share, min(DefaultMTU, int64(st.ep.cfg.MTU)), int64(st.live.Load()))
+	return credit.Turn(st.rxRings, st.window, share, min(DefaultMTU, int64(st.ep.cfg.MTU)))
 }
 
 // turnSize is the credit of a turn while credit goes in turns.
 func (st *state) turnSize() int64 {
-	return credit.TurnSize(st.rxRings, st.window, int64(st.live.Load()))
+	return credit.TurnSize(st.rxRings, st.window)
 }
 
 // want acts on c's WANT: its writer waits for credit. Turn credit it
@@ -132,6 +148,7 @@ func (c *Conn) arrived(n int64) {
 		if a == 0 {
 			return
 		}
+		c.turnAt.Store(c.ep.now())
 		r := min(a, n)
 		if c.ahead.CompareAndSwap(a, a-r) {
 			c.st.turns.used.Add(-r)
@@ -202,6 +219,39 @@ func (st *state) serveTurns() {
 		t.mu.Unlock()
 		c.grantTurn(chunk)
 	}
+}
+
+// expireIdleTurns writes off the turns that showed no sign of life for
+// turnIdle, a poll having found every ring empty while the line waits for
+// room (see turnIdle). It looks at most every turnIdle/4.
+func (st *state) expireIdleTurns() {
+	t := &st.turns
+	if t.nwait.Load() == 0 || !t.armed.Load() {
+		return
+	}
+	now := st.ep.now()
+	if last := t.idleAt.Load(); now-last < int64(turnIdle/4) || !t.idleAt.CompareAndSwap(last, now) {
+		return
+	}
+	t.mu.Lock()
+	kept := t.holders[:0]
+	for _, c := range t.holders {
+		a := c.ahead.Load()
+		if a > 0 && now-c.turnAt.Load() > int64(turnIdle) {
+			c.retireAhead(0)
+			st.ep.counters.turnsExpired.Add(1)
+			a = 0
+		}
+		if a == 0 {
+			c.turnHeld = false
+			continue
+		}
+		kept = append(kept, c)
+	}
+	clear(t.holders[len(kept):])
+	t.holders = kept
+	t.mu.Unlock()
+	st.serveTurns()
 }
 
 func (st *state) turnTimer() {
@@ -275,6 +325,7 @@ func (c *Conn) grantTurn(chunk int64) {
 	t.used.Add(d - chunk)
 	c.creditOut += d
 	c.ep.counters.turns.Add(1)
+	c.turnAt.Store(c.ep.now())
 	c.sendCreditLocked(min(DefaultMTU, c.st.window) | floorPooled)
 }
 

@@ -203,10 +203,9 @@ func TestTurnsFitWindow(t *testing.T) {
 	require.Positive(t, b.Stats().Turns)
 }
 
-// Turns are a quarter of the rings while at most credit.FewStreams connections
-// live, an eighth beyond (turnSize): four streams take turns of the larger
-// size, every byte checked; with more connections open they are halved.
-func TestTurnsLargerAtFewStreams(t *testing.T) {
+// Turns are a quarter of the rings: four streams take turns of that size,
+// every byte checked.
+func TestTurnsQuarterOfRings(t *testing.T) {
 	a, b := bigLink(t)
 	b.smallFor = int64(time.Hour) // all four count as streaming (see share)
 	const conns, size = 4, 8 << 20
@@ -215,9 +214,46 @@ func TestTurnsLargerAtFewStreams(t *testing.T) {
 	require.Equal(t, st.rxRings/4, st.turnChunkAt(st.rxRings/(2*conns)), "a quarter of the rings a turn")
 	streamPairs(t, cs, ss, size)
 	require.Positive(t, b.Stats().Turns, "the four streams took turns")
+}
 
-	deadlinePairs(t, a, b, credit.FewStreams+1-conns, 40)
-	require.Equal(t, st.rxRings/8, st.turnSize(), "an eighth with %d connections", credit.FewStreams+1)
+// A turn that showed no sign of life for turnIdle is written off the pool
+// when a poll finds the rings empty while writers wait; a younger one is
+// not. (Without it the pool stayed full until the timer's second look.)
+func TestIdleTurnWrittenOff(t *testing.T) {
+	a, b := bigLink(t)
+	_, ss := deadlinePairs(t, a, b, 3, 100)
+	st := ss[0].st
+	idle, young, waiting := ss[0], ss[1], ss[2]
+	const turn = 1 << 20
+	tu := &st.turns
+	tu.mu.Lock()
+	now := st.ep.now()
+	for _, c := range []*Conn{idle, young} {
+		c.ahead.Store(turn)
+		c.turnHeld = true
+		tu.holders = append(tu.holders, c)
+	}
+	idle.turnAt.Store(now - 2*int64(turnIdle))
+	young.turnAt.Store(now + int64(time.Hour)) // stays young
+	tu.used.Add(2 * turn)
+	waiting.turnQueued = true // its writer asked for nothing: a grant goes back
+	tu.wait = append(tu.wait, waiting)
+	tu.nwait.Add(1)
+	tu.armed.Store(true) // the pool was found full
+	tu.mu.Unlock()
+	expired := b.Stats().TurnsExpired
+
+	st.expireIdleTurns()
+	require.Zero(t, idle.ahead.Load(), "the idle turn written off")
+	require.EqualValues(t, turn, young.ahead.Load(), "the young turn kept")
+	require.EqualValues(t, turn, tu.used.Load(), "the pool holds the young turn only")
+	require.Equal(t, expired+1, b.Stats().TurnsExpired)
+	tu.mu.Lock()
+	require.Equal(t, []*Conn{young}, tu.holders)
+	require.Zero(t, tu.nwait.Load(), "the line was served")
+	tu.armed.Store(false)
+	tu.mu.Unlock()
+	young.retireAhead(0)
 }
 
 // A connection's share of the rings is split over the connections that

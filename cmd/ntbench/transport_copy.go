@@ -20,8 +20,7 @@ import (
 // turn sending its receive share as ntb divides the rings (half of them
 // over the connections, at most half a ring and the -recvwindow), or,
 // beyond three connections, its turn of credit as ntb gives them (a
-// quarter of the rings up to eight connections, an eighth beyond; both
-// take them from internal/credit). Every connection streams, so
+// quarter of the rings; both take them from internal/credit). Every connection streams, so
 // -idle is not modelled, nor is -qos. A reader thread copies each record
 // into its connection's read buffer of -readbuf bytes, filling it from
 // start to end and again, as the server's readers do. They run on the two
@@ -78,7 +77,7 @@ func copyBound(o *options, size int, cpus [2]int) ([]sample, error) {
 	rings := int64(l.RingSize * o.partitions)
 	share := credit.Share(rings, int64(window), int64(o.conns))
 	most := slots / 2
-	if turn := credit.Turn(rings, int64(window), share, int64(min(64<<10, o.mtu)), int64(o.conns)); turn > 0 {
+	if turn := credit.Turn(rings, int64(window), share, int64(min(64<<10, o.mtu))); turn > 0 {
 		share = turn
 		most = slots * credit.Pool(rings) / rings
 	}

@@ -30,31 +30,25 @@ func Share(rings, window, n int64) int64 {
 // four batches), 3 unchanged.
 const TurnSlots = 3
 
-// turnsInHalf sets a turn's size: half the rings hold four turns, 1 MiB
-// each of the default link's 8 MiB, sixteen 64 KiB records in a run (the
-// pool, Pool, holds six) — twice that while at most FewStreams
-// connections live. Turns of half that (512 KiB), the first form,
-// switched writers and readers twice as often.
+// turnsInHalf sets a turn's size: half the rings hold two turns, 2 MiB
+// each of the default link's 8 MiB, 32 64 KiB records in a run (the pool,
+// Pool, holds three). Each change of connection at the rings' head costs
+// the reader ~2 µs (waking the next reader, then its first copy into a
+// buffer the cache has lost: 2 µs against 0.9 for the 32 KiB after, AMD VM,
+// server-side event trace), so larger turns pay for fewer of them.
 //
-// 2 MiB turns halve the changes of connection at the ring's head (the
-// hand-overs and parks a turn costs the reader) and gain at few streams,
-// but at many the rings run empty more often (each writer's turn starts
-// later, the pipeline of turns drains: at 64 streams the reader found its
-// ring empty 1.5 M times a run against 0.9 M, and both processes slept),
-// so they lose there. AMD VM, 32 KiB reads, 10 alternating rounds each,
-// 2 MiB over 1 MiB turns, paired medians: 4 streams 1.08 and 1.04 (two
-// batches), 6 streams 1.09, 8 streams 1.04; 16 streams 0.97, 64 streams
-// 0.86 (and 0.87 and 0.91-0.92 with pools of half and all the rings,
-// earlier).
-const (
-	turnsInHalf = 4
-	FewStreams  = 8
-)
+// Turns of 512 KiB, the first form, switched twice as often as 1 MiB. 2
+// MiB over 1 MiB turns gained at 4-8 streams (paired medians 1.04-1.09)
+// but lost at 16-64 (0.97, 0.86) while a turn left unused stalled the
+// pool until the timer wrote it off (every stream ends each of ntbench's
+// slices with part of a turn unused: 64 streams stalled the rings ~2 ms at
+// a time, some twenty times a slice); with the write-off of idle turns
+// (socklike's turnIdle) 2 MiB over 1 MiB is 1.03 and 1.14 at 64 streams,
+// 1.08 at 16 (AMD VM, 32 KiB reads, two batches of 8 alternating rounds).
+const turnsInHalf = 2
 
-// Turn is the credit of one turn for live connections (counted, not only
-// the streaming ones: the receiver looks at it on every poll while
-// writers wait in line) when each streaming one's share is share, or 0
-// while credit does not go in turns: with TurnSlots streaming connections
+// Turn is the credit of one turn when each streaming connection's share is
+// share, or 0 while credit does not go in turns: with TurnSlots streaming connections
 // or fewer (each share is half the rings / TurnSlots or more), and where
 // a turn would not hold a whole record.
 //
@@ -62,9 +56,9 @@ const (
 // MinShare, all a receiver can grant. A larger one, the whole window, as
 // windows under a sixteenth of the rings and 16 KiB had, was never
 // granted, and every writer waited for one for ever.
-func Turn(rings, window, share, record, live int64) int64 {
+func Turn(rings, window, share, record int64) int64 {
 	slot := min(rings/(2*TurnSlots), window)
-	size := TurnSize(rings, window, live)
+	size := TurnSize(rings, window)
 	if slot < record || size < record || share >= slot {
 		return 0
 	}
@@ -73,17 +67,12 @@ func Turn(rings, window, share, record, live int64) int64 {
 
 // TurnSize is the credit of a turn while credit goes in turns (see
 // turnsInHalf).
-func TurnSize(rings, window, live int64) int64 {
-	n := int64(turnsInHalf)
-	if live <= FewStreams {
-		n /= 2
-	}
-	return min(rings/(2*n), window-min(MinShare, window))
+func TurnSize(rings, window int64) int64 {
+	return min(rings/(2*turnsInHalf), window-min(MinShare, window))
 }
 
 // Pool is how much turn credit may be out at once: three quarters of the
-// rings, six turns of the default link (three at few streams). The
-// quarter left holds the baselines (64 × 16 KiB at 64 connections is an
+// rings, three turns of the default link. The quarter left holds the baselines (64 × 16 KiB at 64 connections is an
 // eighth) and turns written off while still in use. A pool of half the
 // rings, the first form, kept less in the rings than one stream alone
 // keeps: that stream's share is half the rings too, but a turn counts

@@ -6,19 +6,16 @@ import "testing"
 func TestTurns(t *testing.T) {
 	const rings, window, record = 8 << 20, 4 << 20, 64 << 10
 	for _, c := range []struct {
-		streams, live, want int64
+		streams, want int64
 	}{
-		{1, 1, 0},                 // one stream: its share, half the rings
-		{TurnSlots, TurnSlots, 0}, // shares of a sixth: no turns yet
-		{TurnSlots + 1, TurnSlots + 1, rings / 4},
-		{FewStreams, FewStreams, rings / 4},
-		{FewStreams + 1, FewStreams + 1, rings / 8},
-		{4, 64, rings / 8}, // four streams among 64 open connections
-		{64, 64, rings / 8},
+		{1, 0},         // one stream: its share, half the rings
+		{TurnSlots, 0}, // shares of a sixth: no turns yet
+		{TurnSlots + 1, rings / 4},
+		{64, rings / 4},
 	} {
 		share := Share(rings, window, c.streams)
-		if got := Turn(rings, window, share, record, c.live); got != c.want {
-			t.Errorf("%d streams of %d live (share %d): turn %d, want %d", c.streams, c.live, share, got, c.want)
+		if got := Turn(rings, window, share, record); got != c.want {
+			t.Errorf("%d streams (share %d): turn %d, want %d", c.streams, share, got, c.want)
 		}
 	}
 	if got := Share(rings, window, 1000); got != MinShare {
@@ -26,10 +23,10 @@ func TestTurns(t *testing.T) {
 	}
 	// A turn never passes what the window leaves beside the baseline, nor
 	// is one smaller than a record given.
-	if got := Turn(rings, 32<<10, MinShare, 16<<10, 16); got != 16<<10 {
+	if got := Turn(rings, 32<<10, MinShare, 16<<10); got != 16<<10 {
 		t.Errorf("turn under a 32 KiB window %d, want 16 KiB", got)
 	}
-	if got := Turn(rings, 32<<10, MinShare, record, 16); got != 0 {
+	if got := Turn(rings, 32<<10, MinShare, record); got != 0 {
 		t.Errorf("turn under a 32 KiB window of 64 KiB records %d, want none", got)
 	}
 	if got, want := Pool(rings), int64(6<<20); got != want {
