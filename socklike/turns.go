@@ -234,22 +234,7 @@ func (st *state) expireIdleTurns() {
 		return
 	}
 	t.mu.Lock()
-	kept := t.holders[:0]
-	for _, c := range t.holders {
-		a := c.ahead.Load()
-		if a > 0 && now-c.turnAt.Load() > int64(turnIdle) {
-			c.retireAhead(0)
-			st.ep.counters.turnsExpired.Add(1)
-			a = 0
-		}
-		if a == 0 {
-			c.turnHeld = false
-			continue
-		}
-		kept = append(kept, c)
-	}
-	clear(t.holders[len(kept):])
-	t.holders = kept
+	st.writeOffLocked(func(c *Conn, _ int64) bool { return now-c.turnAt.Load() > int64(turnIdle) })
 	t.mu.Unlock()
 	st.serveTurns()
 }
@@ -272,10 +257,24 @@ func (st *state) expireTurnsLocked() {
 		return
 	}
 	t.checkedAt = now
+	st.writeOffLocked(func(c *Conn, a int64) bool {
+		if a == c.aheadSeen {
+			return true
+		}
+		c.aheadSeen = a
+		return false
+	})
+}
+
+// writeOffLocked writes off the turns out for which idle (given the
+// holder and its turn credit out) says so, and drops the holders whose
+// turns are used up (t.mu held).
+func (st *state) writeOffLocked(idle func(c *Conn, ahead int64) bool) {
+	t := &st.turns
 	kept := t.holders[:0]
 	for _, c := range t.holders {
 		a := c.ahead.Load()
-		if a > 0 && a == c.aheadSeen {
+		if a > 0 && idle(c, a) {
 			c.retireAhead(0)
 			st.ep.counters.turnsExpired.Add(1)
 			a = 0
@@ -284,7 +283,6 @@ func (st *state) expireTurnsLocked() {
 			c.turnHeld = false
 			continue
 		}
-		c.aheadSeen = a
 		kept = append(kept, c)
 	}
 	clear(t.holders[len(kept):])

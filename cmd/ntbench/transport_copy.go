@@ -20,10 +20,10 @@ import (
 // turn sending its receive share as ntb divides the rings (half of them
 // over the connections, at most half a ring and the -recvwindow), or,
 // beyond three connections, its turn of credit as ntb gives them (a
-// quarter of the rings; both take them from internal/credit). Every connection streams, so
-// -idle is not modelled, nor is -qos. A reader thread copies each record
-// into its connection's read buffer of -readbuf bytes, filling it from
-// start to end and again, as the server's readers do. They run on the two
+// quarter of the rings; both take them from internal/credit). Every
+// connection streams, so -idle is not modelled, nor is -qos. A reader
+// thread copies each record into its connection's read buffer of -readbuf
+// bytes, filling it from start to end and again, as the server's readers do. They run on the two
 // CPUs -pin gives the processes (the reader on the client's, the calling
 // thread's); one index store hands a record over, and the writer keeps at
 // most the shares together unread (or the turns' pool, three quarters

@@ -47,10 +47,10 @@ const TurnSlots = 3
 // 1.08 at 16 (AMD VM, 32 KiB reads, two batches of 8 alternating rounds).
 const turnsInHalf = 2
 
-// Turn is the credit of one turn when each streaming connection's share is
-// share, or 0 while credit does not go in turns: with TurnSlots streaming connections
-// or fewer (each share is half the rings / TurnSlots or more), and where
-// a turn would not hold a whole record.
+// Turn is the credit of one turn when each streaming connection's share
+// is share, or 0 while credit does not go in turns: with TurnSlots
+// streaming connections or fewer (each share is half the rings /
+// TurnSlots or more), and where a turn would not hold a whole record.
 //
 // A turn is at most the credit the window leaves beside the baseline of
 // MinShare, all a receiver can grant. A larger one, the whole window, as
@@ -72,8 +72,8 @@ func TurnSize(rings, window int64) int64 {
 }
 
 // Pool is how much turn credit may be out at once: three quarters of the
-// rings, three turns of the default link. The quarter left holds the baselines (64 × 16 KiB at 64 connections is an
-// eighth) and turns written off while still in use. A pool of half the
+// rings, three turns of the default link. The quarter left holds the
+// baselines (64 × 16 KiB at 64 connections is an eighth) and turns written off while still in use. A pool of half the
 // rings, the first form, kept less in the rings than one stream alone
 // keeps: that stream's share is half the rings too, but a turn counts
 // from its grant, and part of the pool is always granted and not yet sent
