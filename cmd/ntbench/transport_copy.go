@@ -23,8 +23,8 @@ import (
 // quarter of the rings; both take them from internal/credit). Every
 // connection streams, so -idle is not modelled, nor is -qos. A reader
 // thread copies each record into its connection's read buffer of -readbuf
-// bytes, filling it from start to end and again, as the server's readers do. They run on the two
-// CPUs -pin gives the processes (the reader on the client's, the calling
+// bytes, filling it from start to end and again, as the server's readers
+// do. They run on the two CPUs -pin gives the processes (the reader on the client's, the calling
 // thread's); one index store hands a record over, and the writer keeps at
 // most the shares together unread (or the turns' pool, three quarters
 // of the ring), as ntb's credit does. There is no

@@ -73,8 +73,9 @@ func TurnSize(rings, window int64) int64 {
 
 // Pool is how much turn credit may be out at once: three quarters of the
 // rings, three turns of the default link. The quarter left holds the
-// baselines (64 × 16 KiB at 64 connections is an eighth) and turns written off while still in use. A pool of half the
-// rings, the first form, kept less in the rings than one stream alone
+// baselines (64 × 16 KiB at 64 connections is an eighth) and turns
+// written off while still in use. A pool of half the rings, the first
+// form, kept less in the rings than one stream alone
 // keeps: that stream's share is half the rings too, but a turn counts
 // from its grant, and part of the pool is always granted and not yet sent
 // (the CREDIT on its way, the writer waiting for its processor). AMD VM,
