@@ -141,14 +141,14 @@ func (c *Conn) retireAhead(keep int64) {
 	}
 }
 
-// arrived retires n bytes of c's turn credit that arrived (RX path).
-func (c *Conn) arrived(n int64) {
+// arrived retires n bytes of c's turn credit that arrived at now (RX path).
+func (c *Conn) arrived(n, now int64) {
 	for {
 		a := c.ahead.Load()
 		if a == 0 {
 			return
 		}
-		c.turnAt.Store(c.ep.now())
+		c.turnAt.Store(now)
 		r := min(a, n)
 		if c.ahead.CompareAndSwap(a, a-r) {
 			c.st.turns.used.Add(-r)
