@@ -343,15 +343,16 @@ func (c *Conn) unpost() int {
 }
 
 // noteData notes a DATA record of n bytes for c from partition part (its
-// RX lock held), arrived at now (ep.now()), for share and sharedShare: a record of more than
-// smallWrite marks c as a bulk connection for a while; the second small
-// record in that while of a connection that has sent no large one marks
-// the partition as carrying latency traffic. A bulk connection's own small
-// records do not count — neither the headers between its bodies nor the
-// one before its first body, or its first after a pause: marked by that,
-// a stream that paused 30 ms then sent a header and 8 MiB had its own
-// window cut to SharedWindow for 10 ms (256 CREDITs for the 8 MiB
-// against 16 after a 1 ms pause; ntbench's slices lost half of each).
+// RX lock held), arrived at now (ep.now()), for share and sharedShare: a
+// record of more than smallWrite marks c as a bulk connection for a while;
+// the second small record in that while of a connection that has sent no
+// large one marks the partition as carrying latency traffic. A bulk
+// connection's own small records do not count — neither the headers
+// between its bodies nor the one before its first body, or its first after
+// a pause: marked by that, a stream that paused 30 ms then sent a header
+// and 8 MiB had its own window cut to SharedWindow for 10 ms (256 CREDITs
+// for the 8 MiB against 16 after a 1 ms pause; ntbench's slices lost half
+// of each).
 func (c *Conn) noteData(part, n int, now int64) {
 	now++ // never 0
 	pt := &c.st.traffic[part]
