@@ -218,8 +218,8 @@ func TestTurnsQuarterOfRings(t *testing.T) {
 
 // A turn that showed no sign of life for turnIdle is written off the pool
 // when a poll finds the rings empty while writers wait (pollServe, or the
-// poller before it sleeps); a younger one is not. (Without it the pool
-// stayed full until the timer's second look.)
+// poller before it sleeps); one whose bytes arrived since is not. (Without
+// it the pool stayed full until the timer's second look.)
 func TestIdleTurnWrittenOff(t *testing.T) {
 	a, b := bigLink(t)
 	_, ss := deadlinePairs(t, a, b, 3, 100)
@@ -234,9 +234,13 @@ func TestIdleTurnWrittenOff(t *testing.T) {
 		c.turnHeld = true
 		tu.holders = append(tu.holders, c)
 	}
-	idle.turnAt.Store(now - 2*int64(turnIdle))
-	young.turnAt.Store(now + int64(time.Hour)) // stays young
 	tu.used.Add(2 * turn)
+	for _, c := range []*Conn{idle, young} {
+		c.turnAt.Store(now - 2*int64(turnIdle)) // both granted long ago
+	}
+	// A byte of young's turn arrives (an hour on: it stays young however
+	// slowly the polls below come).
+	young.arrived(1, now+int64(time.Hour))
 	waiting.turnQueued = true // its writer asked for nothing: a grant goes back
 	tu.wait = append(tu.wait, waiting)
 	tu.nwait.Add(1)
@@ -248,8 +252,8 @@ func TestIdleTurnWrittenOff(t *testing.T) {
 		st.poll(nil, nil) // the rings hold nothing: the connections are idle
 		return idle.ahead.Load() == 0
 	}, 5*time.Second, time.Millisecond, "the idle turn written off")
-	require.EqualValues(t, turn, young.ahead.Load(), "the young turn kept")
-	require.EqualValues(t, turn, tu.used.Load(), "the pool holds the young turn only")
+	require.EqualValues(t, turn-1, young.ahead.Load(), "the young turn kept, less its arrival")
+	require.EqualValues(t, turn-1, tu.used.Load(), "the pool holds the young turn only")
 	require.Equal(t, expired+1, b.Stats().TurnsExpired)
 	tu.mu.Lock()
 	require.Equal(t, []*Conn{young}, tu.holders)

@@ -19,17 +19,17 @@ import (
 // partition of the default window), in -mtu records, each connection in
 // turn sending its receive share as ntb divides the rings (half of them
 // over the connections, at most half a ring and the -recvwindow), or,
-// beyond three connections, its turn of credit as ntb gives them (a
-// quarter of the rings; both take them from internal/credit). Every
-// connection streams, so -idle is not modelled, nor is -qos. A reader
-// thread copies each record into its connection's read buffer of -readbuf
-// bytes, filling it from start to end and again, as the server's readers
-// do. They run on the two CPUs -pin gives the processes (the reader on the client's, the calling
-// thread's); one index store hands a record over, and the writer keeps at
-// most the shares together unread (or the turns' pool, three quarters
-// of the ring), as ntb's credit does. There is no
-// framing, no flow control per connection and no scheduling. It measures
-// stream only, for -duration, and is left out of the default transports.
+// beyond three connections, its turn of credit as ntb gives them (a quarter
+// of the rings; both take them from internal/credit). Every connection
+// streams, so -idle is not modelled, nor is -qos. A reader thread copies
+// each record into its connection's read buffer of -readbuf bytes, filling
+// it from start to end and again, as the server's readers do. They run on
+// the two CPUs -pin gives the processes (the reader on the client's, the
+// calling thread's); one index store hands a record over, and the writer
+// keeps at most the shares together unread (or the turns' pool, three
+// quarters of the ring), as ntb's credit does. There is no framing, no flow
+// control per connection and no scheduling. It measures stream only, for
+// -duration, and is left out of the default transports.
 //
 // The order of records matters as much as their number: a run of one
 // connection's records finds its read buffer still in the reader's cache,

@@ -73,17 +73,16 @@ func TurnSize(rings, window int64) int64 {
 
 // Pool is how much turn credit may be out at once: three quarters of the
 // rings, three turns of the default link. The quarter left holds the
-// baselines (64 × 16 KiB at 64 connections is an eighth) and turns
-// written off while still in use. A pool of half the rings, the first
-// form, kept less in the rings than one stream alone
-// keeps: that stream's share is half the rings too, but a turn counts
-// from its grant, and part of the pool is always granted and not yet sent
-// (the CREDIT on its way, the writer waiting for its processor). AMD VM,
-// 64 streams, near, 32 KiB reads, alternating rounds, half -> three
-// quarters: paired medians 1.12, 1.07, 1.08, 1.02 and 0.96 in five
-// batches (71 rounds, 43 faster; the geometric mean of the 58 ratios
-// within 0.67-1.5 is 1.04, standard error 0.02): a gain of a few per
-// cent. Five eighths 1.18 and 1.02 (11 and 12 rounds), the whole rings
-// 1.02 (46), a quarter 0.88 (15). At 16 streams three quarters 0.97 ±
-// 0.04 (19 rounds), at 32 1.13 (6).
+// baselines (64 × 16 KiB at 64 connections is an eighth) and turns written
+// off while still in use. A pool of half the rings, the first form, kept
+// less in the rings than one stream alone keeps: that stream's share is
+// half the rings too, but a turn counts from its grant, and part of the
+// pool is always granted and not yet sent (the CREDIT on its way, the
+// writer waiting for its processor). AMD VM, 64 streams, near, 32 KiB
+// reads, alternating rounds, half -> three quarters: paired medians 1.12,
+// 1.07, 1.08, 1.02 and 0.96 in five batches (71 rounds, 43 faster; the
+// geometric mean of the 58 ratios within 0.67-1.5 is 1.04, standard error
+// 0.02): a gain of a few per cent. Five eighths 1.18 and 1.02 (11 and 12
+// rounds), the whole rings 1.02 (46), a quarter 0.88 (15). At 16 streams
+// three quarters 0.97 ± 0.04 (19 rounds), at 32 1.13 (6).
 func Pool(rings int64) int64 { return rings * 3 / 4 }
