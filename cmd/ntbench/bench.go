@@ -67,6 +67,7 @@ func benchmark(o *options, fwd []string, stdout, stderr io.Writer) (err error) {
 	rep.begin(r.host, r.procs, clientCPU, serverCPU)
 	failed, unplaced := 0, 0
 	for round := 1; round <= o.rounds; round++ {
+		r.round = round
 		add := rep.add
 		if o.rounds > 1 {
 			rep.round(round)
@@ -139,6 +140,7 @@ type runner struct {
 	procs     int // GOMAXPROCS of client and server
 	clientCPU int // -1: not pinned
 	serverCPU int // -1: not pinned
+	round     int // the round being measured, from 1
 	stderr    io.Writer
 }
 
@@ -152,6 +154,15 @@ func (r *runner) runMode(t transport, m mode, emit func(result)) error {
 	args = append(args, r.fwd...)
 	args = append(args, "-conns="+strconv.Itoa(r.o.conns))
 	args = append(args, "-gomaxprocs="+strconv.Itoa(r.procs))
+	// A server a transport×mode×count×round, each with capture files of
+	// its own; the flags given last override those forwarded.
+	suffix := fmt.Sprintf(".server.%s.%s.%dc.r%d", t.name, m.name, r.o.conns, r.round)
+	if r.o.cpuprofile != "" {
+		args = append(args, "-cpuprofile="+r.o.cpuprofile+suffix)
+	}
+	if r.o.trace != "" {
+		args = append(args, "-trace="+r.o.trace+suffix)
+	}
 	srv, err := startServer(args, r.stderr)
 	if err != nil {
 		return err

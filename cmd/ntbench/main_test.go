@@ -440,11 +440,16 @@ func TestTableRun(t *testing.T) {
 }
 
 // TestTraceFiles checks that -trace leaves an execution trace of each
-// process: the client's at the path, the server's beside it.
+// process: the client's at the path, each server's beside it under a name
+// of its own (one server no longer overwriting another's).
 func TestTraceFiles(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "run.trace")
-	runBench(t, "-json", "-transports=tcp", "-modes=pingpong", "-size=64", "-count=50", "-warmup=5", "-pin="+testPin(t), "-trace="+path)
-	for _, p := range []string{path, path + ".server"} {
+	runBench(t, "-json", "-transports=tcp,unix", "-modes=pingpong", "-size=64", "-count=50", "-warmup=5", "-rounds=2", "-pin="+testPin(t), "-trace="+path)
+	want := []string{path}
+	for _, server := range []string{"tcp.pingpong.1c.r1", "unix.pingpong.1c.r1", "tcp.pingpong.1c.r2", "unix.pingpong.1c.r2"} {
+		want = append(want, path+".server."+server)
+	}
+	for _, p := range want {
 		b, err := os.ReadFile(p)
 		if err != nil {
 			t.Fatal(err)
