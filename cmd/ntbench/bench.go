@@ -23,7 +23,7 @@ import (
 // processes.
 func benchmark(o *options, fwd []string, stdout, stderr io.Writer) (err error) {
 	r := &runner{o: o, fwd: fwd, host: proc.ReadHost(), stderr: stderr}
-	stop, err := startCapture(o.cpuprofile, o.trace, "")
+	stop, err := startCapture(o.cpuprofile, o.trace)
 	if err != nil {
 		return err
 	}
@@ -384,10 +384,9 @@ func parallel(n int, f func(i int) error) error {
 	return errors.Join(errs...)
 }
 
-// startCapture starts a CPU profile into profile+suffix and an execution
-// trace into exec+suffix, each if its path is set; stop ends and closes
-// them.
-func startCapture(profile, exec, suffix string) (stop func(), err error) {
+// startCapture starts a CPU profile into profile and an execution trace
+// into exec, each if its path is set; stop ends and closes them.
+func startCapture(profile, exec string) (stop func(), err error) {
 	var stops []func()
 	stop = func() {
 		for _, s := range stops {
@@ -398,7 +397,7 @@ func startCapture(profile, exec, suffix string) (stop func(), err error) {
 		if path == "" {
 			return nil
 		}
-		f, err := os.Create(path + suffix)
+		f, err := os.Create(path)
 		if err == nil {
 			if err = start(f); err != nil {
 				f.Close()

@@ -46,7 +46,7 @@ func serve(o *options, stdin io.Reader, stdout io.Writer) error {
 			return err
 		}
 	}
-	stop, err := startCapture(o.cpuprofile, o.trace, "") // the client named them
+	stop, err := startCapture(o.cpuprofile, o.trace) // named by the client
 	if err != nil {
 		return err
 	}

@@ -278,7 +278,7 @@ func runProxyd(cfgPath string) int {
 			return 1
 		}
 	}
-	stop, err := startCapture(os.Getenv(proxydProfEnv), "", "")
+	stop, err := startCapture(os.Getenv(proxydProfEnv), "")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "ntbench proxyd: %v\n", err)
 		return 1
