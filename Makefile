@@ -51,7 +51,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends
 
 # The integration tier's Debian packages: iproute2's ip for the emulated
-# rack (internal/rack, test/, make demo); unmodified servers and load
+# rack (internal/tools/rack, test/, make demo); unmodified servers and load
 # generators for the TCP gateway tests (redis-server, redis-benchmark,
 # nginx, wrk); tshark to open packet captures; libibverbs-dev so that the
 # racks' daemons are built with the verbs provider, as on an RDMA host (on

@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 
-	"github.com/ntstack/ntstack/internal/ring"
+	"github.com/ntstack/ntstack/internal/prim/ring"
 )
 
 // Window layout. Each side formats its own inbound window; the peer writes

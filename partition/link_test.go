@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ntstack/ntstack/internal/ring"
+	"github.com/ntstack/ntstack/internal/prim/ring"
 	"github.com/ntstack/ntstack/ntb"
 	"github.com/ntstack/ntstack/ntb/ntbtest"
 )

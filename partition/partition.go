@@ -4,7 +4,7 @@ import (
 	"errors"
 	"sync"
 
-	"github.com/ntstack/ntstack/internal/ring"
+	"github.com/ntstack/ntstack/internal/prim/ring"
 	"github.com/ntstack/ntstack/ntb"
 )
 

@@ -10,7 +10,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/deadline"
+	"github.com/ntstack/ntstack/internal/prim/deadline"
 )
 
 // link is the seam between the ring protocol (ringConn) and the verbs

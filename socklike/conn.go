@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/ntstack/ntstack/internal/deadline"
-	"github.com/ntstack/ntstack/internal/proc"
+	"github.com/ntstack/ntstack/internal/prim/deadline"
+	"github.com/ntstack/ntstack/internal/prim/proc"
 	"io"
 	"net"
 	"os"
@@ -16,8 +16,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/pool"
-	"github.com/ntstack/ntstack/internal/ring"
+	"github.com/ntstack/ntstack/internal/prim/pool"
+	"github.com/ntstack/ntstack/internal/prim/ring"
 	"github.com/ntstack/ntstack/partition"
 	"github.com/ntstack/ntstack/qos"
 )

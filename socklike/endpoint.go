@@ -39,7 +39,7 @@
 // bounded by connections × window.
 //
 // Capture: Endpoint.AddTap shows every frame sent or received to a hook
-// (tap.go; internal/capture writes them as pcapng for Wireshark); with no
+// (tap.go; internal/daemon/capture writes them as pcapng for Wireshark); with no
 // tap the data path pays one atomic load per frame.
 //
 // Concurrency: Endpoint, Conn and Listener methods are safe for concurrent

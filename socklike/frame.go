@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 
-	"github.com/ntstack/ntstack/internal/ring"
+	"github.com/ntstack/ntstack/internal/prim/ring"
 )
 
 // Frames. Every ring record is one frame; the ring's 24-bit tag carries the

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/ring"
+	"github.com/ntstack/ntstack/internal/prim/ring"
 	"github.com/ntstack/ntstack/ntb/ntbtest"
 	"github.com/ntstack/ntstack/partition"
 )

@@ -11,8 +11,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/pool"
-	"github.com/ntstack/ntstack/internal/proc"
+	"github.com/ntstack/ntstack/internal/prim/pool"
+	"github.com/ntstack/ntstack/internal/prim/proc"
 )
 
 // EnvPool, set to 1, makes DefaultProxy's dials (a Dialer without Proxy)
@@ -103,7 +103,7 @@ func (sp *sharedPool) failAll(err error) {
 }
 
 // PoolConn is a connection in shared-pool mode: its bytes go through a
-// slot of the pool this process shares with ntproxy (internal/pool). A
+// slot of the pool this process shares with ntproxy (internal/prim/pool). A
 // Write copies into the slot's out ring, from which ntproxy sends onto the
 // rack link; a Read copies out of the in ring, into which ntproxy reads
 // from the rack link — two copies fewer per direction than proxy mode,

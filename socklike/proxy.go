@@ -12,9 +12,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/appproto"
-	"github.com/ntstack/ntstack/internal/ctlapi"
-	"github.com/ntstack/ntstack/internal/proc"
+	"github.com/ntstack/ntstack/internal/prim/proc"
+	"github.com/ntstack/ntstack/internal/wire/appproto"
+	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/qos"
 )

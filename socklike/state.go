@@ -10,7 +10,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/credit"
+	"github.com/ntstack/ntstack/internal/prim/credit"
 	"github.com/ntstack/ntstack/partition"
 )
 

@@ -6,7 +6,7 @@ import "fmt"
 // endpoint writes into a ring and every frame it takes off one, at the
 // single places where that happens (Conn.serveOnce's send, the loose-frame
 // sends of state.sendLoose and state.flushCtl, and state.pollLocked), so
-// internal/capture can write them to a pcapng file for Wireshark.
+// internal/daemon/capture can write them to a pcapng file for Wireshark.
 //
 // Cost: with no tap, each of those places loads one atomic pointer and
 // finds it nil. With taps, every frame calls each tap synchronously on the

@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/credit"
+	"github.com/ntstack/ntstack/internal/prim/credit"
 )
 
 // Credit in turns.

@@ -12,7 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ntstack/ntstack/internal/credit"
+	"github.com/ntstack/ntstack/internal/prim/credit"
 	"github.com/ntstack/ntstack/ntb/ntbtest"
 )
 

@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/proc"
+	"github.com/ntstack/ntstack/internal/prim/proc"
 	"github.com/ntstack/ntstack/partition"
 	"github.com/ntstack/ntstack/qos"
 )

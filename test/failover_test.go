@@ -12,9 +12,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ntstack/ntstack/internal/config"
-	"github.com/ntstack/ntstack/internal/ctlapi"
-	"github.com/ntstack/ntstack/internal/rack"
+	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/tools/rack"
+	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 )
 
 // TestRackFailover streams 1 GiB from an application on host a to one on

@@ -13,9 +13,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ntstack/ntstack/internal/config"
-	"github.com/ntstack/ntstack/internal/rack"
-	"github.com/ntstack/ntstack/internal/rackdemo"
+	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/tools/rack"
+	"github.com/ntstack/ntstack/internal/tools/rackdemo"
 )
 
 // TestRackGateway drives unmodified programs through ntproxy's TCP

@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ntstack/ntstack/internal/proc"
+	"github.com/ntstack/ntstack/internal/prim/proc"
 	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/socklike"
 )

@@ -7,9 +7,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ntstack/ntstack/internal/ctlapi"
-	"github.com/ntstack/ntstack/internal/rack"
-	"github.com/ntstack/ntstack/internal/rackdemo"
+	"github.com/ntstack/ntstack/internal/tools/rack"
+	"github.com/ntstack/ntstack/internal/tools/rackdemo"
+	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 )
 
 // TestRackWorkloads runs the rack-scale workloads between two hosts through

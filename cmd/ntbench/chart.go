@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/plot"
+	"github.com/ntstack/ntstack/internal/tools/plot"
 )
 
 // plotResults is -plot: it reads the JSON lines ntbench -json wrote to

@@ -169,7 +169,7 @@
 package main
 
 import (
-	"github.com/ntstack/ntstack/internal/proc"
+	"github.com/ntstack/ntstack/internal/prim/proc"
 	"github.com/ntstack/ntstack/socklike"
 
 	"errors"

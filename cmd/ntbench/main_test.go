@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/proc"
+	"github.com/ntstack/ntstack/internal/prim/proc"
 )
 
 // TestMain lets the test binary serve as the server process: the client

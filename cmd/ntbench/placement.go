@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/proc"
+	"github.com/ntstack/ntstack/internal/prim/proc"
 )
 
 // A VM's two vCPUs are not two fixed cores: the host moves each vCPU

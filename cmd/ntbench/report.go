@@ -7,7 +7,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/ntstack/ntstack/internal/proc"
+	"github.com/ntstack/ntstack/internal/prim/proc"
 )
 
 // result is one row of the report: one transport, mode and size. The JSON

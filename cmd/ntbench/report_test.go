@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/proc"
+	"github.com/ntstack/ntstack/internal/prim/proc"
 )
 
 func TestFormatNs(t *testing.T) {

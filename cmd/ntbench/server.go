@@ -14,7 +14,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/proc"
+	"github.com/ntstack/ntstack/internal/prim/proc"
 )
 
 // The server process and the client talk over the server's standard input

@@ -6,8 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/credit"
-	"github.com/ntstack/ntstack/internal/proc"
+	"github.com/ntstack/ntstack/internal/prim/credit"
+	"github.com/ntstack/ntstack/internal/prim/proc"
 	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/partition"
 )
@@ -20,7 +20,7 @@ import (
 // turn sending its receive share as ntb divides the rings (half of them
 // over the connections, at most half a ring and the -recvwindow), or,
 // beyond three connections, its turn of credit as ntb gives them (a quarter
-// of the rings; both take them from internal/credit). Every connection
+// of the rings; both take them from internal/prim/credit). Every connection
 // streams, so -idle is not modelled, nor is -qos. A reader thread copies
 // each record into its connection's read buffer of -readbuf bytes, filling
 // it from start to end and again, as the server's readers do. They run on

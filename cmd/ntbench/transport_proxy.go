@@ -16,9 +16,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/config"
-	"github.com/ntstack/ntstack/internal/proc"
-	"github.com/ntstack/ntstack/internal/proxy"
+	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/daemon/proxy"
+	"github.com/ntstack/ntstack/internal/prim/proc"
 	"github.com/ntstack/ntstack/qos"
 	"github.com/ntstack/ntstack/socklike"
 )

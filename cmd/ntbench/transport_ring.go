@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/ring"
+	"github.com/ntstack/ntstack/internal/prim/ring"
 	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/partition"
 )

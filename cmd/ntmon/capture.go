@@ -8,9 +8,9 @@ import (
 	"io"
 	"os"
 
-	"github.com/ntstack/ntstack/internal/capture"
-	"github.com/ntstack/ntstack/internal/config"
-	"github.com/ntstack/ntstack/internal/ctlapi"
+	"github.com/ntstack/ntstack/internal/daemon/capture"
+	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 )
 
 const captureUsage = `usage: ntmon capture -link LINK [-conn ID] [-snap N] [-count N | -duration D] -w FILE [-config FILE | -socket PATH]

@@ -12,9 +12,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ntstack/ntstack/internal/capture"
-	"github.com/ntstack/ntstack/internal/config"
-	"github.com/ntstack/ntstack/internal/ctlapi"
+	"github.com/ntstack/ntstack/internal/daemon/capture"
+	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 	"github.com/ntstack/ntstack/socklike"
 )
 

@@ -10,8 +10,8 @@ import (
 	"io/fs"
 	"os"
 
-	"github.com/ntstack/ntstack/internal/config"
-	"github.com/ntstack/ntstack/internal/doctor"
+	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/daemon/doctor"
 )
 
 // doctorRoot is where `ntmon doctor` finds /sys, /proc and /dev; tests

@@ -10,9 +10,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ntstack/ntstack/internal/config"
-	"github.com/ntstack/ntstack/internal/ctlapi"
-	"github.com/ntstack/ntstack/internal/doctor"
+	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/daemon/doctor"
+	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 )
 
 // fakeMonitor serves st as ntmon's status API on path.

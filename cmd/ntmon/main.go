@@ -1,7 +1,7 @@
 // Command ntmon is a host's ntstack control-plane daemon: it keeps sessions
 // with the rack peers' ntmons (telling them whether this host takes RDMA),
 // resolves routes (shared memory, NTB, RDMA or TCP fallback) and enforces the ACL for ntproxy, reserves ports, and serves
-// status and Prometheus metrics. All the work is in internal/monitor.
+// status and Prometheus metrics. All the work is in internal/daemon/monitor.
 //
 //	ntmon -config /etc/ntstack/host.toml       # run until SIGINT or SIGTERM (that file is the default)
 //	ntmon status                               # tables: links, partitions, peers, listeners, apps, connections
@@ -25,10 +25,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/config"
-	"github.com/ntstack/ntstack/internal/ctlapi"
-	"github.com/ntstack/ntstack/internal/monitor"
-	"github.com/ntstack/ntstack/internal/proxy"
+	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/daemon/monitor"
+	"github.com/ntstack/ntstack/internal/daemon/proxy"
+	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 )
 
 // version is the build's version; set with -ldflags "-X main.version=…".
@@ -63,7 +63,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	fs := flag.NewFlagSet("ntmon", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	cfgPath := fs.String("config", defaultConfig, "host configuration file (TOML; see internal/config/example.toml)")
+	cfgPath := fs.String("config", defaultConfig, "host configuration file (TOML; see internal/daemon/config/example.toml)")
 	debug := fs.Bool("debug", false, "log at debug level")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: ntmon [-config FILE] [-debug]\n       ntmon status [-config FILE | -socket PATH] [-json]\n       ntmon doctor [-config FILE] [-json]\n       ntmon capture -link LINK [-conn ID] [-count N | -duration D] -w FILE | -lua FILE\n       ntmon version")

@@ -15,9 +15,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ntstack/ntstack/internal/config"
-	"github.com/ntstack/ntstack/internal/ctlapi"
-	"github.com/ntstack/ntstack/internal/monitor"
+	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/daemon/monitor"
+	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 )
 
 // stateDir is short: Unix socket paths are limited to 108 bytes.

@@ -5,7 +5,7 @@
 //
 //	ntproxy -config /etc/ntstack/host.toml
 //
-// Everything it does is internal/proxy; this file is wiring.
+// Everything it does is internal/daemon/proxy; this file is wiring.
 package main
 
 import (
@@ -21,10 +21,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/config"
-	"github.com/ntstack/ntstack/internal/ctlapi"
-	"github.com/ntstack/ntstack/internal/gateway"
-	"github.com/ntstack/ntstack/internal/proxy"
+	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/daemon/gateway"
+	"github.com/ntstack/ntstack/internal/daemon/proxy"
+	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 	"github.com/ntstack/ntstack/socklike"
 )
 

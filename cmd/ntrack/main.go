@@ -1,5 +1,5 @@
 // Command ntrack runs an emulated ntstack rack on one Linux machine (see
-// internal/rack): a network namespace per host, joined by a bridge, with
+// internal/tools/rack): a network namespace per host, joined by a bridge, with
 // emulated NTB links under one fabric directory, each host running ntmon
 // and ntproxy.
 //
@@ -31,9 +31,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/config"
-	"github.com/ntstack/ntstack/internal/rack"
-	"github.com/ntstack/ntstack/internal/rackdemo"
+	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/tools/rack"
+	"github.com/ntstack/ntstack/internal/tools/rackdemo"
 )
 
 func main() {

@@ -70,7 +70,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/shmem"
+	"github.com/ntstack/ntstack/internal/prim/shmem"
 	"github.com/ntstack/ntstack/ntb"
 )
 

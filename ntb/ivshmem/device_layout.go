@@ -1,6 +1,6 @@
 package ivshmem
 
-import "github.com/ntstack/ntstack/internal/shmem"
+import "github.com/ntstack/ntstack/internal/prim/shmem"
 
 // The Device backend lays one NTB link out in the ivshmem region (a guest's
 // BAR2, a host Client's Mem). The region has no registers of its own beyond

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/shmem"
+	"github.com/ntstack/ntstack/internal/prim/shmem"
 	"github.com/ntstack/ntstack/ntb"
 	"github.com/ntstack/ntstack/ntb/ntbtest"
 	"github.com/ntstack/ntstack/socklike"

@@ -1,6 +1,6 @@
 package shm
 
-import "github.com/ntstack/ntstack/internal/shmem"
+import "github.com/ntstack/ntstack/internal/prim/shmem"
 
 // A link is one file, by default /dev/shm/ntstack/<name>, mapped shared by
 // the two processes that attach its ends (side 0 and side 1):

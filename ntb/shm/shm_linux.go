@@ -31,7 +31,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/ntstack/ntstack/internal/shmem"
+	"github.com/ntstack/ntstack/internal/prim/shmem"
 	"github.com/ntstack/ntstack/ntb"
 )
 

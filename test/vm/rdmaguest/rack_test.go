@@ -14,11 +14,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/config"
-	"github.com/ntstack/ntstack/internal/ctlapi"
-	"github.com/ntstack/ntstack/internal/doctor"
-	"github.com/ntstack/ntstack/internal/monitor"
-	"github.com/ntstack/ntstack/internal/proxy"
+	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/daemon/doctor"
+	"github.com/ntstack/ntstack/internal/daemon/monitor"
+	"github.com/ntstack/ntstack/internal/daemon/proxy"
+	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 	"github.com/ntstack/ntstack/socklike"
 )
 

@@ -1,0 +1,350 @@
+// Package gateway is ntproxy's TCP gateway: it carries the connections of
+// unmodified TCP programs — redis-server and redis-benchmark, nginx and
+// wrk — over the fabric.
+//
+//	host a                                             host b
+//	client ──TCP──▶ forward 127.0.0.1:16379            export :6379 ──TCP──▶ server
+//	                  │ socklike Dial "b:6379"           ▲ socklike Listen :6379
+//	                  └──────── NTB link (direct or proxied) ─┘
+//
+// A forward is a local TCP listener: each accepted connection is dialed,
+// through the host's ntproxy, to a rack address. An export is a rack
+// listener: each connection it accepts is carried to a local TCP server.
+// Bytes are copied between the two sides with half closes passed on, so
+// request/response protocols and streams both work unchanged.
+//
+// The gateway is an application of its own ntproxy (socklike attached
+// mode): routing, access control, ports and reclaim are ntproxy's, and its
+// connections show in `ntmon status` like any other. In direct mode (the
+// default) each forwarded connection gets a link of its own and the
+// proxies leave the data path.
+//
+// With gateway.redirect_cgroup set, a cgroup/connect4 and connect6 eBPF
+// program (internal/daemon/redirect) rewrites connects from that cgroup's
+// processes to a forward's rack addresses — every virtual address of the
+// forward's host, at its port — to the forward's listen address: the
+// client needs no configuration change at all.
+//
+// Concurrency: Stats is safe at any time. Lifetime: Run serves until its
+// context ends, then closes its listeners and every carried connection.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/daemon/redirect"
+	"github.com/ntstack/ntstack/internal/wire/ctlapi"
+	"github.com/ntstack/ntstack/qos"
+	"github.com/ntstack/ntstack/socklike"
+)
+
+// copyBuf is the copy buffer of one direction of a carried connection: a
+// socklike record, so a bulk transfer moves one record per call.
+const copyBuf = socklike.DefaultMTU
+
+// dialTimeout bounds the setup of one carried connection.
+const dialTimeout = 10 * time.Second
+
+// Gateway serves a host's forwards and exports.
+type Gateway struct {
+	cfg      *config.Config
+	proxy    *socklike.Proxy
+	logf     func(string, ...any)
+	services []*service
+	redirect *redirect.Redirect // nil without gateway.redirect_cgroup
+
+	wg sync.WaitGroup
+
+	mu sync.Mutex
+	// mu protects the following fields.
+	conns   map[*carried]struct{}
+	closing bool          // Run is ending: carry nothing more
+	ready   chan struct{} // closed once every listener is up
+}
+
+// service is one forward or export with its counters.
+type service struct {
+	stat ctlapi.GatewayStat // the fixed fields; Gateway.mu guards Listen
+	// redirected are the rack addresses the eBPF redirect sends here
+	// (guarded by Gateway.mu).
+	redirected []netip.AddrPort
+
+	active, total, failed atomic.Int64
+	bytesIn, bytesOut     atomic.Uint64 // from the TCP side, to the TCP side
+	lastErr               atomic.Pointer[string]
+}
+
+// carried is one connection the gateway carries.
+type carried struct {
+	tcp, fabric net.Conn
+	once        sync.Once
+}
+
+func (c *carried) close() {
+	c.once.Do(func() {
+		c.tcp.Close()
+		c.fabric.Close()
+	})
+}
+
+// New prepares the gateway of cfg's host, whose connections go through p.
+// logf receives events (nil: none).
+func New(cfg *config.Config, p *socklike.Proxy, logf func(string, ...any)) (*Gateway, error) {
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	g := &Gateway{cfg: cfg, proxy: p, logf: logf, conns: map[*carried]struct{}{}, ready: make(chan struct{})}
+	for _, f := range cfg.Gateway.Forward {
+		g.services = append(g.services, &service{stat: ctlapi.GatewayStat{Kind: "forward", Listen: f.Listen, To: f.To, Mode: cfg.Gateway.Mode}})
+	}
+	if cfg.Gateway.RedirectCgroup != "" {
+		r, err := redirect.Attach(cfg.Gateway.RedirectCgroup)
+		if err != nil {
+			return nil, fmt.Errorf("gateway: redirect: %w", err)
+		}
+		g.redirect = r
+	}
+	for _, e := range cfg.Gateway.Export {
+		g.services = append(g.services, &service{stat: ctlapi.GatewayStat{Kind: "export", Listen: ":" + strconv.Itoa(e.Port), To: e.Target}})
+	}
+	return g, nil
+}
+
+// Ready is closed once every forward and export listens.
+func (g *Gateway) Ready() <-chan struct{} { return g.ready }
+
+// Run listens on every forward and export and carries their connections
+// until ctx ends. It fails at once if a listener cannot be set up.
+func (g *Gateway) Run(ctx context.Context) (err error) {
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+		if g.redirect != nil {
+			err = errors.Join(err, g.redirect.Close())
+		}
+	}()
+	for _, svc := range g.services {
+		var ln net.Listener
+		var err error
+		if svc.stat.Kind == "forward" {
+			ln, err = net.Listen("tcp", svc.stat.Listen)
+		} else {
+			ln, err = g.proxy.Listen("ntb", svc.stat.Listen)
+		}
+		if err != nil {
+			return fmt.Errorf("gateway %s %s: %w", svc.stat.Kind, svc.stat.Listen, err)
+		}
+		lns = append(lns, ln)
+		if svc.stat.Kind == "forward" {
+			g.mu.Lock()
+			svc.stat.Listen = ln.Addr().String() // the port, if the configuration left it to the kernel
+			g.mu.Unlock()
+			if err := g.redirectTo(svc, ln.Addr()); err != nil {
+				return err
+			}
+		}
+		g.logf("gateway: %s %s -> %s", svc.stat.Kind, svc.stat.Listen, svc.stat.To)
+	}
+	close(g.ready)
+	// The accept loops count in wg too, so that a connection they accept
+	// while Run stops is added before wg reaches zero.
+	errc := make(chan error, len(lns))
+	g.wg.Add(len(lns))
+	for i, ln := range lns {
+		go func() {
+			defer g.wg.Done()
+			errc <- g.serve(ctx, ln, g.services[i])
+		}()
+	}
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	for _, ln := range lns {
+		ln.Close()
+	}
+	lns = nil
+	g.mu.Lock()
+	g.closing = true
+	for c := range g.conns {
+		c.close()
+	}
+	g.mu.Unlock()
+	g.wg.Wait()
+	return err
+}
+
+// redirectTo has the eBPF redirect send connects to svc's rack addresses
+// (every virtual address of its host, at its port) to addr.
+func (g *Gateway) redirectTo(svc *service, addr net.Addr) error {
+	if g.redirect == nil {
+		return nil
+	}
+	to, err := netip.ParseAddrPort(addr.String())
+	if err != nil {
+		return fmt.Errorf("gateway: redirect to %s: %w", addr, err)
+	}
+	if to.Addr().IsUnspecified() { // a wildcard listen: loopback reaches it
+		to = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), to.Port())
+	}
+	host, port, _ := net.SplitHostPort(svc.stat.To)
+	name, _ := g.cfg.HostOf(host)
+	addrs := []string{host}
+	if p, ok := g.cfg.Peer(name); ok {
+		addrs = append(addrs, p.Addresses...)
+	}
+	var set []netip.AddrPort
+	for _, a := range addrs {
+		from, err := netip.ParseAddrPort(net.JoinHostPort(a, port))
+		if err != nil {
+			continue // a host name: programs connect to addresses
+		}
+		if err := g.redirect.Set(from, to); err != nil {
+			return fmt.Errorf("gateway: redirect %s to %s: %w", from, to, err)
+		}
+		set = append(set, from)
+		g.logf("gateway: connects from %s to %s go to %s", g.redirect.Cgroup(), from, to)
+	}
+	g.mu.Lock()
+	svc.redirected = set
+	g.mu.Unlock()
+	return nil
+}
+
+// serve accepts on ln until it closes.
+func (g *Gateway) serve(ctx context.Context, ln net.Listener, svc *service) error {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("gateway %s %s: accept: %w", svc.stat.Kind, svc.stat.Listen, err)
+		}
+		g.wg.Add(1)
+		go func() {
+			defer g.wg.Done()
+			g.carry(ctx, svc, c)
+		}()
+	}
+}
+
+// carry connects c's other side and copies between them.
+func (g *Gateway) carry(ctx context.Context, svc *service, c net.Conn) {
+	svc.total.Add(1)
+	dctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	other, err := g.dial(dctx, svc)
+	cancel()
+	if err != nil {
+		// Counted before the close, which the client sees.
+		svc.failed.Add(1)
+		msg := err.Error()
+		svc.lastErr.Store(&msg)
+		c.Close()
+		g.logf("gateway: %s %s -> %s: %v", svc.stat.Kind, svc.stat.Listen, svc.stat.To, err)
+		return
+	}
+	cc := &carried{fabric: other, tcp: c}
+	if svc.stat.Kind == "export" {
+		cc.fabric, cc.tcp = c, other
+	}
+	g.mu.Lock()
+	if g.closing {
+		g.mu.Unlock()
+		cc.close()
+		return
+	}
+	g.conns[cc] = struct{}{}
+	g.mu.Unlock()
+	svc.active.Add(1)
+	defer func() {
+		svc.active.Add(-1)
+		g.mu.Lock()
+		delete(g.conns, cc)
+		g.mu.Unlock()
+	}()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		pipe(cc, cc.fabric, cc.tcp, &svc.bytesOut)
+	}()
+	pipe(cc, cc.tcp, cc.fabric, &svc.bytesIn)
+	<-done
+	cc.close()
+}
+
+// dial opens the other side of a connection accepted by svc.
+func (g *Gateway) dial(ctx context.Context, svc *service) (net.Conn, error) {
+	if svc.stat.Kind == "export" {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", svc.stat.To)
+	}
+	if g.cfg.Gateway.Mode != config.GatewayProxy { // "" is the default, direct
+		return g.proxy.DialPreferDirect(ctx, svc.stat.To, qos.Default)
+	}
+	return g.proxy.DialContext(ctx, "ntb", svc.stat.To)
+}
+
+// pipe copies src to dst until src ends; it passes EOF on as a half close
+// and any error as a close of the whole connection.
+func pipe(cc *carried, dst, src net.Conn, n *atomic.Uint64) {
+	buf := make([]byte, copyBuf)
+	for {
+		k, err := src.Read(buf)
+		if k > 0 {
+			if _, werr := dst.Write(buf[:k]); werr != nil {
+				cc.close()
+				return
+			}
+			n.Add(uint64(k))
+		}
+		if err != nil {
+			cw, ok := dst.(interface{ CloseWrite() error })
+			if !errors.Is(err, io.EOF) || !ok || cw.CloseWrite() != nil {
+				cc.close()
+			}
+			return
+		}
+	}
+}
+
+// Stats returns each service's counters.
+func (g *Gateway) Stats() []ctlapi.GatewayStat {
+	out := make([]ctlapi.GatewayStat, 0, len(g.services))
+	for _, svc := range g.services {
+		g.mu.Lock()
+		st, redirected := svc.stat, svc.redirected
+		g.mu.Unlock()
+		st.Active = svc.active.Load()
+		st.Total = svc.total.Load()
+		st.Failed = svc.failed.Load()
+		st.BytesIn = svc.bytesIn.Load()
+		st.BytesOut = svc.bytesOut.Load()
+		if e := svc.lastErr.Load(); e != nil {
+			st.LastError = *e
+		}
+		for _, from := range redirected {
+			if n, err := g.redirect.Count(from); err == nil {
+				st.Redirects += n
+			}
+		}
+		out = append(out, st)
+	}
+	return out
+}

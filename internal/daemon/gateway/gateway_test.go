@@ -1,0 +1,167 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/daemon/proxy"
+	"github.com/ntstack/ntstack/socklike"
+)
+
+// host is one side of a two-host rack in this process: its ntproxy and its
+// gateway.
+type host struct {
+	cfg *config.Config
+	gw  *Gateway
+}
+
+// newRack starts hosts a and b joined by an emulated link, a forwarding
+// 127.0.0.1:0 to b:7000 and b exporting port 7000 to target. Both
+// proxies run in the test process; under -race beside other packages on
+// two CPUs a link monitor once missed the default 250 ms heartbeat
+// timeout (TestCarry, CI at 876f930), and these tests are about carrying
+// data, not detecting a dead link: the link allows 2 s.
+func newRack(t *testing.T, mode, target string) (a, b host) {
+	t.Helper()
+	root := t.TempDir()
+	fabric := filepath.Join("/dev/shm", fmt.Sprintf("ntstack-gwtest-%d-%d", os.Getpid(), rand.Uint32()))
+	t.Cleanup(func() { os.RemoveAll(fabric) })
+	start := func(name, peer, gw string) host {
+		cfg, err := config.Parse(fmt.Appendf(nil, `host = %q
+state_dir = %q
+[proxy]
+fabric_dir = %q
+window = 4194304
+app_window = 2097152
+link_timeout = "2s"
+[gateway]
+mode = %q
+%s
+[[peers]]
+host = %q
+addresses = ["10.77.0.%d"]
+link = "ab"
+`, name, filepath.Join(root, name), fabric, mode, gw, peer, peer[0]))
+		require.NoError(t, err)
+		s, err := proxy.New(cfg, proxy.Options{Logf: t.Logf})
+		require.NoError(t, err)
+		served := make(chan error, 1)
+		go func() { served <- s.ListenAndServe() }()
+		var p *socklike.Proxy
+		require.Eventually(t, func() bool {
+			p, err = socklike.AttachProxy(cfg.Path(config.ProxySocket), socklike.Config{})
+			return err == nil
+		}, 5*time.Second, 5*time.Millisecond)
+		g, err := New(cfg, p, t.Logf)
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		ran := make(chan error, 1)
+		go func() { ran <- g.Run(ctx) }()
+		t.Cleanup(func() {
+			cancel()
+			require.NoError(t, <-ran)
+			p.Close()
+			require.NoError(t, s.Close())
+			require.NoError(t, <-served)
+		})
+		select {
+		case <-g.Ready():
+		case err := <-ran:
+			t.Fatalf("gateway of %s: %v", name, err)
+		}
+		return host{cfg: cfg, gw: g}
+	}
+	b = start("b", "a", fmt.Sprintf("[[gateway.export]]\nport = 7000\ntarget = %q", target))
+	a = start("a", "b", "[[gateway.forward]]\nlisten = \"127.0.0.1:0\"\nto = \"b:7000\"")
+	return a, b
+}
+
+// echoServer is a TCP server echoing each connection until EOF.
+func echoServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				io.Copy(c, c)
+				c.Close()
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// A TCP client and a TCP server, neither aware of ntstack, talk through
+// the gateways of two hosts: every byte echoed back in order, the client's
+// half close reaching the server, the counters on both sides.
+func TestCarry(t *testing.T) {
+	for _, mode := range []string{config.GatewayDirect, config.GatewayProxy} {
+		t.Run(mode, func(t *testing.T) {
+			a, b := newRack(t, mode, echoServer(t))
+			fwd := a.gw.Stats()[0].Listen
+			const size = 8 << 20
+			payload := make([]byte, size)
+			rng := rand.New(rand.NewPCG(1, 2))
+			for i := range payload {
+				payload[i] = byte(rng.Uint32())
+			}
+			for conn := range 3 {
+				c, err := net.Dial("tcp", fwd)
+				require.NoError(t, err)
+				go func() {
+					c.Write(payload)
+					c.(*net.TCPConn).CloseWrite() // the echo server's EOF, then ours
+				}()
+				got, err := io.ReadAll(c)
+				require.NoError(t, err, "connection %d", conn)
+				require.True(t, bytes.Equal(payload, got), "connection %d: %d bytes echoed, want %d identical", conn, len(got), size)
+				c.Close()
+			}
+			require.Eventually(t, func() bool { return a.gw.Stats()[0].Active == 0 && b.gw.Stats()[0].Active == 0 }, 5*time.Second, 10*time.Millisecond)
+			fa, eb := a.gw.Stats()[0], b.gw.Stats()[0]
+			require.Equal(t, int64(3), fa.Total)
+			require.Equal(t, int64(3), eb.Total)
+			require.Equal(t, uint64(3*size), fa.BytesIn)
+			require.Equal(t, uint64(3*size), fa.BytesOut)
+			require.Equal(t, uint64(3*size), eb.BytesIn)
+			require.Equal(t, uint64(3*size), eb.BytesOut)
+			require.Equal(t, mode, fa.Mode)
+		})
+	}
+}
+
+// An export whose server is down: the client's connection ends, and the
+// export counts the failure and says why.
+func TestTargetDown(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	dead := ln.Addr().String()
+	ln.Close()
+	a, b := newRack(t, config.GatewayDirect, dead)
+	c, err := net.Dial("tcp", a.gw.Stats()[0].Listen)
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(10*time.Second)))
+	_, err = c.Read(make([]byte, 1))
+	require.ErrorIs(t, err, io.EOF)
+	st := b.gw.Stats()[0]
+	require.Equal(t, int64(1), st.Failed)
+	require.Contains(t, st.LastError, "connection refused")
+}

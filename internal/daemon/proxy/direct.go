@@ -1,0 +1,208 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/ntstack/ntstack/internal/wire/appproto"
+	"github.com/ntstack/ntstack/internal/wire/ctlapi"
+	"github.com/ntstack/ntstack/ntb/shm"
+	"github.com/ntstack/ntstack/socklike"
+)
+
+// Direct mode. The two applications of a connection get a link of their
+// own — a window slice — and exchange data without either proxy: zero
+// copies in the proxies, no proxy hops. The proxies still decide (route,
+// ACL, admission, quota) and keep a lease: the request's connection from
+// each application stays open for the life of the direct connection, and
+// its closing (or the application's death) ends the grant.
+//
+// In the emulated fabric a slice is a link file in the fabric directory
+// that both hosts see; on NTB hardware it would be a range of the window
+// mapped for the application through the proxy's VFIO device.
+
+// directPrefix starts every direct link's name.
+const directPrefix = "direct-"
+
+// serveDirect carries out a DialRequest with Direct set: c is the
+// request's connection, kept as the lease.
+func (s *Server) serveDirect(a *app, c *socklike.Conn, req appproto.DialRequest) {
+	ctx, cancel := context.WithTimeout(s.ctx, dialTimeout)
+	pc, dl, err := s.dialDirect(ctx, a, req)
+	cancel()
+	if err != nil {
+		appproto.WriteFrame(c, appproto.DialReply{Code: ctlapi.CodeOf(err), Error: errMessage(err)})
+		c.Close()
+		return
+	}
+	c.SetDeadline(time.Time{})
+	reply := appproto.DialReply{Local: pc.local, Remote: pc.remote, Path: pc.path, Reason: pc.reason, Direct: dl}
+	if err := appproto.WriteFrame(c, reply); err == nil {
+		s.holdLease(a, pc, c, dl)
+		return
+	}
+	s.releaseDirect(a, dl)
+	c.Close()
+}
+
+// dialDirect reserves the quota, names the link and has the far side's
+// application listen on it.
+func (s *Server) dialDirect(ctx context.Context, a *app, req appproto.DialRequest) (*pconn, *appproto.DirectLink, error) {
+	if _, err := validClass(req.Priority); err != nil {
+		return nil, nil, err
+	}
+	if req.Port < 1 || req.Port > 65535 {
+		return nil, nil, ctlapi.Errorf(ctlapi.CodeBadRequest, "port %d outside 1..65535", req.Port)
+	}
+	route, err := s.ctl.Resolve(ctx, ctlapi.ResolveRequest{UID: a.cred.UID, Target: req.Target, Port: req.Port, Transports: req.Transports})
+	if err != nil {
+		return nil, nil, err
+	}
+	if route.Path != ctlapi.PathNTB && route.Path != ctlapi.PathSHM {
+		return nil, nil, ctlapi.Errorf(ctlapi.CodeNoDirect, "direct mode needs an NTB link or the same host; %s is reachable only over %s (%s)", route.Host, route.Path, route.Reason)
+	}
+	pc := &pconn{id: s.nextID.Add(1), app: a.id, dir: "out", path: route.Path, link: route.Link, partition: -1, direct: true}
+	pc.remote = hostPort(route.Host, req.Port)
+	pc.local = hostPort(s.cfg.Host, int(pc.id%50000)+10000)
+	pc.reason = route.Reason + "; direct: a window slice of its own, no proxy on the data path"
+	dl := &appproto.DirectLink{Name: fmt.Sprintf("%s%s-%d", directPrefix, s.cfg.Host, pc.id), Dir: s.cfg.Proxy.FabricDir, Window: s.cfg.Proxy.DirectWindow}
+	if err := s.reserveDirect(a, dl); err != nil {
+		return nil, nil, err
+	}
+	switch route.Path {
+	case ctlapi.PathSHM:
+		l := s.listenerOn(req.Port)
+		if l == nil {
+			err = ctlapi.Errorf(ctlapi.CodeRefused, "nobody listens on %s", pc.remote)
+			break
+		}
+		in := appproto.Incoming{Local: pc.remote, Remote: pc.local, Path: pc.path, Reason: pc.reason, Direct: dl}
+		var ac *socklike.Conn
+		if ac, err = s.handoffDirect(ctx, l, in, pc); err == nil {
+			q := &pconn{id: s.nextID.Add(1), app: l.app.id, dir: "in", path: pc.path, reason: pc.reason, partition: -1, direct: true,
+				local: pc.remote, remote: pc.local}
+			go s.holdLease(l.app, q, ac, nil)
+		}
+	case ctlapi.PathNTB:
+		link := s.links[route.Host]
+		if link == nil {
+			err = ctlapi.Errorf(ctlapi.CodeNoPath, "ntmon routes %s over NTB link %s, which this ntproxy does not have", route.Host, route.Link)
+			break
+		}
+		var fc *socklike.Conn
+		if fc, err = link.ep.DialContext(ctx, req.Port); err != nil {
+			err = fabricErr(route.Host, req.Port, err)
+			break
+		}
+		_, err = s.rackOpen(fc, route.Host, appproto.RackOpen{Port: req.Port, Direct: dl.Name})
+		fc.Close() // the far proxy holds its application's lease
+	}
+	if err != nil {
+		s.releaseDirect(a, dl)
+		return nil, nil, err
+	}
+	return pc, dl, nil
+}
+
+// handoffDirect introduces a direct connection to l's application and
+// waits until it listens on the link.
+func (s *Server) handoffDirect(ctx context.Context, l *listener, in appproto.Incoming, pc *pconn) (*socklike.Conn, error) {
+	ac, err := s.handoff(ctx, l, in, pc)
+	if err != nil {
+		return nil, err
+	}
+	ac.SetReadDeadline(time.Now().Add(requestTimeout))
+	var b [1]byte
+	if _, err := ac.Read(b[:]); err != nil || b[0] != appproto.DirectReady {
+		ac.Close()
+		return nil, ctlapi.Errorf(ctlapi.CodeRefused, "the application listening on port %d did not take the direct link: %v", l.port, err)
+	}
+	ac.SetReadDeadline(time.Time{})
+	return ac, nil
+}
+
+// serveRackDirect is serveInbound's part for a direct open from a peer:
+// hand the link to the listener's application, answer the peer, hold the
+// lease.
+func (s *Server) serveRackDirect(fc net.Conn, open appproto.RackOpen, l *listener, pc *pconn, refuse func(error)) {
+	if !strings.HasPrefix(open.Direct, directPrefix+open.From+"-") || strings.ContainsAny(open.Direct, "/\x00") || len(open.Direct) > 96 {
+		refuse(ctlapi.Errorf(ctlapi.CodeBadRequest, "direct link name %q is not one %s may grant", open.Direct, open.From))
+		return
+	}
+	pc.direct = true
+	pc.reason += "; direct: a window slice of its own, no proxy on the data path"
+	dl := &appproto.DirectLink{Name: open.Direct, Dir: s.cfg.Proxy.FabricDir, Window: s.cfg.Proxy.DirectWindow}
+	if err := s.reserveDirect(l.app, dl); err != nil {
+		refuse(err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, dialTimeout)
+	defer cancel()
+	in := appproto.Incoming{Local: pc.local, Remote: pc.remote, Path: pc.path, Reason: pc.reason, Direct: dl}
+	ac, err := s.handoffDirect(ctx, l, in, pc)
+	if err != nil {
+		s.releaseDirect(l.app, dl)
+		refuse(err)
+		return
+	}
+	err = appproto.WriteFrame(fc, appproto.DialReply{Local: pc.remote, Remote: pc.local, Path: pc.path})
+	fc.Close()
+	if err != nil {
+		ac.Close()
+		s.releaseDirect(l.app, dl)
+		return
+	}
+	pc.app = l.app.id
+	s.holdLease(l.app, pc, ac, dl)
+}
+
+// reserveDirect charges a's direct quota for dl.
+func (s *Server) reserveDirect(a *app, dl *appproto.DirectLink) error {
+	cost := linkBytes(dl.Window)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if a.direct+cost > s.cfg.Proxy.DirectQuota {
+		return ctlapi.Errorf(ctlapi.CodeQuota, "direct links of app %d would hold %d bytes, over proxy.direct_quota %d", a.id, a.direct+cost, s.cfg.Proxy.DirectQuota)
+	}
+	a.direct += cost
+	a.memory += cost
+	return nil
+}
+
+// releaseDirect returns dl's quota and removes its file (the ends that
+// attached keep their mappings).
+func (s *Server) releaseDirect(a *app, dl *appproto.DirectLink) {
+	if dl == nil {
+		return
+	}
+	cost := linkBytes(dl.Window)
+	s.mu.Lock()
+	a.direct -= cost
+	a.memory -= cost
+	s.mu.Unlock()
+	shm.Remove(dl.Dir, dl.Name)
+}
+
+// holdLease registers pc and waits until the application closes the lease
+// c (or goes), then releases the grant.
+func (s *Server) holdLease(a *app, pc *pconn, c *socklike.Conn, dl *appproto.DirectLink) {
+	pc.ends = [2]net.Conn{c, nil}
+	s.mu.Lock()
+	if s.closed || a.gone {
+		s.mu.Unlock()
+		c.Close()
+		s.releaseDirect(a, dl)
+		return
+	}
+	s.conns[pc.id] = pc
+	a.conns[pc.id] = pc
+	s.mu.Unlock()
+	var b [1]byte
+	c.Read(b[:])
+	c.Close()
+	s.forget(pc)
+	s.releaseDirect(a, dl)
+}

@@ -1,0 +1,910 @@
+package proxy
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/prim/pool"
+	"github.com/ntstack/ntstack/internal/wire/appproto"
+	"github.com/ntstack/ntstack/internal/wire/ctlapi"
+	"github.com/ntstack/ntstack/ntb"
+)
+
+// A leg is the part of a proxied connection between two proxies. Its bytes
+// are numbered, and the sender keeps what the receiver has not yet
+// acknowledged, so the leg can move from one transport to another — the
+// NTB link, RDMA, the TCP fallback — without losing, repeating or
+// reordering a byte: when its transport fails the dialing proxy connects
+// again over the next of the route's hops and both ends resume from what the other has received; when
+// the NTB link is back, it moves back the same way. The applications see at
+// most a pause.
+//
+// Frames on a transport (header little-endian):
+//
+//	off  size  field
+//	  0     1  type: legData, legAck, legFin, legReset
+//	  1     8  seq: the first byte's number (data), the next byte expected
+//	           (ack), the stream's length (fin)
+//	  9     4  payload length (data; 0 otherwise), at most legMaxPayload
+//	 13        payload
+//
+// Memory: at most legMaxUnacked bytes wait for an acknowledgement per
+// direction; a writer beyond that waits (back-pressure, nothing dropped).
+// No more than the peer's receive buffer (its window, exchanged when the
+// leg opens) is in flight unacknowledged. The receiver acknowledges every
+// legAckEvery bytes (a quarter of its buffer, if less) and at a FIN.
+//
+// Copies: both queues are byteRings. The pump reads the application's
+// bytes straight into the unacknowledged ring and the sender writes them
+// from there onto the transport; the receiver reads a payload straight
+// into the received ring and the deliverer writes it from there to the
+// application: one copy in and one out at each proxy, as a ring-to-ring
+// splice would take, and nothing moves when bytes are acknowledged or
+// delivered. In shared-pool mode (pool.go) the application's slot is
+// both queues: the pump and the deliverer are gone, the sender writes
+// from the slot's out ring and the receiver reads into its in ring. A frame with more than legInline bytes of payload goes out
+// as two writes, header and payload, so that the payload is not copied
+// into a frame first; the receiver stages headers and small frames in a
+// buffer of legStage bytes and reads larger payloads past it.
+const (
+	legData  byte = 1
+	legAck   byte = 2
+	legFin   byte = 3
+	legReset byte = 4 // the sender's end is closed: nothing will be resumed
+
+	legHdr        = 13
+	legMaxPayload = 64 << 10
+	legMaxUnacked = 8 << 20 // a power of two: the size of a full byteRing
+	legAckEvery   = 256 << 10
+	legInline     = 8 << 10 // larger payloads are not copied into a frame
+	legStage      = legHdr + legInline
+	// legIOMax bounds one read from and one write to the application: the
+	// deliverer acknowledges after each write, so one must stay well below
+	// legMaxUnacked for the sender to keep going meanwhile.
+	legIOMax = legAckEvery
+
+	// resumePort is the port of every rack link on which proxies take
+	// resumed legs.
+	resumePort = 65535
+	// legResumeWait bounds an outage: a leg not resumed by then ends.
+	legResumeWait = 10 * time.Second
+)
+
+var errLegProtocol = errors.New("leg protocol violation")
+
+// legKey names a leg at both proxies: the dialing host and its token.
+type legKey struct {
+	from  string
+	token uint64
+}
+
+type leg struct {
+	s       *Server
+	pc      *pconn
+	app     net.Conn // the application's end (shared-pool mode: only closed)
+	peer    config.Peer
+	key     legKey
+	dialer  bool       // this side reconnects
+	slot    *pool.Slot // shared-pool mode: the application's rings, else nil
+	peerWin uint64     // the peer's receive buffer: the most in flight unacknowledged
+	ended   atomic.Bool
+	busy    sync.WaitGroup // goroutines that may touch the rings
+
+	dmu sync.Mutex
+	// dmu protects the following fields. The receive loop only queues
+	// (it never blocks, so the peer's frames — acknowledgements too —
+	// always flow); runDeliver writes the queue to the application.
+	dcond       *sync.Cond
+	rx          byteRing // received, not yet delivered: rxDelivered..rxSeq (≤ the peer's legMaxUnacked)
+	rxSeq       uint64   // bytes received
+	rxDelivered uint64   // bytes written to the application
+	rxAcked     uint64   // rxDelivered last acknowledged
+	finAt       int64    // the peer's stream length once its FIN came, else -1
+	finDone     bool     // the FIN is passed on to the application
+	dclosed     bool
+	rxBusy      bool // a receive loop reads into rx's free room (outside dmu)
+	discard     bool // shared-pool mode: the application closed; drop what arrives
+
+	mu sync.Mutex
+	// mu protects the following fields.
+	cond      *sync.Cond // transport change, acknowledgement, new data, close
+	cur       net.Conn   // nil between transports
+	ackWanted uint64     // acknowledge this much (runSend sends it)
+	ackSent   uint64
+	path      string   // cur's path: ctlapi.PathNTB, PathRDMA or PathTCP
+	gen       uint64   // bumped at every transport change
+	tx        byteRing // the application's bytes not yet acknowledged, from tx.base
+	sent      uint64   // bytes written on cur (≥ tx.base)
+	finQueued bool     // the application finished writing at tx.end()
+	finSent   bool
+	closed    bool
+	down      time.Time // when the current outage began
+	switches  int
+	lastPause time.Duration
+}
+
+// newLeg starts a leg over its first transport c; in shared-pool mode
+// (pc.slot set) its queues are the slot's rings. peerWin is the peer's
+// receive buffer (0: legMaxUnacked, a peer that did not say).
+func (s *Server) newLeg(pc *pconn, app net.Conn, peer config.Peer, key legKey, dialer bool, c net.Conn, path string, peerWin int) *leg {
+	l := &leg{s: s, pc: pc, app: app, peer: peer, key: key, dialer: dialer, finAt: -1,
+		rx: newByteRing(legMaxUnacked), tx: newByteRing(legMaxUnacked), peerWin: legMaxUnacked}
+	if peerWin > 0 {
+		l.peerWin = uint64(min(peerWin, legMaxUnacked))
+	}
+	if pc.slot != nil {
+		l.slot = pc.slot.Slot
+		l.tx = byteRing{buf: l.slot.Out, max: len(l.slot.Out)}
+		l.rx = byteRing{buf: l.slot.In, max: len(l.slot.In)}
+	}
+	l.cond = sync.NewCond(&l.mu)
+	l.dcond = sync.NewCond(&l.dmu)
+	l.cur, l.path, l.gen = c, path, 1
+	pc.leg = l
+	return l
+}
+
+// run registers the leg and moves bytes until both directions finish or
+// it fails for good; then it closes both ends.
+func (s *Server) runLeg(a *app, l *leg) {
+	pc := l.pc
+	pc.ends = [2]net.Conn{l.app, nil}
+	s.mu.Lock()
+	if s.closed || a.gone {
+		s.mu.Unlock()
+		l.close(errors.New("application gone"))
+		return
+	}
+	s.conns[pc.id] = pc
+	a.conns[pc.id] = pc
+	s.legs[l.key] = l
+	s.wg.Add(4)
+	s.mu.Unlock()
+	l.mu.Lock()
+	c, gen := l.cur, l.gen
+	l.busy.Add(2)
+	l.mu.Unlock()
+	go func() { defer s.wg.Done(); defer l.busy.Done(); l.runSend() }()
+	go func() { defer s.wg.Done(); defer l.busy.Done(); l.runRecv(c, gen) }()
+	if l.slot == nil {
+		go func() { defer s.wg.Done(); l.runDeliver() }()
+	} else {
+		s.wg.Done()
+	}
+	if l.dialer {
+		go func() { defer s.wg.Done(); l.runFailForward() }()
+	} else {
+		s.wg.Done()
+	}
+	if l.slot == nil {
+		l.runPump()
+		return
+	}
+	l.runPool()
+	l.busy.Wait()
+	l.releaseSlot(a)
+}
+
+// runPump reads the application straight into the unacknowledged ring,
+// queueing its bytes for the peer; it waits while the ring is full.
+func (l *leg) runPump() {
+	for {
+		l.mu.Lock()
+		var room []byte
+		for !l.closed {
+			// Only the pump adds to tx: room stays ours while unlocked.
+			if room = l.tx.free(legMaxPayload, legIOMax); len(room) > 0 {
+				break
+			}
+			l.cond.Wait()
+		}
+		if l.closed {
+			l.mu.Unlock()
+			return
+		}
+		l.mu.Unlock()
+		n, err := l.app.Read(room)
+		if n > 0 {
+			l.mu.Lock()
+			l.tx.commit(n)
+			l.pc.inFlight[0].Store(int64(l.tx.n))
+			l.cond.Broadcast()
+			l.mu.Unlock()
+			l.pc.bytesTX.Add(uint64(n))
+			l.pc.msgsTX.Add(1)
+		}
+		if errors.Is(err, io.EOF) {
+			l.mu.Lock()
+			l.finQueued = true
+			l.cond.Broadcast()
+			l.mu.Unlock()
+			return
+		}
+		if err != nil {
+			l.close(fmt.Errorf("application: %w", err))
+			return
+		}
+	}
+}
+
+// runSend writes acknowledgements, queued bytes and the FIN on the
+// current transport. It is the transport's only writer.
+func (l *leg) runSend() {
+	frame := make([]byte, legHdr+legInline)
+	for {
+		l.mu.Lock()
+		for !l.closed && (l.cur == nil || (l.ackWanted == l.ackSent && l.sendable() == 0 && !l.finDueLocked())) {
+			l.cond.Wait()
+		}
+		if l.closed {
+			l.mu.Unlock()
+			return
+		}
+		c, gen, seq := l.cur, l.gen, l.sent
+		var b, payload []byte
+		var n uint64
+		ack, fin := false, false
+		switch {
+		case l.ackWanted != l.ackSent:
+			ack, seq = true, l.ackWanted
+			b = putLegHdr(frame, legAck, seq, 0)
+		case l.sendable() > 0:
+			// p stays intact while unlocked: only an acknowledgement
+			// frees bytes for the pump to reuse, and the peer acknowledges
+			// only bytes it has received — from this write once it has
+			// copied them, or from an earlier transport, and then c has
+			// been replaced and the peer ignores what still arrives on it.
+			p := l.tx.span(seq, min(legMaxPayload, l.sendable()))
+			n = uint64(len(p))
+			b = putLegHdr(frame, legData, seq, len(p))
+			if len(p) <= legInline {
+				copy(b[legHdr:], p)
+			} else {
+				b, payload = b[:legHdr], p
+			}
+		default: // finDueLocked
+			fin = true
+			b = putLegHdr(frame, legFin, seq, 0)
+		}
+		l.mu.Unlock()
+		_, err := c.Write(b)
+		if err == nil && payload != nil {
+			_, err = c.Write(payload)
+		}
+		l.mu.Lock()
+		if gen == l.gen && err == nil {
+			switch {
+			case ack:
+				l.ackSent = seq
+			case fin:
+				l.finSent = true
+			default:
+				l.sent = seq + n
+			}
+		}
+		l.mu.Unlock()
+		if err != nil {
+			l.fail(gen, err)
+		}
+		if fin {
+			l.maybeDone()
+		}
+	}
+}
+
+// finDueLocked: the application finished writing, and all it wrote is sent.
+func (l *leg) finDueLocked() bool {
+	return l.finQueued && !l.finSent && l.sent == l.tx.end()
+}
+
+// sendable is how many queued bytes may go out now: those not yet sent,
+// as far as the peer's buffer has room.
+func (l *leg) sendable() int {
+	inFlight := l.sent - l.tx.base
+	if inFlight >= l.peerWin {
+		return 0
+	}
+	return int(min(l.tx.end()-l.sent, l.peerWin-inFlight))
+}
+
+// putLegHdr writes a header into frame and returns the frame of a payload
+// of n bytes (frame[:legHdr] when n is larger than frame has room for).
+func putLegHdr(frame []byte, typ byte, seq uint64, n int) []byte {
+	frame[0] = typ
+	binary.LittleEndian.PutUint64(frame[1:], seq)
+	binary.LittleEndian.PutUint32(frame[9:], uint32(n))
+	return frame[:min(legHdr+n, len(frame))]
+}
+
+// runRecv reads transport c (generation gen) until it fails or the leg
+// moves to another one. It stages headers and small frames in a buffer of
+// its own and reads larger payloads straight into rx.
+func (l *leg) runRecv(c net.Conn, gen uint64) {
+	st := make([]byte, legStage)
+	r, w := 0, 0 // st[r:w]: read from c, not yet taken
+	for {
+		if w-r < legHdr {
+			w, r = copy(st, st[r:w]), 0
+			for w < legHdr {
+				k, err := c.Read(st[w:])
+				w += k
+				if err != nil && w < legHdr {
+					if errors.Is(err, io.EOF) && w > 0 {
+						err = io.ErrUnexpectedEOF
+					}
+					l.fail(gen, err)
+					return
+				}
+			}
+		}
+		hdr := st[r : r+legHdr]
+		r += legHdr
+		typ, seq, n := hdr[0], binary.LittleEndian.Uint64(hdr[1:]), binary.LittleEndian.Uint32(hdr[9:])
+		if n > legMaxPayload || (typ != legData && n != 0) {
+			l.fail(gen, fmt.Errorf("%w: frame type %d, length %d", errLegProtocol, typ, n))
+			return
+		}
+		var err error
+		switch typ {
+		case legData:
+			head := st[r : r+min(w-r, int(n))]
+			r += len(head)
+			if len(head) < int(n) {
+				r, w = 0, 0 // all staged bytes taken: st is scratch for receive
+			}
+			err = l.receive(c, gen, seq, int(n), head, st)
+		case legAck:
+			err = l.acked(seq)
+		case legFin:
+			err = l.finished(gen, seq)
+		case legReset:
+			l.close(nil)
+			return
+		default:
+			err = fmt.Errorf("%w: frame type %d", errLegProtocol, typ)
+		}
+		if errors.Is(err, errStale) {
+			return
+		}
+		if err != nil {
+			l.fail(gen, err)
+			return
+		}
+	}
+}
+
+var errStale = errors.New("transport replaced")
+
+func (l *leg) generation() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.gen
+}
+
+// receive queues the part not yet received of a data frame of n bytes at
+// seq, whose first bytes, head, runRecv has staged; the rest it reads from
+// c, straight into rx. Once head is queued scratch (which may hold head)
+// is free for bytes to drop.
+func (l *leg) receive(c net.Conn, gen, seq uint64, n int, head, scratch []byte) error {
+	l.dmu.Lock()
+	// Only one receive loop reads into rx at a time: a replaced
+	// transport's may still be in a read, until its transport is closed.
+	for l.rxBusy && !l.dclosed {
+		l.dcond.Wait()
+	}
+	if l.dclosed || l.generation() != gen {
+		l.dmu.Unlock()
+		return errStale
+	}
+	if seq > l.rxSeq {
+		l.dmu.Unlock()
+		return fmt.Errorf("%w: data at %d, expected %d", errLegProtocol, seq, l.rxSeq)
+	}
+	skip := int(min(l.rxSeq-seq, uint64(n))) // seen before a resume
+	keep := n - skip
+	switch {
+	case keep > 0 && l.finAt >= 0:
+		l.dmu.Unlock()
+		return fmt.Errorf("%w: data after the fin", errLegProtocol)
+	case keep > l.rx.max-l.rx.n:
+		l.dmu.Unlock()
+		return fmt.Errorf("%w: the peer sent beyond its window", errLegProtocol)
+	}
+	d := min(skip, len(head))
+	skip -= d
+	if h := head[d:]; len(h) > 0 {
+		l.rx.put(h) // fits: checked above
+		l.rxSeq += uint64(len(h))
+		keep -= len(h)
+		l.rxAddedLocked()
+	}
+	if skip+keep == 0 {
+		l.dmu.Unlock()
+		return nil
+	}
+	l.rxBusy = true
+	l.dmu.Unlock()
+	err := l.receiveRest(c, gen, skip, keep, scratch)
+	l.dmu.Lock()
+	l.rxBusy = false
+	l.dcond.Broadcast()
+	l.dmu.Unlock()
+	return err
+}
+
+// receiveRest drops skip bytes from c, then reads keep bytes from c into
+// rx's free room (rxBusy held).
+func (l *leg) receiveRest(c net.Conn, gen uint64, skip, keep int, scratch []byte) error {
+	var err error
+	for skip > 0 && err == nil {
+		var k int
+		k, err = c.Read(scratch[:min(skip, len(scratch))])
+		skip -= k
+	}
+	for keep > 0 && err == nil {
+		l.dmu.Lock()
+		room := l.rx.free(keep, keep) // only the rxBusy holder adds to rx
+		l.dmu.Unlock()
+		var k int
+		k, err = c.Read(room)
+		l.dmu.Lock()
+		if l.generation() != gen {
+			l.dmu.Unlock()
+			return errStale
+		}
+		l.rx.commit(k)
+		l.rxSeq += uint64(k)
+		keep -= k
+		if k > 0 {
+			l.rxAddedLocked()
+		}
+		l.dmu.Unlock()
+	}
+	if skip+keep > 0 && errors.Is(err, io.EOF) {
+		err = io.ErrUnexpectedEOF // inside a frame
+	}
+	if skip+keep == 0 {
+		return nil
+	}
+	return err
+}
+
+// runDeliver writes what was received to the application, in order,
+// straight from rx, and has it acknowledged every legAckEvery bytes and
+// at the end.
+func (l *leg) runDeliver() {
+	for {
+		l.dmu.Lock()
+		for !l.dclosed && l.rx.n == 0 && !(l.finAt >= 0 && !l.finDone) {
+			l.dcond.Wait()
+		}
+		if l.dclosed {
+			l.dmu.Unlock()
+			return
+		}
+		// Only runDeliver takes bytes off rx: p stays intact unlocked.
+		p := l.rx.span(l.rx.base, legIOMax)
+		n := len(p)
+		fin := n == 0
+		l.dmu.Unlock()
+		if fin {
+			cw, ok := l.app.(interface{ CloseWrite() error })
+			if !ok || cw.CloseWrite() != nil {
+				l.close(errors.New("application: half close failed"))
+				return
+			}
+		} else if _, err := l.app.Write(p); err != nil {
+			l.close(fmt.Errorf("application: %w", err))
+			return
+		}
+		l.dmu.Lock()
+		ack := l.deliveredLocked(l.rx.base+uint64(n), fin)
+		l.dmu.Unlock()
+		l.wantAck(ack, fin)
+	}
+}
+
+// deliveredLocked records (dmu held) that rx's bytes before seq have
+// reached the application, and its FIN if fin; it returns the
+// acknowledgement due now (0: none yet): every ackEvery bytes, and at the
+// FIN.
+func (l *leg) deliveredLocked(seq uint64, fin bool) uint64 {
+	if n := seq - l.rx.base; n > 0 {
+		l.rx.trim(seq)
+		l.rxDelivered = seq
+		l.pc.bytesRX.Add(n)
+		l.pc.msgsRX.Add(1)
+	}
+	if fin {
+		l.finDone = true
+	}
+	if fin || l.rxDelivered-l.rxAcked >= l.ackEvery() {
+		l.rxAcked = l.rxDelivered
+		return l.rxDelivered
+	}
+	return 0
+}
+
+// wantAck has runSend acknowledge up to ack (dmu not held), and after the
+// FIN (fin) ends the leg if both directions are done.
+func (l *leg) wantAck(ack uint64, fin bool) {
+	if ack > 0 || fin {
+		l.mu.Lock()
+		l.ackWanted = max(l.ackWanted, ack)
+		l.cond.Broadcast()
+		l.mu.Unlock()
+	}
+	if fin {
+		l.maybeDone()
+	}
+}
+
+// acked drops what the peer has delivered. An acknowledgement behind
+// tx.base is old news: a resume already trimmed to what the peer received.
+func (l *leg) acked(seq uint64) error {
+	l.mu.Lock()
+	var err error
+	if seq > l.tx.base {
+		err = l.trimLocked(seq)
+	}
+	l.mu.Unlock()
+	if err == nil {
+		l.maybeDone()
+	}
+	return err
+}
+
+func (l *leg) trimLocked(seq uint64) error {
+	if seq < l.tx.base || seq > l.tx.end() {
+		return fmt.Errorf("%w: acknowledgement of %d outside %d..%d", errLegProtocol, seq, l.tx.base, l.tx.end())
+	}
+	l.tx.trim(seq)
+	l.sent = max(l.sent, seq)
+	l.pc.inFlight[0].Store(int64(l.tx.n))
+	l.cond.Broadcast()
+	if l.slot != nil {
+		l.slot.SetOutTail(seq)
+		l.slot.Notify(pool.App)
+	}
+	return nil
+}
+
+// finished: the peer's application is done writing, at seq.
+func (l *leg) finished(gen, seq uint64) error {
+	l.dmu.Lock()
+	defer l.dmu.Unlock()
+	if l.generation() != gen {
+		return errStale
+	}
+	if seq != l.rxSeq || (l.finAt >= 0 && uint64(l.finAt) != seq) {
+		return fmt.Errorf("%w: fin at %d, received %d", errLegProtocol, seq, l.rxSeq)
+	}
+	l.finAt = int64(seq)
+	l.dcond.Broadcast()
+	if l.slot != nil {
+		l.slot.SetFlags(pool.Proxy, pool.FlagFin)
+		l.slot.Notify(pool.App)
+		l.slot.Kick(pool.Proxy) // runPool finishes once the application has read all
+	}
+	return nil
+}
+
+// maybeDone ends the leg once both directions are finished and
+// acknowledged.
+func (l *leg) maybeDone() {
+	l.dmu.Lock()
+	finDone := l.finDone
+	l.dmu.Unlock()
+	l.mu.Lock()
+	done := finDone && l.finSent && l.tx.n == 0 && l.ackWanted == l.ackSent
+	l.mu.Unlock()
+	if done {
+		l.close(nil)
+	}
+}
+
+// close ends the leg: both ends are closed, the peer's leg sees its
+// transport end and, with nothing to resume, ends too.
+func (l *leg) close(cause error) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return
+	}
+	l.closed = true
+	l.ended.Store(true)
+	c := l.cur
+	l.cur = nil
+	l.gen++
+	l.cond.Broadcast()
+	sentAll := l.finSent && l.tx.n == 0
+	l.mu.Unlock()
+	l.dmu.Lock()
+	l.dclosed = true
+	l.dcond.Broadcast()
+	if l.slot != nil {
+		if !sentAll || !l.finDone {
+			l.slot.SetFlags(pool.Proxy, pool.FlagReset)
+		}
+		l.slot.Kick(pool.App)
+		l.slot.Kick(pool.Proxy)
+	}
+	l.dmu.Unlock()
+	if c != nil {
+		// Tell the peer's leg not to wait for a resume (best effort: the
+		// transport may be why we close).
+		c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		var frame [legHdr]byte
+		c.Write(putLegHdr(frame[:], legReset, 0, 0))
+		c.Close()
+	}
+	l.app.Close()
+	if cause != nil {
+		l.s.logf("leg %s/%d: closed: %v", l.key.from, l.key.token, cause)
+	}
+	l.s.mu.Lock()
+	if l.s.legs[l.key] == l {
+		delete(l.s.legs, l.key)
+	}
+	l.s.mu.Unlock()
+	l.s.forget(l.pc)
+}
+
+// fail handles the end of transport generation gen: the dialing side
+// connects again, the other waits to be resumed.
+func (l *leg) fail(gen uint64, err error) {
+	l.mu.Lock()
+	if l.closed || gen != l.gen {
+		l.mu.Unlock()
+		return
+	}
+	c, path := l.cur, l.path
+	l.cur = nil
+	l.gen++
+	l.down = time.Now()
+	l.cond.Broadcast()
+	l.mu.Unlock()
+	c.Close()
+	if closedByPeer(err) {
+		// The peer's proxy closed the transport on purpose (its leg ended,
+		// or it exited): nothing will resume this leg. A failing link or
+		// path shows as ErrLinkDown, a timeout or a reset instead.
+		l.close(fmt.Errorf("%s transport closed by the peer: %w", path, err))
+		return
+	}
+	l.s.logf("leg %s/%d: %s transport failed: %v", l.key.from, l.key.token, path, err)
+	if l.dialer {
+		go l.reconnect()
+		return
+	}
+	time.AfterFunc(legResumeWait, func() {
+		l.mu.Lock()
+		stuck := l.cur == nil && !l.closed
+		l.mu.Unlock()
+		if stuck {
+			l.close(fmt.Errorf("not resumed within %v", legResumeWait))
+		}
+	})
+}
+
+// closedByPeer reports whether a transport error means the peer closed it.
+func closedByPeer(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.EPIPE)
+}
+
+// reconnect finds the leg a new transport among its hops — the NTB link
+// if it is up, RDMA, TCP, in the route's order — until legResumeWait has
+// passed.
+func (l *leg) reconnect() {
+	deadline := time.Now().Add(legResumeWait)
+	for attempt := 0; time.Now().Before(deadline); attempt++ {
+		if l.isClosed() {
+			return
+		}
+		for _, h := range l.hops() {
+			if err := l.resume(h, 250*time.Millisecond); err == nil {
+				return
+			} else if attempt == 0 {
+				l.s.logf("leg %s/%d: resume over %s: %v", l.key.from, l.key.token, h.Path, err)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	l.close(fmt.Errorf("no transport to %s within %v", l.peer.Host, legResumeWait))
+}
+
+func (l *leg) isClosed() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closed
+}
+
+// hops lists the transports to try, in the route's order: the NTB link
+// only while it is up.
+func (l *leg) hops() []ctlapi.Hop {
+	var hs []ctlapi.Hop
+	for _, h := range l.pc.hops {
+		if h.Path != ctlapi.PathNTB || l.linkUp() {
+			hs = append(hs, h)
+		}
+	}
+	return hs
+}
+
+// linkUp reports whether the NTB link to the peer is up.
+func (l *leg) linkUp() bool {
+	link := l.s.links[l.peer.Host]
+	return link != nil && link.ep.Device().Link() == ntb.LinkUp
+}
+
+// resume connects over h and moves the leg onto that transport.
+func (l *leg) resume(h ctlapi.Hop, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(l.s.ctx, timeout)
+	defer cancel()
+	var c net.Conn
+	var err error
+	if h.Path == ctlapi.PathNTB {
+		c, err = l.s.links[l.peer.Host].ep.DialContext(ctx, resumePort)
+	} else {
+		c, err = l.s.connect(ctx, h)
+	}
+	if err != nil {
+		return err
+	}
+	// Stop using the current transport, if any (moving back to the NTB
+	// link): from here on only the new one delivers. It is closed once the
+	// peer has answered, so that the peer does not take its end for a
+	// deliberate close first.
+	l.mu.Lock()
+	old := l.cur
+	l.cur = nil
+	l.gen++
+	if l.down.IsZero() {
+		l.down = time.Now()
+	}
+	l.mu.Unlock()
+	if old != nil {
+		defer old.Close()
+	}
+	l.dmu.Lock()
+	rx := l.rxSeq
+	l.dmu.Unlock()
+	c.SetDeadline(time.Now().Add(requestTimeout))
+	var reply appproto.DialReply
+	err = appproto.WriteFrame(c, appproto.RackOpen{From: l.s.cfg.Host, Resume: l.key.token, RxSeq: rx})
+	if err == nil {
+		err = appproto.ReadFrame(c, &reply)
+	}
+	if err == nil && reply.Code != ctlapi.OK {
+		err = &ctlapi.Error{Code: reply.Code, Message: reply.Error}
+	}
+	if err != nil {
+		c.Close()
+		if ctlapi.CodeOf(err) == ctlapi.CodeRefused { // the peer has forgotten the leg
+			l.close(err)
+		}
+		return err
+	}
+	c.SetDeadline(time.Time{})
+	return l.install(c, h.Path, reply.RxSeq)
+}
+
+// accept is the other side of resume: c carries a RackOpen resuming this
+// leg, which has received peerRx bytes.
+func (l *leg) accept(c net.Conn, path string, peerRx uint64) error {
+	l.mu.Lock()
+	old := l.cur
+	l.cur = nil
+	l.gen++
+	if l.down.IsZero() {
+		l.down = time.Now()
+	}
+	closed := l.closed
+	l.mu.Unlock()
+	if closed {
+		return ctlapi.Errorf(ctlapi.CodeRefused, "connection %s/%d has ended", l.key.from, l.key.token)
+	}
+	if old != nil {
+		old.Close()
+	}
+	l.dmu.Lock()
+	rx := l.rxSeq
+	l.dmu.Unlock()
+	if err := appproto.WriteFrame(c, appproto.DialReply{RxSeq: rx}); err != nil {
+		return err
+	}
+	c.SetDeadline(time.Time{})
+	return l.install(c, path, peerRx)
+}
+
+// install makes c the transport: what the peer has not received is sent
+// again, from peerRx on.
+func (l *leg) install(c net.Conn, path string, peerRx uint64) error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		c.Close()
+		return net.ErrClosed
+	}
+	// The peer holds what it received (peerRx) but frees our memory only
+	// as it delivers (acknowledgements), so that what waits for its
+	// application never exceeds legMaxUnacked: resend from peerRx, keep
+	// the rest until acknowledged.
+	if peerRx < l.tx.base || peerRx > l.tx.end() {
+		l.mu.Unlock()
+		c.Close()
+		err := fmt.Errorf("%w: peer resumes at %d, outside %d..%d", errLegProtocol, peerRx, l.tx.base, l.tx.end())
+		l.close(err)
+		return err
+	}
+	l.finSent = false // a FIN is sent again: it may have been lost with the old transport
+	// So is the last acknowledgement. Lost with the old transport, it
+	// would not be repeated until another legAckEvery bytes were
+	// delivered — and with both directions' buffers full and each
+	// application waiting on the other (an echo), that never happens.
+	if l.ackWanted > 0 {
+		l.ackSent = 0
+	}
+	l.sent = peerRx
+	from := l.path
+	l.cur, l.path = c, path
+	l.gen++
+	gen := l.gen
+	pause := time.Since(l.down)
+	l.down = time.Time{}
+	l.switches++
+	l.s.pathSwitches.Add(1)
+	l.lastPause = pause
+	l.cond.Broadcast()
+	l.busy.Add(1)
+	l.mu.Unlock()
+	l.s.logf("leg %s/%d: moved from %s to %s, paused %v", l.key.from, l.key.token, from, path, pause.Round(time.Microsecond))
+	l.s.wg.Add(1)
+	go func() { defer l.s.wg.Done(); defer l.busy.Done(); l.runRecv(c, gen) }()
+	return nil
+}
+
+// runFailForward moves a leg that left the NTB link back onto it once the
+// link is up again (if the NTB is among its hops).
+func (l *leg) runFailForward() {
+	if !slices.ContainsFunc(l.pc.hops, func(h ctlapi.Hop) bool { return h.Path == ctlapi.PathNTB }) {
+		return
+	}
+	ntbHop := ctlapi.Hop{Path: ctlapi.PathNTB, Addr: l.peer.Link}
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		l.mu.Lock()
+		closed, path, cur := l.closed, l.path, l.cur
+		l.mu.Unlock()
+		if closed {
+			return
+		}
+		if cur != nil && path != ctlapi.PathNTB && l.linkUp() {
+			if err := l.resume(ntbHop, time.Second); err != nil {
+				l.s.logf("leg %s/%d: back to NTB: %v", l.key.from, l.key.token, err)
+				l.mu.Lock()
+				lost := l.cur == nil && !l.closed
+				l.mu.Unlock()
+				if lost {
+					go l.reconnect()
+				}
+			}
+		}
+	}
+}

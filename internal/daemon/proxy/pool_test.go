@@ -1,0 +1,210 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/prim/pool"
+	"github.com/ntstack/ntstack/internal/wire/ctlapi"
+	"github.com/ntstack/ntstack/qos"
+	"github.com/ntstack/ntstack/socklike"
+)
+
+// poolEcho listens on b:80 in shared-pool mode and echoes; accepted
+// receives each connection's type.
+func poolEcho(t *testing.T, r *rack) (accepted chan net.Conn) {
+	srv := attach(t, r.cb)
+	ln, err := srv.ListenPool(":80", 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	accepted = make(chan net.Conn, 64)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+			go func() {
+				io.Copy(c, c)
+				c.Close()
+			}()
+		}
+	}()
+	return accepted
+}
+
+func appMemory(s *Server) int64 {
+	var m int64
+	for _, a := range s.Snapshot().Apps {
+		m += a.Memory
+	}
+	return m
+}
+
+// Shared-pool mode: both applications write and read their slots in
+// place; every byte arrives, the slots' memory comes back, and a dial that
+// cannot have a slot settles for the memory link and says why.
+func TestPool(t *testing.T) {
+	r := newRack(t, "", "pool_slots = 2\npool_ring = 65536")
+	accepted := poolEcho(t, r)
+	client := attach(t, r.ca)
+	base := appMemory(r.a)
+	ctx := context.Background()
+
+	c, err := client.DialPool(ctx, "b:80", qos.Default)
+	require.NoError(t, err)
+	pc, ok := c.(*socklike.PoolConn)
+	require.True(t, ok, "a pool connection, got %T", c)
+	require.Equal(t, ctlapi.PathNTB, pc.Route().Path)
+	require.Contains(t, pc.Route().Reason, "shared pool")
+	require.IsType(t, &socklike.PoolConn{}, <-accepted, "b's end is in shared-pool mode too")
+	for i, size := range []int{1, 64, 4096, 65536, 1 << 20, 3<<20 + 17} {
+		roundTrip(t, c, uint64(i), size) // up to 48 times a ring
+	}
+	require.Greater(t, appMemory(r.a), base, "the slot is charged while in use")
+	snap := r.a.Snapshot()
+	require.Len(t, snap.Conns, 1)
+	require.Equal(t, uint64(1<<20+3<<20+17+65536+4096+64+1), snap.Conns[0].BytesTX)
+
+	// Two slots: the third connection goes through the memory link.
+	c2, err := client.DialPool(ctx, "b:80", qos.Default)
+	require.NoError(t, err)
+	c3, err := client.DialPool(ctx, "b:80", qos.Default)
+	require.NoError(t, err)
+	require.IsType(t, &socklike.Conn{}, c3)
+	require.Contains(t, c3.(*socklike.Conn).Route().Reason, "shared pool refused (all 2 shared-pool slots are in use")
+	for _, x := range []net.Conn{c2, c3} {
+		roundTrip(t, x, 9, 100000)
+	}
+
+	// A connection on this host never leaves shared memory.
+	lnA, err := client.Listen("tcp", ":0")
+	require.NoError(t, err)
+	defer lnA.Close()
+	go echo(lnA)
+	c4, err := client.DialPool(ctx, fmt.Sprintf("a:%d", lnA.Addr().(socklike.Addr).Port), qos.Default)
+	require.NoError(t, err)
+	require.Contains(t, c4.(*socklike.Conn).Route().Reason, "shared pool refused (a connection on this host never leaves shared memory)")
+	roundTrip(t, c4, 3, 1000)
+
+	for _, x := range []net.Conn{c, c2, c3, c4} {
+		require.NoError(t, x.Close())
+	}
+	require.Eventually(t, func() bool {
+		return len(r.a.Snapshot().Conns) == 0 && len(r.b.Snapshot().Conns) == 0 && appMemory(r.a) == base
+	}, 5*time.Second, 10*time.Millisecond, "connections end, slots come back")
+	// And are granted again.
+	c5, err := client.DialPool(ctx, "b:80", qos.Default)
+	require.NoError(t, err)
+	require.IsType(t, &socklike.PoolConn{}, c5)
+	roundTrip(t, c5, 5, 200000)
+	require.NoError(t, c5.Close())
+}
+
+// A shared-pool connection passes the standard library's conformance
+// suite.
+func TestPoolNettest(t *testing.T) {
+	r := newRack(t, "", "pool_ring = 65536")
+	srv := attach(t, r.cb)
+	client := attach(t, r.ca)
+	ln, err := srv.ListenPool(":0", 0)
+	require.NoError(t, err)
+	defer ln.Close()
+	addr := fmt.Sprintf("b:%d", ln.Addr().(socklike.Addr).Port)
+	conformance(t, ln, func(ctx context.Context) (net.Conn, error) {
+		c, err := client.DialPool(ctx, addr, qos.Default)
+		if err == nil {
+			if _, ok := c.(*socklike.PoolConn); !ok {
+				c.Close()
+				return nil, fmt.Errorf("dialed a %T", c)
+			}
+		}
+		return c, err
+	})
+}
+
+// Failover in shared-pool mode: the leg resends from the application's
+// out ring, which keeps every byte until the far end acknowledges it.
+func TestPoolFailover(t *testing.T) {
+	port := 20000 + rand.IntN(20000)
+	r := newRack(t, fmt.Sprintf(`fallback = "{peer}:%d"`, port), fmt.Sprintf(`fallback = "{self}:%d"`, port), "pool_ring = 262144")
+	poolEcho(t, r)
+	client := attach(t, r.ca)
+	c, err := client.DialPool(context.Background(), "b:80", qos.Default)
+	require.NoError(t, err)
+	require.IsType(t, &socklike.PoolConn{}, c)
+	defer c.Close()
+	streamThroughOutage(t, r, c, 32<<20, ctlapi.PathTCP)
+}
+
+// An application that goes away mid-stream: its proxy ends its
+// connections and takes its pool back; the peer's end sees the end.
+func TestPoolDetach(t *testing.T) {
+	r := newRack(t, "")
+	accepted := poolEcho(t, r)
+	client, err := socklike.AttachProxy(r.ca.Path(config.ProxySocket), socklike.Config{})
+	require.NoError(t, err)
+	var conns []net.Conn
+	for range 3 {
+		c, err := client.DialPool(context.Background(), "b:80", qos.Default)
+		require.NoError(t, err)
+		roundTrip(t, c, 1, 300000)
+		conns = append(conns, c)
+		<-accepted
+	}
+	go conns[0].Write(make([]byte, 8<<20)) // mid-stream
+	require.NoError(t, client.Close())
+	_, err = conns[1].Read(make([]byte, 1))
+	require.ErrorIs(t, err, socklike.ErrProxyGone)
+	require.Eventually(t, func() bool {
+		sa, sb := r.a.Snapshot(), r.b.Snapshot()
+		return len(sa.Apps) == 0 && len(sa.Conns) == 0 && len(sb.Conns) == 0
+	}, 5*time.Second, 10*time.Millisecond)
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+// An application that writes nonsense into its slot's indices loses that
+// connection (reset), never the proxy: the others carry on.
+func TestPoolCorruptIndices(t *testing.T) {
+	r := newRack(t, "", "pool_ring = 65536")
+	poolEcho(t, r)
+	client := attach(t, r.ca)
+	ctx := context.Background()
+	bad, err := client.DialPool(ctx, "b:80", qos.Default)
+	require.NoError(t, err)
+	good, err := client.DialPool(ctx, "b:80", qos.Default)
+	require.NoError(t, err)
+	roundTrip(t, bad, 1, 1000)
+
+	// Play the application: an out head far beyond what the ring holds.
+	var slot *poolUse
+	r.a.mu.Lock()
+	for _, pc := range r.a.conns {
+		if pc.slot != nil && pc.bytesTX.Load() == 1000 {
+			slot = pc.slot
+		}
+	}
+	r.a.mu.Unlock()
+	require.NotNil(t, slot)
+	slot.SetOutHead(slot.OutHead() + 1<<40)
+	slot.Kick(pool.Proxy)
+
+	_, err = bad.Read(make([]byte, 1))
+	require.ErrorIs(t, err, syscall.ECONNRESET)
+	roundTrip(t, good, 2, 500000)
+	require.NoError(t, bad.Close())
+	require.NoError(t, good.Close())
+	require.Eventually(t, func() bool { return len(r.a.Snapshot().Conns) == 0 }, 5*time.Second, 10*time.Millisecond)
+}

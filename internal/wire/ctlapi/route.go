@@ -1,0 +1,76 @@
+package ctlapi
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/ntstack/ntstack/internal/daemon/config"
+)
+
+// Reach is what a connection to a peer could use at the moment, as far as
+// the control plane knows.
+type Reach struct {
+	// NTBWhy says why the NTB link is unusable ("" = usable).
+	NTBWhy string
+	// RDMAAddr is the peer ntproxy's RDMA listener when both hosts have
+	// a usable RDMA device; otherwise RDMAWhy says why not.
+	RDMAAddr string
+	RDMAWhy  string
+}
+
+// PickRoute walks the transports a connection to peer may take, in order,
+// and returns the first usable one, its reason naming what was passed
+// over. The route's Hops are every transport of that order the pair has
+// (the NTB link while merely down too): the ones a connection may move to
+// when its transport fails, and back.
+func PickRoute(peer config.Peer, asked []string, r Reach) (Route, error) {
+	order, excluded := peer.TransportOrder(asked)
+	var hops []Hop
+	for _, t := range order {
+		switch {
+		case t == PathNTB && peer.Link != "":
+			hops = append(hops, Hop{Path: PathNTB, Addr: peer.Link})
+		case t == PathRDMA && r.RDMAAddr != "":
+			hops = append(hops, Hop{Path: PathRDMA, Addr: r.RDMAAddr})
+		case t == PathTCP && peer.Fallback != "":
+			hops = append(hops, Hop{Path: PathTCP, Addr: peer.Fallback})
+		}
+	}
+	var passed []string
+	for _, t := range order {
+		switch t {
+		case PathNTB:
+			if r.NTBWhy == "" {
+				return Route{Host: peer.Host, Path: PathNTB, Link: peer.Link, Hops: hops,
+					Reason: fmt.Sprintf("rack peer %s over NTB link %s", peer.Host, peer.Link)}, nil
+			}
+			passed = append(passed, r.NTBWhy)
+		case PathRDMA:
+			if r.RDMAAddr != "" {
+				return Route{Host: peer.Host, Path: PathRDMA, Addr: r.RDMAAddr, Hops: hops,
+					Reason: fmt.Sprintf("%s: RDMA %s", passedOver(passed, order), r.RDMAAddr)}, nil
+			}
+			passed = append(passed, r.RDMAWhy)
+		case PathTCP:
+			if peer.Fallback != "" {
+				return Route{Host: peer.Host, Path: PathTCP, Addr: peer.Fallback, Hops: hops,
+					Reason: fmt.Sprintf("%s: TCP fallback %s", passedOver(passed, order), peer.Fallback)}, nil
+			}
+			passed = append(passed, "no TCP fallback configured for "+peer.Host)
+		}
+	}
+	for _, t := range config.Transports {
+		if why, ok := excluded[t]; ok {
+			passed = append(passed, t+" "+why)
+		}
+	}
+	return Route{}, Errorf(CodeNoPath, "no path to %s: %s", peer.Host, strings.Join(passed, "; "))
+}
+
+// passedOver is why a route did not take the transports before it.
+func passedOver(passed, order []string) string {
+	if len(passed) == 0 {
+		return fmt.Sprintf("%s first in the order %v", order[0], order)
+	}
+	return strings.Join(passed, "; ")
+}
