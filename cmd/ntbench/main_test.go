@@ -19,11 +19,13 @@ import (
 	"time"
 
 	"github.com/ntstack/ntstack/internal/prim/proc"
+	"github.com/ntstack/ntstack/internal/tools/cli/clitest"
 )
 
 // TestMain lets the test binary serve as the server process: the client
 // code re-executes os.Executable, which under go test is this binary.
 func TestMain(m *testing.M) {
+	clitest.MaybeMain(main)
 	if len(os.Args) > 1 && os.Args[1] == serverRole {
 		os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 	}
@@ -607,5 +609,16 @@ func TestHungTransportTimesOut(t *testing.T) {
 	}
 	if !strings.Contains(stdout.String(), `"transport":"tcp"`) {
 		t.Errorf("stdout lacks the tcp row:\n%s", stdout.String())
+	}
+}
+
+// TestHelp: -h and --help print ntbench's usage and exit 0; a bad flag
+// exits 2.
+func TestHelp(t *testing.T) {
+	for _, a := range []string{"-h", "--help"} {
+		clitest.CheckHelp(t, "ntbench", a)
+	}
+	if _, stderr, code := clitest.Run(t, "-nosuchflag"); code != 2 {
+		t.Errorf("-nosuchflag: exit %d, want 2; stderr: %s", code, stderr)
 	}
 }

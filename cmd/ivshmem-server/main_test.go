@@ -1,0 +1,26 @@
+package main
+
+import (
+	"os"
+	"testing"
+
+	"github.com/ntstack/ntstack/internal/tools/cli/clitest"
+)
+
+func TestMain(m *testing.M) {
+	clitest.MaybeMain(main)
+	os.Exit(m.Run())
+}
+
+// TestHelp: -h and --help print ivshmem-server's usage and exit 0; a bad flag or a
+// stray argument exits 2.
+func TestHelp(t *testing.T) {
+	for _, a := range []string{"-h", "--help"} {
+		clitest.CheckHelp(t, "ivshmem-server", a)
+	}
+	for _, a := range []string{"-nosuchflag", "stray"} {
+		if _, stderr, code := clitest.Run(t, a); code != 2 {
+			t.Errorf("%s: exit %d, want 2; stderr: %s", a, code, stderr)
+		}
+	}
+}
