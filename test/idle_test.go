@@ -98,7 +98,7 @@ func testIdleCPU(t *testing.T, core socklike.CoreModel) {
 		parent0, err := proc.CPUTime()
 		require.NoError(t, err)
 		start := time.Now()
-		time.Sleep(idleWindow)
+		time.Sleep(idleWindow) // the window measured: the stack's CPU while nothing happens
 		parent1, err := proc.CPUTime()
 		require.NoError(t, err)
 		elapsed := time.Since(start)
