@@ -13,27 +13,8 @@ func TestMain(m *testing.M) {
 }
 
 // TestHelp: -h, --help and help print ntrack's usage and exit 0, and so do -h
-// and --help after every subcommand of its table.
+// and --help after every subcommand; an unknown command or flag exits 2.
 func TestHelp(t *testing.T) {
-	for _, a := range []string{"-h", "--help", "help"} {
-		clitest.CheckHelp(t, "ntrack", a)
-	}
-	for _, c := range ntrack.Commands {
-		for _, a := range []string{"-h", "--help"} {
-			clitest.CheckHelp(t, "ntrack "+c.Name, c.Name, a)
-		}
-	}
-}
-
-// TestBadUsage: an unknown command or flag exits 2 and says so.
-func TestBadUsage(t *testing.T) {
-	for _, args := range [][]string{{"nosuchcommand"}, {"-nosuchflag"}, {ntrack.Commands[0].Name, "-nosuchflag"}} {
-		_, stderr, code := clitest.Run(t, args...)
-		if code != 2 {
-			t.Errorf("%v: exit %d, want 2; stderr: %s", args, code, stderr)
-		}
-		if stderr == "" {
-			t.Errorf("%v: nothing on stderr", args)
-		}
-	}
+	clitest.CheckProgramHelp(t, &ntrack)
+	clitest.CheckBadUsage(t, []string{"nosuchcommand"}, []string{"-nosuchflag"}, []string{"up", "-nosuchflag"})
 }

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ntstack/ntstack/internal/tools/cli"
 )
 
 // mainEnv, set to 1, makes the test binary run the command's main.
@@ -63,5 +65,32 @@ func CheckHelp(t *testing.T, want string, args ...string) {
 	}
 	if !strings.Contains(stdout, "usage: "+want) {
 		t.Errorf("%v: stdout has no %q:\n%s", args, "usage: "+want, stdout)
+	}
+}
+
+// CheckProgramHelp checks a program with subcommands: -h, --help and help
+// print its usage and exit 0, and so do -h and --help after each
+// subcommand of its table, which a new subcommand joins by being listed.
+func CheckProgramHelp(t *testing.T, p *cli.Program) {
+	t.Helper()
+	for _, a := range []string{"-h", "--help", "help"} {
+		CheckHelp(t, p.Name, a)
+	}
+	for _, c := range p.Commands {
+		for _, a := range []string{"-h", "--help"} {
+			CheckHelp(t, p.Name+" "+c.Name, c.Name, a)
+		}
+	}
+}
+
+// CheckBadUsage runs the command with each argument list and checks that
+// it exits 2 and says why on stderr.
+func CheckBadUsage(t *testing.T, argLists ...[]string) {
+	t.Helper()
+	for _, args := range argLists {
+		_, stderr, code := Run(t, args...)
+		if code != 2 || stderr == "" {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and a message", args, code, stderr)
+		}
 	}
 }
