@@ -1,16 +1,12 @@
 package main
 
 import (
-	"os"
 	"testing"
 
 	"github.com/ntstack/ntstack/internal/tools/cli/clitest"
 )
 
-func TestMain(m *testing.M) {
-	clitest.MaybeMain(main)
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { clitest.Main(m, main) }
 
 // TestHelp: -h, --help and help print ntmon's usage and exit 0, and so do -h
 // and --help after every subcommand; an unknown command or flag exits 2.

@@ -1,16 +1,12 @@
 package main
 
 import (
-	"os"
 	"testing"
 
 	"github.com/ntstack/ntstack/internal/tools/cli/clitest"
 )
 
-func TestMain(m *testing.M) {
-	clitest.MaybeMain(main)
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { clitest.Main(m, main) }
 
 // TestHelp: -h and --help print ntproxy's usage and exit 0; a bad flag or a
 // stray argument exits 2.

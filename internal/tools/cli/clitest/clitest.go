@@ -29,6 +29,13 @@ func MaybeMain(main func()) {
 	os.Exit(0)
 }
 
+// Main is the TestMain of a command whose tests need nothing more: main
+// if Run started this test binary, the tests otherwise.
+func Main(m *testing.M, main func()) {
+	MaybeMain(main)
+	os.Exit(m.Run())
+}
+
 // Run runs the test binary as the command with args and returns what it
 // wrote to stdout and stderr and its exit code.
 func Run(t testing.TB, args ...string) (stdout, stderr string, code int) {
