@@ -12,8 +12,10 @@ TAGS ?=
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 FUZZTIME ?= 60s
 SHORT_FUZZTIME ?= 10s
-# Packages of the unit tier: everything but the integration tests in test/.
-UNIT_PKGS = $$($(GO) list ./... | grep -v '/test$$')
+# The integration tier: the tests of test/ and ntbench's multi-process
+# tests carry the build tag integration, so that go test ./... is the unit
+# tier alone.
+INTEGRATION := -tags integration
 
 .DEFAULT_GOAL := help
 
@@ -33,8 +35,10 @@ build: deps ## build every package and the binaries into bin/
 .PHONY: test
 test: deps rackdeps ## vet, unit tier under -race, integration tier (emulated racks), VM tier, short fuzzing
 	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 10m $(UNIT_PKGS)
-	NTSTACK_DAEMON_TAGS=verbs $(GO) test -count=1 -timeout 10m ./test/...
+	$(GO) vet $(INTEGRATION) ./test/... ./cmd/ntbench/
+	$(GO) test -race -count=1 -timeout 10m ./...
+	$(GO) test -race $(INTEGRATION) -count=1 -timeout 10m ./cmd/ntbench/
+	NTSTACK_DAEMON_TAGS=verbs $(GO) test $(INTEGRATION) -count=1 -timeout 10m ./test/...
 	$(MAKE) --no-print-directory vmtest
 	$(MAKE) --no-print-directory fuzz FUZZTIME=$(SHORT_FUZZTIME)
 
@@ -90,7 +94,9 @@ fuzz: ## run every fuzz target for FUZZTIME (default 60s) each
 lint: deps ## gofmt, go vet, staticcheck and the project's import and unsafe rules
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet $(INTEGRATION) ./test/... ./cmd/ntbench/
 	$(GO) run $(STATICCHECK) ./...
+	$(GO) run $(STATICCHECK) $(INTEGRATION) ./test/... ./cmd/ntbench/
 	.ci/lint-rules
 
 .PHONY: demo

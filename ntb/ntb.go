@@ -32,11 +32,13 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/ntstack/ntstack/internal/prim/errs"
 )
 
 // ErrNotSupported reports a capability the backend or platform lacks (no
 // IOMMU, no write-combining, no such doorbell). Match it with errors.Is.
-var ErrNotSupported = errors.New("not supported")
+var ErrNotSupported = errs.ErrNotSupported
 
 // ErrLinkDown is returned by operations that need the peer while the link
 // is down.

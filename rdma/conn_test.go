@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/net/nettest"
+
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 )
 
 // pipeMaker returns two connected Conns of one provider, closed at the
@@ -68,14 +70,20 @@ func providerPipe(p Provider) (c1, c2 net.Conn, stop func(), err error) {
 
 // checkGoroutines fails the test if goroutines started during it are
 // still running a few seconds after its cleanups.
+// blockingRead and blockingWrite make the call under test a frame of its
+// own, which waitfor.Blocked finds once the call waits.
+//
+//go:noinline
+func blockingRead(c net.Conn, p []byte) (int, error) { return c.Read(p) }
+
+//go:noinline
+func blockingWrite(c net.Conn, p []byte) (int, error) { return c.Write(p) }
+
 func checkGoroutines(t *testing.T) {
 	before := runtime.NumGoroutine()
 	t.Cleanup(func() {
-		deadline := time.Now().Add(5 * time.Second)
-		for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if n := runtime.NumGoroutine(); n > before {
+		if !waitfor.Until(func() bool { return runtime.NumGoroutine() <= before }) {
+			n := runtime.NumGoroutine()
 			buf := make([]byte, 1<<16)
 			t.Errorf("%d goroutines leaked:\n%s", n-before, buf[:runtime.Stack(buf, true)])
 		}
@@ -137,8 +145,8 @@ func testSemantics(t *testing.T, makePipe pipeMaker) {
 		checkGoroutines(t)
 		a, _ := makePipe(t)
 		errc := make(chan error, 1)
-		go func() { _, err := a.Read(make([]byte, 10)); errc <- err }()
-		time.Sleep(20 * time.Millisecond)
+		go func() { _, err := blockingRead(a, make([]byte, 10)); errc <- err }()
+		waitfor.Blocked(t, "rdma.blockingRead") // the deadline must end a Read already waiting
 		a.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
 		if err := <-errc; !isTimeout(err) {
 			t.Fatalf("blocked Read after its deadline: %v, want a timeout matching os.ErrDeadlineExceeded", err)
@@ -163,9 +171,12 @@ func testSemantics(t *testing.T, makePipe pipeMaker) {
 		a, _ := makePipe(t)
 		b, _ := makePipe(t)
 		rerr, werr := make(chan error, 1), make(chan error, 1)
-		go func() { _, err := a.Read(make([]byte, 10)); rerr <- err }()
-		go func() { _, err := b.Write(make([]byte, 64<<20)); werr <- err }()
-		time.Sleep(50 * time.Millisecond)
+		go func() { _, err := blockingRead(a, make([]byte, 10)); rerr <- err }()
+		go func() { _, err := blockingWrite(b, make([]byte, 64<<20)); werr <- err }()
+		// Close must end calls already waiting: a Read with nothing to
+		// read, a Write with the peer's window full.
+		waitfor.Blocked(t, "rdma.blockingRead")
+		waitfor.Blocked(t, "rdma.blockingWrite")
 		a.Close()
 		b.Close()
 		for _, err := range []error{<-rerr, <-werr} {

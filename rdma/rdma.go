@@ -6,13 +6,15 @@ import (
 	"fmt"
 	"net"
 	"time"
+
+	"github.com/ntstack/ntstack/internal/prim/errs"
 )
 
 // ErrNotSupported is matched (errors.Is) by the error Available returns
 // when a provider cannot run here: built without the verbs tag, no RDMA
 // device, a port that is down. The wrapping error says which and what to
 // do about it.
-var ErrNotSupported = errors.New("not supported")
+var ErrNotSupported = errs.ErrNotSupported
 
 // ErrProviderMismatch: the peer speaks the other provider, or another
 // version of the handshake.

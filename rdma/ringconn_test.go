@@ -6,6 +6,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 )
 
 // TestRingConnCorruptPeer: an immediate that claims more than the ring
@@ -36,7 +38,11 @@ func TestRingConnCorruptPeer(t *testing.T) {
 		checkGoroutines(t)
 		a, _, la, _ := ringPipe(t, MinRingSize)
 		la.inject(completion{recv: true, imm: creditImm(1 << 20)})
-		time.Sleep(10 * time.Millisecond)
+		waitfor.True(t, "the bad credit to break the connection", func() bool {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			return a.err != nil
+		})
 		if _, err := a.Write([]byte("x")); !errors.Is(err, errProtocol) {
 			t.Fatalf("Write: %v, want a protocol violation", err)
 		}
@@ -52,7 +58,11 @@ func TestRingConnPeerVanished(t *testing.T) {
 	if _, err := b.Write([]byte("before the crash")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(10 * time.Millisecond)
+	waitfor.True(t, "the record to reach a's ring", func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.rx.readable()
+	})
 	lb.close()     // the NIC side of the dead process
 	b.side.Close() // the kernel closes its sockets
 	buf := make([]byte, 100)

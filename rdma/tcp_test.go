@@ -9,6 +9,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 )
 
 // TestTCPWriteCutShort: a Write cut short by its deadline inside a record
@@ -84,7 +86,7 @@ func TestListenerClose(t *testing.T) {
 	defer silent.Close()
 	errc := make(chan error, 1)
 	go func() { _, err := ln.Accept(); errc <- err }()
-	time.Sleep(20 * time.Millisecond)
+	waitfor.Blocked(t, "rdma.(*listener).Accept") // Close must end an Accept already waiting
 	ln.Close()
 	if err := <-errc; !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("Accept after Close: %v", err)

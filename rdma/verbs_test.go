@@ -10,9 +10,10 @@ import (
 	"os"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/net/nettest"
+
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 )
 
 // verbsOrSkip returns the verbs provider, or skips naming what is
@@ -111,17 +112,9 @@ func TestVerbsHandshake(t *testing.T) {
 	}
 	stop()
 	ln.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	waitfor.True(t, "the device's references to drop to the provider's 1", func() bool {
 		v.dev.mu.Lock()
-		refs := v.dev.refs
-		v.dev.mu.Unlock()
-		if refs == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("device references: %d, want the provider's 1", refs)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		defer v.dev.mu.Unlock()
+		return v.dev.refs == 1
+	})
 }

@@ -10,8 +10,9 @@
 // (one word per line; EOF means "finish and exit"), and logs to stderr,
 // which the test copies into its log.
 //
-// Run it with `go test -count=1 ./test/` (or `make test`); -short shrinks the
-// stress test. NTSTACK_TEST_SEED overrides the seed of every random choice;
+// Its files carry the build tag integration, so that go test ./... is the
+// unit tier alone. Run it with `go test -tags integration -count=1 ./test/`
+// (or `make test`); -short shrinks the stress test. NTSTACK_TEST_SEED overrides the seed of every random choice;
 // the seed is logged so that a failure can be replayed.
 //
 // Concurrency and lifetime: the tests measure throughput, latency and CPU

@@ -1,3 +1,5 @@
+//go:build integration
+
 package test
 
 import (
@@ -96,7 +98,7 @@ func testIdleCPU(t *testing.T, core socklike.CoreModel) {
 		parent0, err := proc.CPUTime()
 		require.NoError(t, err)
 		start := time.Now()
-		time.Sleep(idleWindow)
+		time.Sleep(idleWindow) // the window measured: the stack's CPU while nothing happens
 		parent1, err := proc.CPUTime()
 		require.NoError(t, err)
 		elapsed := time.Since(start)

@@ -1,3 +1,5 @@
+//go:build integration
+
 package test
 
 import (
@@ -184,6 +186,8 @@ func (r *receiver) run(n int) error {
 	for i := 0; n < 0 || i < n; i++ {
 		wantSeq, want := r.s.next()
 		if r.stallEvery > 0 && r.rng.IntN(r.stallEvery) == 0 {
+			// A stalling reader, the thing under test: the sender meets
+			// a full window and must resume once it drains.
 			time.Sleep(time.Duration(r.rng.Int64N(int64(r.maxStall) + 1)))
 		}
 		tiny := 0

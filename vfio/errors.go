@@ -1,13 +1,17 @@
 package vfio
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/ntstack/ntstack/internal/prim/errs"
+)
 
 // Errors the package's operations wrap; match them with errors.Is. The
 // wrapping error says what failed and what to do about it.
 var (
 	// ErrNotSupported: the platform or kernel lacks something VFIO needs
 	// (no VFIO at all, no type1 IOMMU backend, not Linux).
-	ErrNotSupported = errors.New("not supported")
+	ErrNotSupported = errs.ErrNotSupported
 
 	// ErrNoIOMMU: the device has no IOMMU group because no IOMMU is
 	// enabled. It also matches ErrNotSupported.

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 )
 
 func signal(t *testing.T, e *Eventfd, n uint64) {
@@ -44,7 +46,7 @@ func TestEventfd(t *testing.T) {
 		_, err := e.Wait()
 		done <- err
 	}()
-	time.Sleep(10 * time.Millisecond) // usually lets Wait block first; either order must work
+	waitfor.Blocked(t, "vfio.(*Eventfd).Wait") // Close must end a Wait that is already blocked
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}

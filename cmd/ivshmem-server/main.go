@@ -18,6 +18,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/ntstack/ntstack/internal/tools/cli"
 	"github.com/ntstack/ntstack/ntb/ivshmem"
 )
 
@@ -27,7 +28,7 @@ func main() {
 	flag.StringVar(&cfg.ShmPath, "shm", "", "shared-memory file to create, e.g. /dev/shm/ivshmem (default: an anonymous memfd)")
 	flag.Int64Var(&cfg.Size, "size", 4<<20, "shared-memory size in bytes")
 	flag.IntVar(&cfg.Vectors, "vectors", 1, "doorbell vectors per peer")
-	flag.Parse()
+	cli.ParseMain("ivshmem-server", "[-socket PATH] [-shm FILE] [-size BYTES] [-vectors N]")
 	if err := run(cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "ivshmem-server:", err)
 		os.Exit(1)

@@ -185,6 +185,7 @@ func TestSVGFlagsStayWithClient(t *testing.T) {
 // TestSVGAfterRun measures tcp briefly with -svg and checks the chart has
 // both panels and the measurement's date. It asserts no timing.
 func TestSVGAfterRun(t *testing.T) {
+	multiProcess(t)
 	out := filepath.Join(t.TempDir(), "run.svg")
 	runBench(t, "-q", "-transports=tcp", "-modes=pingpong,stream", "-size=64,4096", "-count=50", "-warmup=5", "-pin="+testPin(t), "-svg="+out)
 	svg, err := os.ReadFile(out)

@@ -170,6 +170,7 @@ package main
 
 import (
 	"github.com/ntstack/ntstack/internal/prim/proc"
+	"github.com/ntstack/ntstack/internal/tools/cli"
 	"github.com/ntstack/ntstack/socklike"
 
 	"errors"
@@ -250,11 +251,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fs.StringVar(&o.mode, "mode", "", "")
 		fs.IntVar(&o.cpu, "cpu", -1, "")
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := cli.Parse(fs, args, stdout); !ok {
+		return code
 	}
 	if err := o.check(fs.Args()); err != nil {
 		fmt.Fprintf(stderr, "ntbench: %v\n", err)

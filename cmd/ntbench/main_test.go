@@ -19,11 +19,13 @@ import (
 	"time"
 
 	"github.com/ntstack/ntstack/internal/prim/proc"
+	"github.com/ntstack/ntstack/internal/tools/cli/clitest"
 )
 
 // TestMain lets the test binary serve as the server process: the client
 // code re-executes os.Executable, which under go test is this binary.
 func TestMain(m *testing.M) {
+	clitest.MaybeMain(main)
 	if len(os.Args) > 1 && os.Args[1] == serverRole {
 		os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 	}
@@ -78,6 +80,16 @@ func runBench(t *testing.T, args ...string) string {
 	return stdout.String()
 }
 
+// multiProcess marks a test that starts ntbench server processes: it runs
+// in the integration tier (go test -tags integration, which make test
+// runs), not in go test ./...'s unit tier.
+func multiProcess(t *testing.T) {
+	t.Helper()
+	if !integrationTier {
+		t.Skip("starts server processes: integration tier (go test -tags integration; make test runs it)")
+	}
+}
+
 // testPin is the placement the integration tests use: the default where the
 // machine allows it.
 func testPin(t *testing.T) string {
@@ -94,6 +106,7 @@ func testPin(t *testing.T) string {
 // TestJSONRun runs tcp and unix through all three modes with tiny counts
 // and checks that every row is complete and sane. It asserts no timing.
 func TestJSONRun(t *testing.T) {
+	multiProcess(t)
 	pin := testPin(t)
 	out := runBench(t, "-json", "-transports=tcp,unix", "-modes=pingpong,stream,rate", "-size=64,4096",
 		"-count=200", "-warmup=20", "-conns=2", "-window=4", "-verify", "-pin="+pin)
@@ -138,6 +151,7 @@ func TestJSONRun(t *testing.T) {
 // until preemption; runs then took seconds and the links' heartbeats
 // lapsed.)
 func TestRingManyConns(t *testing.T) {
+	multiProcess(t)
 	out := runBench(t, "-json", "-transports=ring", "-modes=pingpong,stream", "-size=65536",
 		"-count=200", "-warmup=10", "-conns=16", "-readbuf=4096", "-verify", "-pin="+testPin(t))
 	rows := jsonRows(t, out)
@@ -156,6 +170,7 @@ func TestRingManyConns(t *testing.T) {
 // with the connections and read buffer it copied into, none for other
 // modes, and it is not among the transports a plain run compares.
 func TestCopyBound(t *testing.T) {
+	multiProcess(t)
 	out := runBench(t, "-json", "-transports=copy", "-modes=pingpong,stream", "-size=4096,65536",
 		"-duration=50ms", "-conns=3,64", "-readbuf=32768", "-pin="+testPin(t))
 	var got []string
@@ -178,6 +193,7 @@ func TestCopyBound(t *testing.T) {
 // server ends them cleanly (mixed's reads their first byte first), the
 // ring baseline opens links for them too, and the rows say how many.
 func TestIdleConns(t *testing.T) {
+	multiProcess(t)
 	out := runBench(t, "-json", "-transports=ntb,ring", "-modes=stream,mixed", "-size=65536",
 		"-duration=50ms", "-warmup=10", "-conns=2", "-idle=3", "-verify", "-pin="+testPin(t))
 	rows := jsonRows(t, out)
@@ -195,6 +211,7 @@ func TestIdleConns(t *testing.T) {
 // transports taking turns, each numbered; -q prints one median row per
 // transport; the table prints every round and then the medians.
 func TestRounds(t *testing.T) {
+	multiProcess(t)
 	args := []string{"-transports=tcp,unix", "-modes=stream", "-size=4096", "-duration=30ms", "-warmup=10", "-rounds=3", "-pin=" + testPin(t)}
 	out := runBench(t, append(args, "-json")...)
 	var got []string
@@ -279,6 +296,7 @@ func TestSameRound(t *testing.T) {
 // those whose two round trips disagreed, which every row counts; the table
 // names the placement; tcp's server outlives the round trips' threads.
 func TestSlices(t *testing.T) {
+	multiProcess(t)
 	if testPin(t) != "split" {
 		t.Skip("-slice times a round trip between two CPUs; this machine gives the test one")
 	}
@@ -376,6 +394,7 @@ func TestByPlacement(t *testing.T) {
 
 // TestGap checks that -gap spaces pingpong's round trips and is reported.
 func TestGap(t *testing.T) {
+	multiProcess(t)
 	rows := jsonRows(t, runBench(t, "-transports=unix", "-modes=pingpong", "-size=64", "-gap=5ms", "-duration=100ms", "-warmup=5", "-json", "-pin="+testPin(t)))
 	if len(rows) != 1 {
 		t.Fatalf("%d rows, want 1", len(rows))
@@ -396,6 +415,7 @@ func TestGap(t *testing.T) {
 // count in turn, the transports taking turns at each, and that the table
 // compares every count with the row's peak.
 func TestConnCounts(t *testing.T) {
+	multiProcess(t)
 	args := []string{"-transports=tcp,unix", "-modes=stream", "-size=4096", "-duration=30ms", "-warmup=10", "-conns=1,3", "-pin=" + testPin(t)}
 	var got []string
 	for _, r := range jsonRows(t, runBench(t, append(args, "-json")...)) {
@@ -431,6 +451,7 @@ func TestConnCounts(t *testing.T) {
 }
 
 func TestTableRun(t *testing.T) {
+	multiProcess(t)
 	out := runBench(t, "-transports=tcp,unix", "-modes=pingpong", "-size=64", "-count=50", "-warmup=5", "-pin="+testPin(t))
 	for _, want := range []string{"GOMAXPROCS", "transport mode", "\ntcp       pingpong      64", "\nunix      pingpong      64", "against tcp in this run", "unix pingpong 64: p50 "} {
 		if !strings.Contains(out, want) {
@@ -443,6 +464,7 @@ func TestTableRun(t *testing.T) {
 // process: the client's at the path, each server's beside it under a name
 // of its own (one server no longer overwriting another's).
 func TestTraceFiles(t *testing.T) {
+	multiProcess(t)
 	path := filepath.Join(t.TempDir(), "run.trace")
 	runBench(t, "-json", "-transports=tcp,unix", "-modes=pingpong", "-size=64", "-count=50", "-warmup=5", "-rounds=2", "-pin="+testPin(t), "-trace="+path)
 	want := []string{path}
@@ -465,7 +487,10 @@ func TestUsage(t *testing.T) {
 	if code := run([]string{"-h"}, nil, &stdout, &stderr); code != 0 {
 		t.Errorf("-h: exit %d", code)
 	}
-	help := stderr.String()
+	help := stdout.String() // help asked for goes to stdout
+	if stderr.String() != "" {
+		t.Errorf("-h wrote to stderr: %q", stderr.String())
+	}
 	for _, want := range []string{"-transports", "tcp, unix", "-modes", "-size", "-count", "-duration", "-warmup", "-conns", "-window", "-json", "-pin", "-gomaxprocs", "-verify", "-q"} {
 		if !strings.Contains(help, want) {
 			t.Errorf("-h lacks %q", want)
@@ -503,6 +528,7 @@ func TestUsage(t *testing.T) {
 // TestServerExitsWhenStdinCloses checks that a server with a connection
 // still open exits, and closes that connection, once its stdin closes.
 func TestServerExitsWhenStdinCloses(t *testing.T) {
+	multiProcess(t)
 	var stderr syncBuffer
 	srv, err := startServer([]string{serverRole, "-transport=tcp", "-mode=pingpong"}, &stderr)
 	if err != nil {
@@ -532,6 +558,7 @@ func TestServerExitsWhenStdinCloses(t *testing.T) {
 // TestServerReportsFailure checks that a connection's error makes the
 // server exit non-zero and say why.
 func TestServerReportsFailure(t *testing.T) {
+	multiProcess(t)
 	var stderr syncBuffer
 	srv, err := startServer([]string{serverRole, "-transport=unix", "-mode=stream", "-verify"}, &stderr)
 	if err != nil {
@@ -593,6 +620,7 @@ func (muteConn) Write(b []byte) (int, error) { return len(b), nil }
 // ends in an error naming the hang, not in a benchmark that never returns,
 // and that the other transports of the run still report.
 func TestHungTransportTimesOut(t *testing.T) {
+	multiProcess(t)
 	defer func(d time.Duration) { hangTimeout = d }(hangTimeout)
 	hangTimeout = time.Second
 
@@ -608,4 +636,13 @@ func TestHungTransportTimesOut(t *testing.T) {
 	if !strings.Contains(stdout.String(), `"transport":"tcp"`) {
 		t.Errorf("stdout lacks the tcp row:\n%s", stdout.String())
 	}
+}
+
+// TestHelp: -h and --help print ntbench's usage and exit 0; a bad flag
+// exits 2.
+func TestHelp(t *testing.T) {
+	for _, a := range []string{"-h", "--help"} {
+		clitest.CheckHelp(t, "ntbench", a)
+	}
+	clitest.CheckBadUsage(t, []string{"-nosuchflag"})
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/daemon/capture"
 	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/tools/cli"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 )
 
@@ -46,12 +47,12 @@ func captureCmd(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	out := fs.String("w", "", "pcapng file to write (-: standard output)")
 	lua := fs.String("lua", "", "write the Wireshark Lua dissector to this file")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, captureUsage)
-		fmt.Fprintln(stderr)
+		fmt.Fprint(fs.Output(), captureUsage)
+		fmt.Fprintln(fs.Output())
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, ok := cli.Parse(fs, args, stdout); !ok {
+		return code
 	}
 	if fs.NArg() > 0 || (*lua == "" && (*link == "" || *out == "")) || (*link != "") != (*out != "") {
 		fs.Usage()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -12,26 +11,28 @@ import (
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/daemon/doctor"
+	"github.com/ntstack/ntstack/internal/tools/cli"
 )
 
 // doctorRoot is where `ntmon doctor` finds /sys, /proc and /dev; tests
 // point it at a fake tree.
 var doctorRoot = "/"
 
+const doctorSynopsis = "[-config FILE] [-socket PATH] [-json]"
+
 // doctorCmd is `ntmon doctor`: it checks the environment and exits 1 if a
 // check failed. Without -config it reads the default configuration file
 // if there is one, and otherwise skips the live link checks.
 func doctorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("ntmon doctor", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := cli.FlagSet("ntmon doctor", doctorSynopsis, stderr)
 	cfgPath := fs.String("config", "", "host configuration file (default "+defaultConfig+" if it exists): check its peers and links through ntmon")
 	socket := fs.String("socket", "", "ntmon's local API socket (default: under the config's state_dir)")
 	asJSON := fs.Bool("json", false, "print the results as JSON")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, ok := cli.Parse(fs, args, stdout); !ok {
+		return code
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintln(stderr, "usage: ntmon doctor [-config FILE] [-socket PATH] [-json]")
+		fs.Usage()
 		return 2
 	}
 	cfg, err := loadDoctorConfig(*cfgPath)

@@ -28,6 +28,7 @@ import (
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/daemon/monitor"
 	"github.com/ntstack/ntstack/internal/daemon/proxy"
+	"github.com/ntstack/ntstack/internal/tools/cli"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 )
 
@@ -45,32 +46,40 @@ func main() {
 	os.Exit(code)
 }
 
+// ntmon is the program's usage and its subcommands. Each parses its flags
+// with a flag set writing to the stderr it is given, so -h and --help
+// print its usage and exit 0 (cli.Program.Dispatch).
+var ntmon = cli.Program{
+	Name:     "ntmon",
+	Synopsis: "[-config FILE] [-debug]",
+	Commands: []cli.Command{
+		{Name: "status", Synopsis: statusSynopsis, Run: status},
+		{Name: "doctor", Synopsis: doctorSynopsis, Run: doctorCmd},
+		{Name: "capture", Synopsis: "-link LINK [-conn ID] [-count N | -duration D] -w FILE | -lua FILE", Run: captureCmd},
+		{Name: "version", Run: versionCmd},
+	},
+}
+
 // run is ntmon with its arguments (without the program name); it returns
 // the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 {
-		switch args[0] {
-		case "status":
-			return status(ctx, args[1:], stdout, stderr)
-		case "doctor":
-			return doctorCmd(ctx, args[1:], stdout, stderr)
-		case "capture":
-			return captureCmd(ctx, args[1:], stdout, stderr)
-		case "version":
-			fmt.Fprintf(stdout, "ntmon %s (peer protocol %d)\n", version, monitor.ProtocolVersion)
-			return 0
-		}
+	if code, ok := ntmon.Dispatch(ctx, args, stdout, stderr); ok {
+		return code
+	}
+	if len(args) == 1 && args[0] == "help" {
+		args = []string{"-h"}
 	}
 	fs := flag.NewFlagSet("ntmon", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfgPath := fs.String("config", defaultConfig, "host configuration file (TOML; see internal/daemon/config/example.toml)")
 	debug := fs.Bool("debug", false, "log at debug level")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: ntmon [-config FILE] [-debug]\n       ntmon status [-config FILE | -socket PATH] [-json]\n       ntmon doctor [-config FILE] [-json]\n       ntmon capture -link LINK [-conn ID] [-count N | -duration D] -w FILE | -lua FILE\n       ntmon version")
+		ntmon.Usage(fs.Output())
+		fmt.Fprintln(fs.Output(), "\nflags:")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, ok := cli.Parse(fs, args, stdout); !ok {
+		return code
 	}
 	if fs.NArg() > 0 {
 		fs.Usage()
@@ -85,6 +94,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "ntmon:", err)
 		return 1
 	}
+	return 0
+}
+
+// versionCmd is `ntmon version`.
+func versionCmd(_ context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := cli.FlagSet("ntmon version", "", stderr)
+	if code, ok := cli.Parse(fs, args, stdout); !ok {
+		return code
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return 2
+	}
+	fmt.Fprintf(stdout, "ntmon %s (peer protocol %d)\n", version, monitor.ProtocolVersion)
 	return 0
 }
 
@@ -109,18 +132,19 @@ func serve(ctx context.Context, path string, log *slog.Logger) error {
 	return m.Run(ctx)
 }
 
+const statusSynopsis = "[-config FILE | -socket PATH] [-json]"
+
 // status is `ntmon status`.
 func status(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("ntmon status", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := cli.FlagSet("ntmon status", statusSynopsis, stderr)
 	cfgPath := fs.String("config", defaultConfig, "host configuration file: ntmon's socket is under its state_dir")
 	socket := fs.String("socket", "", "ntmon's local API socket (instead of -config)")
 	asJSON := fs.Bool("json", false, "print the raw status as JSON")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, ok := cli.Parse(fs, args, stdout); !ok {
+		return code
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintln(stderr, "usage: ntmon status [-config FILE | -socket PATH] [-json]")
+		fs.Usage()
 		return 2
 	}
 	if *socket == "" {

@@ -24,6 +24,7 @@ import (
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/daemon/gateway"
 	"github.com/ntstack/ntstack/internal/daemon/proxy"
+	"github.com/ntstack/ntstack/internal/tools/cli"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 	"github.com/ntstack/ntstack/socklike"
 )
@@ -33,7 +34,7 @@ func main() {
 	standalone := flag.Bool("standalone", false, "decide routes, ACL and ports from the configuration alone, without ntmon")
 	quiet := flag.Bool("q", false, "log only errors")
 	procs := flag.Int("procs", 1, "Go scheduler Ps (GOMAXPROCS); 0 keeps the runtime's choice")
-	flag.Parse()
+	cli.ParseMain("ntproxy", "[-config FILE] [-standalone] [-q] [-procs N]")
 	// The proxy mostly waits and copies. With a P per CPU its spinning
 	// goroutines compete with the applications for the same CPUs: on the
 	// 2-vCPU reference machine one P took proxied KV round trips from

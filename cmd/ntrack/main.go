@@ -32,55 +32,98 @@ import (
 	"time"
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/tools/cli"
 	"github.com/ntstack/ntstack/internal/tools/rack"
 	"github.com/ntstack/ntstack/internal/tools/rackdemo"
 )
 
 func main() {
-	err := run(os.Args[1:], os.Stdout)
-	switch {
-	case errors.Is(err, flag.ErrHelp): // the flag package printed the flags
-		os.Exit(2)
-	case errors.Is(err, errUsage):
-		fmt.Fprintf(os.Stderr, "ntrack: %v\n%s\n", err, usage)
-		os.Exit(2)
-	case err != nil:
-		fmt.Fprintln(os.Stderr, "ntrack:", err)
-		os.Exit(1)
-	}
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-var errUsage = errors.New("bad usage")
+// errUsage is wrapped by the errors of bad arguments; errFlags is returned
+// after a bad flag, which the flag set has reported.
+var (
+	errUsage = errors.New("bad usage")
+	errFlags = errors.New("bad flags")
+)
 
-const usage = `usage:
-  ntrack up -hosts N -bin DIR [-dir DIR] [-name NAME] [-keep]
-  ntrack down -prefix PREFIX
-  ntrack demo -bin DIR [-time 2s]`
+// ntrack is the program's usage and its subcommands. Each parses its flags
+// with a flag set writing to the stderr it is given, so -h and --help
+// print its usage and exit 0 (cli.Program.Dispatch).
+var ntrack = cli.Program{
+	Name: "ntrack",
+	Commands: []cli.Command{
+		{Name: "up", Synopsis: upSynopsis, Run: command(up)},
+		{Name: "down", Synopsis: downSynopsis, Run: command(down)},
+		{Name: "demo", Synopsis: demoSynopsis, Run: command(demo)},
+	},
+}
 
-func run(args []string, out io.Writer) error {
+// run is ntrack with its arguments (without the program name); it returns
+// the exit code.
+func run(args []string, stdout, stderr io.Writer) int {
+	if code, ok := ntrack.Dispatch(context.Background(), args, stdout, stderr); ok {
+		return code
+	}
+	if len(args) > 0 && cli.IsHelp(args[0]) {
+		ntrack.Usage(stdout)
+		return 0
+	}
 	if len(args) == 0 {
-		return errUsage
+		fmt.Fprintln(stderr, "ntrack: no command")
+	} else {
+		fmt.Fprintf(stderr, "ntrack: unknown command %q\n", args[0])
 	}
-	switch args[0] {
-	case "up":
-		return up(args[1:], out)
-	case "down":
-		return down(args[1:])
-	case "demo":
-		return demo(args[1:], out)
-	default:
-		return fmt.Errorf("unknown command %q: %w", args[0], errUsage)
+	ntrack.Usage(stderr)
+	return 2
+}
+
+// command adapts a subcommand that returns an error to cli.Command.Run:
+// exit 2 for a usage error, 1 for any other error.
+func command(f func(args []string, stdout, stderr io.Writer) error) func(context.Context, []string, io.Writer, io.Writer) int {
+	return func(_ context.Context, args []string, stdout, stderr io.Writer) int {
+		err := f(args, stdout, stderr)
+		switch {
+		case errors.Is(err, errFlags): // the flag set said why
+			return 2
+		case errors.Is(err, errUsage):
+			fmt.Fprintf(stderr, "ntrack: %v\n", err)
+			return 2
+		case err != nil:
+			fmt.Fprintln(stderr, "ntrack:", err)
+			return 1
+		}
+		return 0
 	}
 }
 
-func up(args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("ntrack up", flag.ContinueOnError)
+const (
+	upSynopsis   = "-hosts N -bin DIR [-dir DIR] [-name NAME] [-keep]"
+	downSynopsis = "-prefix PREFIX"
+	demoSynopsis = "-bin DIR [-time 2s]"
+)
+
+// parse parses a subcommand's flags: nil and done after -h, errFlags
+// after a bad flag.
+func parse(fs *flag.FlagSet, args []string, stdout io.Writer) (done bool, err error) {
+	switch code, ok := cli.Parse(fs, args, stdout); {
+	case ok:
+		return false, nil
+	case code == 0:
+		return true, nil
+	}
+	return true, errFlags
+}
+
+func up(args []string, out, stderr io.Writer) error {
+	fs := cli.FlagSet("ntrack up", upSynopsis, stderr)
 	hosts := fs.Int("hosts", 2, "number of hosts (named a, b, c, …)")
 	bin := fs.String("bin", "", "directory holding the ntmon and ntproxy binaries (required)")
 	dir := fs.String("dir", "", "state root: a directory per host with config, logs and sockets (default $TMPDIR/ntstack-NAME)")
 	name := fs.String("name", "", "rack name, the prefix of its namespaces and links (default random ntrXXXXX)")
 	keep := fs.Bool("keep", false, "keep the configs and logs after the rack is down")
-	if err := fs.Parse(args); err != nil {
+	if done, err := parse(fs, args, out); done {
 		return err
 	}
 	if *bin == "" || *hosts < 1 || *hosts > 26 {
@@ -112,10 +155,10 @@ func up(args []string, out io.Writer) error {
 	return r.Close()
 }
 
-func down(args []string) error {
-	fs := flag.NewFlagSet("ntrack down", flag.ContinueOnError)
+func down(args []string, out, stderr io.Writer) error {
+	fs := cli.FlagSet("ntrack down", downSynopsis, stderr)
 	prefix := fs.String("prefix", "", "remove racks whose names start with this (required)")
-	if err := fs.Parse(args); err != nil {
+	if done, err := parse(fs, args, out); done {
 		return err
 	}
 	if *prefix == "" {
@@ -124,11 +167,11 @@ func down(args []string) error {
 	return rack.Cleanup(*prefix)
 }
 
-func demo(args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("ntrack demo", flag.ContinueOnError)
+func demo(args []string, out, stderr io.Writer) error {
+	fs := cli.FlagSet("ntrack demo", demoSynopsis, stderr)
 	bin := fs.String("bin", "", "directory holding the ntmon and ntproxy binaries (required)")
 	per := fs.Duration("time", 2*time.Second, "measured time per workload, size and transport")
-	if err := fs.Parse(args); err != nil {
+	if done, err := parse(fs, args, out); done {
 		return err
 	}
 	if *bin == "" {

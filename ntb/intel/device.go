@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ntstack/ntstack/ntb"
+	"github.com/ntstack/ntstack/ntb/internal/doorbell"
 	"github.com/ntstack/ntstack/vfio"
 )
 
@@ -125,10 +126,8 @@ type Device struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	mu sync.Mutex
-	// mu protects the following fields.
-	mask   uint64
-	notify chan struct{} // closed and replaced to wake WaitDoorbell
+	mask doorbell.Mask    // mirrored in the interrupt disable register
+	wake doorbell.Waiters // WaitDoorbell callers
 }
 
 var (
@@ -152,7 +151,6 @@ func start(hw hardware, o Options) (*Device, error) {
 		done:     make(chan struct{}),
 		irqEnd:   make(chan struct{}),
 		nudge:    make(chan struct{}, 1),
-		notify:   make(chan struct{}),
 	}
 	why := "waiting for the peer"
 	d.reason.Store(&why)
@@ -297,12 +295,7 @@ func (d *Device) enter() bool {
 func (d *Device) exit() { d.users.RUnlock() }
 
 // kick wakes every WaitDoorbell caller to re-check.
-func (d *Device) kick() {
-	d.mu.Lock()
-	close(d.notify)
-	d.notify = make(chan struct{})
-	d.mu.Unlock()
-}
+func (d *Device) kick() { d.wake.Wake() }
 
 // Name is "intel-ntb/<pci address>", or "sim-<gen>/<side>".
 func (d *Device) Name() string { return d.hw.name }
@@ -381,10 +374,7 @@ func (d *Device) updateMask(set, clear uint64) {
 		return
 	}
 	defer d.exit()
-	d.mu.Lock()
-	d.mask = (d.mask | set) &^ clear & d.valid
-	d.regs.Write64(regIntDisable, d.mask)
-	d.mu.Unlock()
+	d.mask.Update(set&d.valid, clear, func(mask uint64) { d.regs.Write64(regIntDisable, mask) })
 	if clear != 0 {
 		d.kick() // a newly unmasked bit may be pending
 	}
@@ -400,24 +390,10 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 	defer d.exit()
 	seq := d.links.Seq()
 	want &= d.valid
-	for {
-		d.mu.Lock()
-		wake, mask := d.notify, d.mask
-		d.mu.Unlock()
+	return d.wake.Wait(ctx, func() (bool, uint64, error) {
 		p := d.regs.Read64(regIntStatus) & want
-		switch {
-		case d.closed.Load():
-			return 0, ntb.ErrClosed
-		case p&^mask != 0, d.links.Seq() != seq:
-			return p, nil
-		case ctx.Err() != nil:
-			return p, ctx.Err()
-		}
-		select {
-		case <-wake:
-		case <-ctx.Done():
-		}
-	}
+		return doorbell.Done(ctx, d.closed.Load(), p, d.mask.Load(), d.links.Seq() != seq)
+	})
 }
 
 // ScratchpadCount is 12: the top four of the 16 carry the handshake.

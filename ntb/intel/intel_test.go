@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 	"github.com/ntstack/ntstack/ntb"
 	"github.com/ntstack/ntstack/ntb/ntbtest"
 	"github.com/ntstack/ntstack/vfio"
@@ -42,12 +43,8 @@ func openPair(t *testing.T, gen Gen, o Options) (*SimulatedPair, *Device, *Devic
 // waitReason waits for d's link reason to contain s.
 func waitReason(t *testing.T, d *Device, s string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !strings.Contains(d.LinkReason(), s) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: link reason %q, want %q", d.Name(), d.LinkReason(), s)
-		}
-		time.Sleep(time.Millisecond)
+	if !waitfor.Until(func() bool { return strings.Contains(d.LinkReason(), s) }) {
+		t.Fatalf("%s: link reason %q, want %q", d.Name(), d.LinkReason(), s)
 	}
 }
 
@@ -288,10 +285,8 @@ func TestCloseTeardown(t *testing.T) {
 		ntbtest.WaitLink(t, b, ntb.LinkDown, 5*time.Second)
 		require.NoError(t, b.Close())
 	}
-	for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > before; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines before, %d after closing", before, runtime.NumGoroutine())
-		}
+	if !waitfor.Until(func() bool { return runtime.NumGoroutine() <= before }) {
+		t.Fatalf("%d goroutines before, %d after closing", before, runtime.NumGoroutine())
 	}
 }
 

@@ -72,6 +72,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/prim/shmem"
 	"github.com/ntstack/ntstack/ntb"
+	"github.com/ntstack/ntstack/ntb/internal/doorbell"
 )
 
 // Defaults for DeviceConfig.
@@ -175,12 +176,13 @@ type Device struct {
 	// exclusively by Close to unmap it.
 	users sync.RWMutex
 
+	mask doorbell.Mask
+	wake doorbell.Waiters // this process's WaitDoorbell callers
+
 	mu sync.Mutex
 	// mu protects the following fields.
 	bells   *shmem.Doorbells
-	mask    uint64
-	waiters int           // WaitDoorbell callers; > 0: the peer must ring
-	notify  chan struct{} // closed and replaced to wake WaitDoorbell
+	waiters int // WaitDoorbell callers; > 0: the peer must ring
 }
 
 var (
@@ -233,7 +235,6 @@ func NewDevice(p Port, cfg DeviceConfig) (_ *Device, err error) {
 		timeout:  cfg.HeartbeatTimeout,
 		mem:      mem,
 		self:     mem[devSlotOffset(id) : devSlotOffset(id)+devSlotSize],
-		notify:   make(chan struct{}),
 	}
 	// Announce ourselves (idle) before looking at anyone else.
 	d.self.Store32(devSlotState, devStateIdle)
@@ -468,12 +469,7 @@ func (d *Device) enter() bool {
 func (d *Device) exit() { d.users.RUnlock() }
 
 // wakeLocal wakes this process's WaitDoorbell callers so they re-check.
-func (d *Device) wakeLocal() {
-	d.mu.Lock()
-	close(d.notify)
-	d.notify = make(chan struct{})
-	d.mu.Unlock()
-}
+func (d *Device) wakeLocal() { d.wake.Wake() }
 
 func (d *Device) pokeMonitor() {
 	select {
@@ -547,16 +543,10 @@ func (d *Device) ClearDoorbells(bits uint64) {
 	d.bells.Clear(bits)
 }
 
-func (d *Device) SetDoorbellMask(bits uint64) {
-	d.mu.Lock()
-	d.mask |= bits
-	d.mu.Unlock()
-}
+func (d *Device) SetDoorbellMask(bits uint64) { d.mask.Update(bits, 0, nil) }
 
 func (d *Device) ClearDoorbellMask(bits uint64) {
-	d.mu.Lock()
-	d.mask &^= bits
-	d.mu.Unlock()
+	d.mask.Update(0, bits, nil)
 	d.wakeLocal() // a newly unmasked bit may be pending
 }
 
@@ -571,27 +561,12 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 	linkSeq := d.links.Seq()
 	d.setWaiting(1)
 	defer d.setWaiting(-1)
-	for {
+	return d.wake.Wait(ctx, func() (bool, uint64, error) {
 		d.mu.Lock()
-		wake := d.notify
 		p := d.bells.Pending() & want
-		mask := d.mask
 		d.mu.Unlock()
-		switch {
-		case d.closed.Load():
-			return 0, ntb.ErrClosed
-		case p&^mask != 0:
-			return p, nil
-		case d.links.Seq() != linkSeq:
-			return p, nil
-		case ctx.Err() != nil:
-			return p, ctx.Err()
-		}
-		select {
-		case <-wake:
-		case <-ctx.Done():
-		}
-	}
+		return doorbell.Done(ctx, d.closed.Load(), p, d.mask.Load(), d.links.Seq() != linkSeq)
+	})
 }
 
 // setWaiting counts WaitDoorbell callers in and out and tells the peer

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ntstack/ntstack/internal/prim/shmem"
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 	"github.com/ntstack/ntstack/ntb"
 	"github.com/ntstack/ntstack/ntb/ntbtest"
 	"github.com/ntstack/ntstack/socklike"
@@ -330,7 +331,7 @@ func TestDeviceCloseWakesWaiter(t *testing.T) {
 		_, err := a.WaitDoorbell(context.Background(), 1)
 		woke <- err
 	}()
-	time.Sleep(10 * time.Millisecond)
+	waitfor.Blocked(t, "ivshmem.(*Device).WaitDoorbell") // Close must wake a waiter already asleep
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -377,7 +378,8 @@ func TestDeviceGarbageRegisters(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(20 * time.Millisecond) // a few monitor rounds over the garbage
+	beats := a.beats.Load()
+	waitfor.True(t, "three monitor rounds over the garbage", func() bool { return a.beats.Load() >= beats+3 })
 	if a.Link() != ntb.LinkDown {
 		t.Error("link up over garbage registers")
 	}
@@ -411,10 +413,7 @@ func TestDeviceCloseReleases(t *testing.T) {
 	run()
 	fds, goroutines := fdCount(t), runtime.NumGoroutine()
 	run()
-	deadline := time.Now().Add(testTimeout)
-	for (fdCount(t) > fds || runtime.NumGoroutine() > goroutines) && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitfor.Until(func() bool { return fdCount(t) <= fds && runtime.NumGoroutine() <= goroutines })
 	if n := fdCount(t); n > fds {
 		t.Errorf("%d fds open after Close, %d before", n, fds)
 	}

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 )
 
 const testTimeout = 5 * time.Second
@@ -289,10 +291,7 @@ func TestCloseReleasesEverything(t *testing.T) {
 	if n := fdCount(t); n != fds {
 		t.Errorf("%d fds open after Close, %d before", n, fds)
 	}
-	deadline := time.Now().Add(testTimeout)
-	for runtime.NumGoroutine() > goroutines && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitfor.Until(func() bool { return runtime.NumGoroutine() <= goroutines })
 	if n := runtime.NumGoroutine(); n > goroutines {
 		t.Errorf("%d goroutines after Close, %d before", n, goroutines)
 	}

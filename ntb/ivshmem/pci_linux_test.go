@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 	"github.com/ntstack/ntstack/vfio"
 )
 
@@ -210,7 +211,7 @@ func TestPCIPortClose(t *testing.T) {
 	f := newFakePCIPort(t, 1, 1)
 	woke := make(chan error, 1)
 	go func() { woke <- f.Wait(context.Background(), 0) }()
-	time.Sleep(10 * time.Millisecond)
+	waitfor.Blocked(t, "ivshmem.(*PCIPort).Wait") // Close must wake a Wait already asleep
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}

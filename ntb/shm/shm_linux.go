@@ -33,6 +33,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/prim/shmem"
 	"github.com/ntstack/ntstack/ntb"
+	"github.com/ntstack/ntstack/ntb/internal/doorbell"
 )
 
 // Defaults for Options.
@@ -128,11 +129,11 @@ type Device struct {
 	// exclusively by Close to unmap it.
 	users  sync.RWMutex
 	closed atomic.Bool
+	mask   doorbell.Mask
 
 	mu sync.Mutex
 	// mu protects the following fields.
 	bells   *shmem.Doorbells
-	mask    uint64
 	ringSeq uint32 // our count of rings, the peer's futex word
 }
 
@@ -417,16 +418,10 @@ func (d *Device) ClearDoorbells(bits uint64) {
 	d.bells.Clear(bits)
 }
 
-func (d *Device) SetDoorbellMask(bits uint64) {
-	d.mu.Lock()
-	d.mask |= bits
-	d.mu.Unlock()
-}
+func (d *Device) SetDoorbellMask(bits uint64) { d.mask.Update(bits, 0, nil) }
 
 func (d *Device) ClearDoorbellMask(bits uint64) {
-	d.mu.Lock()
-	d.mask &^= bits
-	d.mu.Unlock()
+	d.mask.Update(0, bits, nil)
 	if d.enter() {
 		d.wakeLocal() // a newly unmasked bit may be pending
 		d.exit()
@@ -485,17 +480,8 @@ func (d *Device) waitBell(ctx context.Context, want uint64, linkSeq uint64) (uin
 func (d *Device) waitOver(ctx context.Context, want uint64, linkSeq uint64) (bool, uint64, error) {
 	d.mu.Lock()
 	p := d.bells.Pending() & want
-	mask := d.mask
 	d.mu.Unlock()
-	switch {
-	case d.closed.Load():
-		return true, 0, ntb.ErrClosed
-	case p&^mask != 0, d.links.Seq() != linkSeq:
-		return true, p, nil
-	case ctx.Err() != nil:
-		return true, p, ctx.Err()
-	}
-	return false, p, nil
+	return doorbell.Done(ctx, d.closed.Load(), p, d.mask.Load(), d.links.Seq() != linkSeq)
 }
 
 func (d *Device) ScratchpadCount() int { return scratchpadRegs }

@@ -10,7 +10,6 @@ package config
 import (
 	"errors"
 	"fmt"
-	"github.com/ntstack/ntstack/internal/prim/pool"
 	"net"
 	"os"
 	"path/filepath"
@@ -20,6 +19,9 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/ntstack/ntstack/internal/prim/pool"
+	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 )
 
 // Defaults for fields left out of the file.
@@ -185,39 +187,9 @@ type Peer struct {
 	Transports []string `toml:"transports"`
 }
 
-// Transports, in the default order of preference.
-var Transports = []string{"ntb", "rdma", "tcp"}
-
-// TransportOrder returns the transports a connection to p may try, in
-// order: those the connection asks for (all if none), in its order, that
-// p's Transports allow; and, for each transport left out, why.
-func (p Peer) TransportOrder(asked []string) (order []string, excluded map[string]string) {
-	allowed := p.Transports
-	if len(allowed) == 0 {
-		allowed = Transports
-	}
-	want := asked
-	if len(want) == 0 {
-		want = allowed
-	}
-	excluded = map[string]string{}
-	for _, t := range want {
-		if slices.Contains(allowed, t) {
-			order = append(order, t)
-		} else {
-			excluded[t] = fmt.Sprintf("not allowed for %s (peers.transports = %v)", p.Host, allowed)
-		}
-	}
-	for _, t := range Transports {
-		if _, ok := excluded[t]; !ok && !slices.Contains(order, t) {
-			if slices.Contains(allowed, t) {
-				excluded[t] = "not asked for by the connection"
-			} else {
-				excluded[t] = fmt.Sprintf("not allowed for %s (peers.transports = %v)", p.Host, allowed)
-			}
-		}
-	}
-	return order, excluded
+// Paths is p as route choice sees it (ctlapi.PickRoute).
+func (p Peer) Paths() ctlapi.Paths {
+	return ctlapi.Paths{Host: p.Host, Link: p.Link, Fallback: p.Fallback, Transports: p.Transports}
 }
 
 // Rule is one access-control entry. Rules are tried in order and the first
@@ -425,8 +397,8 @@ func (c *Config) Validate() error {
 			links[p.Link] = true
 		}
 		for _, t := range p.Transports {
-			if !slices.Contains(Transports, t) {
-				bad("peers[%d].transports: %q is none of %v", i, t, Transports)
+			if !slices.Contains(ctlapi.Transports, t) {
+				bad("peers[%d].transports: %q is none of %v", i, t, ctlapi.Transports)
 			}
 		}
 		claim(p.Host, p.Host)

@@ -56,7 +56,7 @@ func (m *Monitor) Resolve(req ctlapi.ResolveRequest) (ctlapi.Route, error) {
 	default:
 		r.RDMAAddr = hello.RDMA
 	}
-	return ctlapi.PickRoute(p.cfg, req.Transports, r)
+	return ctlapi.PickRoute(p.cfg.Paths(), req.Transports, r)
 }
 
 // Admit decides whether a connection from rack peer req.Peer may reach

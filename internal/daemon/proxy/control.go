@@ -92,7 +92,7 @@ func (s *StaticControl) Resolve(_ context.Context, r ctlapi.ResolveRequest) (ctl
 	default:
 		reach.RDMAAddr = s.PeerRDMA[host]
 	}
-	return ctlapi.PickRoute(p, r.Transports, reach)
+	return ctlapi.PickRoute(p.Paths(), r.Transports, reach)
 }
 
 func (s *StaticControl) Admit(_ context.Context, r ctlapi.AdmitRequest) error {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/prim/proc"
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 	"github.com/ntstack/ntstack/internal/wire/appproto"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 	"github.com/ntstack/ntstack/ntb/shm"
@@ -494,13 +495,9 @@ func streamThroughOutage(t *testing.T, r *rack, c net.Conn, total int, fallback 
 	back := make(chan struct{}) // closed once the connection is on the NTB again
 	outage := make(chan error, 1)
 	go func() {
-		deadline := time.Now().Add(20 * time.Second)
 		wait := func(what string, cond func() bool) error {
-			for !cond() {
-				if time.Now().After(deadline) {
-					return errors.New("timed out waiting for " + what)
-				}
-				time.Sleep(time.Millisecond)
+			if !waitfor.Until(cond) {
+				return errors.New("timed out waiting for " + what)
 			}
 			return nil
 		}

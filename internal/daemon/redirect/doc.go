@@ -82,12 +82,14 @@
 // os.ErrPermission). On systems other than Linux every call returns one.
 package redirect
 
-import "errors"
+import (
+	"github.com/ntstack/ntstack/internal/prim/errs"
+)
 
 // ErrNotSupported is matched (errors.Is) by every error that says the
 // system cannot redirect connects: not Linux, no cgroup2, no cgroup sock_addr
 // hooks or bpf links, no permission to load BPF programs.
-var ErrNotSupported = errors.New("not supported")
+var ErrNotSupported = errs.ErrNotSupported
 
 // NotSupportedError reports what is missing. It matches ErrNotSupported
 // and unwraps to the underlying cause, if any.

@@ -20,6 +20,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 )
 
 // The test binary re-executed with helperEnv set is a client started
@@ -107,16 +109,13 @@ func newTestCgroup(t *testing.T) *testCgroup {
 	t.Cleanup(func() {
 		dir.Close()
 		// A reaped child may still be leaving the cgroup for a moment.
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			err := os.Remove(path)
-			if err == nil || !errors.Is(err, syscall.EBUSY) || time.Now().After(deadline) {
-				if err != nil {
-					t.Errorf("remove cgroup: %v", err)
-				}
-				return
-			}
-			time.Sleep(10 * time.Millisecond)
+		var err error
+		waitfor.Until(func() bool {
+			err = os.Remove(path)
+			return err == nil || !errors.Is(err, syscall.EBUSY)
+		})
+		if err != nil {
+			t.Errorf("remove cgroup: %v", err)
 		}
 	})
 	return &testCgroup{path: path, dir: dir}
@@ -424,9 +423,7 @@ func TestCloseNoLeak(t *testing.T) {
 	}
 	// A leak shows as more goroutines; fewer is one of an earlier test's
 	// (or the runtime's) ending meanwhile, as seen in CI.
-	for end := time.Now().Add(time.Second); runtime.NumGoroutine() > goroutines && time.Now().Before(end); {
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitfor.Until(func() bool { return runtime.NumGoroutine() <= goroutines })
 	if got := runtime.NumGoroutine(); got > goroutines {
 		t.Errorf("%d goroutines before Attach, %d after Close", goroutines, got)
 	}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 )
 
 func TestCheckGeometry(t *testing.T) {
@@ -83,7 +85,8 @@ func TestKick(t *testing.T) {
 		s.Wait(App, func() bool { return false }, 0, time.Time{})
 		close(done)
 	}()
-	time.Sleep(10 * time.Millisecond)
+	_, asleep := evOffs(App)
+	waitfor.True(t, "the waiter to park", func() bool { return s.hdr.Load32(asleep) != 0 })
 	s.Kick(App)
 	select {
 	case <-done:
@@ -108,9 +111,9 @@ func TestSporadicWaitKeepsShortSpin(t *testing.T) {
 	long := make(chan bool)
 	go func() { long <- s.Wait(App, func() bool { return false }, spin, time.Time{}) }()
 	_, asleep := evOffs(App)
-	for s.hdr.Load32(asleep) == 0 { // spinning still, or not yet waiting
-		time.Sleep(100 * time.Microsecond)
-	}
+	waitfor.True(t, "the waiter to park", func() bool { return s.hdr.Load32(asleep) != 0 })
+	// The thing under test: a wait that lasts longer than a BusySpin
+	// spin would have bridged.
 	time.Sleep(2 * BusySpin)
 	s.Notify(App)
 	select {

@@ -21,14 +21,15 @@ package proc
 
 import (
 	"bufio"
-	"errors"
 	"io"
 	"strings"
+
+	"github.com/ntstack/ntstack/internal/prim/errs"
 )
 
 // ErrNotSupported reports that the platform lacks the requested operation.
 // Match it with errors.Is.
-var ErrNotSupported = errors.New("not supported")
+var ErrNotSupported = errs.ErrNotSupported
 
 // Host describes the machine a measurement ran on.
 type Host struct {

@@ -63,6 +63,7 @@ import (
 	"time"
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/prim/errs"
 )
 
 // Ports every host uses, on its rack address.
@@ -243,7 +244,7 @@ type Rack struct {
 
 // ErrNotSupported is matched (errors.Is) by the error Start returns when
 // this machine cannot run a rack; the error says why.
-var ErrNotSupported = errors.New("not supported")
+var ErrNotSupported = errs.ErrNotSupported
 
 // NotSupportedError reports what an emulated rack lacks here.
 type NotSupportedError struct{ Reason string }

@@ -12,6 +12,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 )
 
 // listen returns a TCP listener on an ephemeral loopback port.
@@ -59,14 +61,10 @@ func checkGoroutines(t *testing.T) func() {
 	before := runtime.NumGoroutine()
 	return func() {
 		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for runtime.NumGoroutine() > before {
-			if time.Now().After(deadline) {
-				buf := make([]byte, 1<<20)
-				buf = buf[:runtime.Stack(buf, true)]
-				t.Fatalf("goroutines: %d before, %d after:\n%s", before, runtime.NumGoroutine(), buf)
-			}
-			time.Sleep(10 * time.Millisecond)
+		if !waitfor.Until(func() bool { return runtime.NumGoroutine() <= before }) {
+			buf := make([]byte, 1<<20)
+			buf = buf[:runtime.Stack(buf, true)]
+			t.Fatalf("goroutines: %d before, %d after:\n%s", before, runtime.NumGoroutine(), buf)
 		}
 	}
 }

@@ -2,10 +2,57 @@ package ctlapi
 
 import (
 	"fmt"
+	"slices"
 	"strings"
-
-	"github.com/ntstack/ntstack/internal/daemon/config"
 )
+
+// Transports, in the default order of preference.
+var Transports = []string{PathNTB, PathRDMA, PathTCP}
+
+// Paths are the ways to one peer host that the host's configuration
+// offers.
+type Paths struct {
+	Host string
+	// Link names the emulated NTB link to the peer ("" = no NTB link).
+	Link string
+	// Fallback is a TCP address that reaches the peer off the fabric.
+	Fallback string
+	// Transports restricts and orders the paths to the peer: a subset of
+	// Transports (empty = all of them, in that order).
+	Transports []string
+}
+
+// TransportOrder returns the transports a connection to p may try, in
+// order: those the connection asks for (all if none), in its order, that
+// p's Transports allow; and, for each transport left out, why.
+func (p Paths) TransportOrder(asked []string) (order []string, excluded map[string]string) {
+	allowed := p.Transports
+	if len(allowed) == 0 {
+		allowed = Transports
+	}
+	want := asked
+	if len(want) == 0 {
+		want = allowed
+	}
+	excluded = map[string]string{}
+	for _, t := range want {
+		if slices.Contains(allowed, t) {
+			order = append(order, t)
+		} else {
+			excluded[t] = fmt.Sprintf("not allowed for %s (peers.transports = %v)", p.Host, allowed)
+		}
+	}
+	for _, t := range Transports {
+		if _, ok := excluded[t]; !ok && !slices.Contains(order, t) {
+			if slices.Contains(allowed, t) {
+				excluded[t] = "not asked for by the connection"
+			} else {
+				excluded[t] = fmt.Sprintf("not allowed for %s (peers.transports = %v)", p.Host, allowed)
+			}
+		}
+	}
+	return order, excluded
+}
 
 // Reach is what a connection to a peer could use at the moment, as far as
 // the control plane knows.
@@ -23,7 +70,7 @@ type Reach struct {
 // over. The route's Hops are every transport of that order the pair has
 // (the NTB link while merely down too): the ones a connection may move to
 // when its transport fails, and back.
-func PickRoute(peer config.Peer, asked []string, r Reach) (Route, error) {
+func PickRoute(peer Paths, asked []string, r Reach) (Route, error) {
 	order, excluded := peer.TransportOrder(asked)
 	var hops []Hop
 	for _, t := range order {
@@ -59,7 +106,7 @@ func PickRoute(peer config.Peer, asked []string, r Reach) (Route, error) {
 			passed = append(passed, "no TCP fallback configured for "+peer.Host)
 		}
 	}
-	for _, t := range config.Transports {
+	for _, t := range Transports {
 		if why, ok := excluded[t]; ok {
 			passed = append(passed, t+" "+why)
 		}

@@ -4,8 +4,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/ntstack/ntstack/internal/daemon/config"
 )
 
 // Path choice: NTB, then RDMA, then TCP, restricted and ordered per host
@@ -13,7 +11,7 @@ import (
 // choice and each refusal saying why, and the hops a connection may move
 // between.
 func TestPickRoute(t *testing.T) {
-	peer := config.Peer{Host: "b", Link: "ab", Fallback: "192.0.2.2:7480"}
+	peer := Paths{Host: "b", Link: "ab", Fallback: "192.0.2.2:7480"}
 	down := "peer b control plane down since 12:00:00 (eof)"
 	noRDMA := "no RDMA on this host: verbs provider: built without the verbs tag"
 	rdma := Reach{RDMAAddr: "198.51.100.2:7490"}
