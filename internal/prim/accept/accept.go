@@ -219,7 +219,8 @@ type Options struct {
 	// Exempt, if set, reports sources that are not bounded (root, say,
 	// who is trusted with everything).
 	Exempt func(source string) bool
-	// PerSource bounds each source's pending connections.
+	// PerSource bounds each source's pending connections (0: no bound,
+	// and Source is not called).
 	PerSource int
 }
 
@@ -268,6 +269,9 @@ func (l *Listener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		l.retry.OK()
+		if l.o.PerSource <= 0 {
+			return &Conn{Conn: c, release: func() {}}, nil
+		}
 		src, err := l.o.Source(c)
 		if err != nil {
 			if l.o.Logf != nil {

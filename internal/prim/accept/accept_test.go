@@ -209,3 +209,17 @@ func TestRetryEndsOnClosed(t *testing.T) {
 	close(done)
 	require.False(t, r.Pause(done, emfile()))
 }
+
+// Without a bound a Listener only retries: every connection comes
+// through, with no source asked for.
+func TestListenerUnbounded(t *testing.T) {
+	f := newFake(emfile())
+	ln := Wrap(f, Options{What: "test", Source: func(net.Conn) (string, error) { return "", errors.New("not asked") }})
+	defer ln.Close()
+	for range 3 {
+		c, _ := connFrom(t, "192.0.2.1")
+		f.conns <- c
+		_, err := ln.Accept()
+		require.NoError(t, err)
+	}
+}
