@@ -388,7 +388,8 @@ const floodLimit = 256
 // connections held open on its TCP fallback port (from ten addresses, so
 // that the per-address bound does not stop them all: it runs out of
 // descriptors) and 600 on its application socket from another user; it
-// neither exits nor wedges, and serves a peer's dial over the fallback
+// neither exits nor wedges, attaches root's application while the other
+// user's flood still holds, and serves a peer's dial over the fallback
 // and a new application's attach and dial afterwards.
 func TestFloodSurvives(t *testing.T) {
 	if os.Getuid() != 0 {
@@ -495,11 +496,22 @@ func TestFloodSurvives(t *testing.T) {
 		return err == nil && strings.Contains(string(b), "too many open files")
 	}, 60*time.Second, 20*time.Millisecond, "ntproxy on a never ran out of descriptors")
 
-	// The floods end; ntproxy is the same process and serves as before.
+	// The fallback flood ends. The other user still holds its 600: its
+	// excess was closed at once and its pending attaches do not count
+	// against root's, so root's new application gets in.
 	for _, c := range held {
 		c.Close()
 	}
 	held = nil
+	require.Eventually(t, func() bool {
+		err := attachAndDial(4)
+		if err != nil {
+			t.Logf("attach and dial beside the other user's flood: %v", err)
+		}
+		return err == nil
+	}, 60*time.Second, 50*time.Millisecond)
+
+	// The floods end; ntproxy is the same process and serves as before.
 	flooder.finish(30 * time.Second)
 	require.Eventually(t, func() bool {
 		err := overFallback(2)
