@@ -118,6 +118,14 @@ func (s *Server) attach(c *net.UnixConn) (_ *app, err error) {
 			a.release()
 		}
 	}()
+	// Over quota, refused before any memory is made; register checks
+	// again, with the table, for attaches racing this one.
+	s.mu.Lock()
+	err = s.chargeLocked(cred.UID, a.memory, "a memory link")
+	s.mu.Unlock()
+	if err != nil {
+		return nil, refuse(ctlapi.CodeOf(err), "%s", errMessage(err))
+	}
 	if a.memfd, err = shm.NewMemLink(fmt.Sprintf("app-%d", a.id)); err != nil {
 		return nil, refuse(ctlapi.CodeInternal, "%v", err)
 	}
