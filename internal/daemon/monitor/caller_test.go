@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -140,4 +142,38 @@ func TestAPIConnCred(t *testing.T) {
 		want = ctlapi.ListenEntry{Port: 7002, UID: os.Getuid(), PID: os.Getpid()}
 	}
 	require.Equal(t, []ctlapi.ListenEntry{want}, st.Listening)
+}
+
+// One remote address has at most maxHandshakesPerIP connections in their
+// HELLO exchange: the next is closed at once, without a word; once one of
+// them ends, a connection from it is served again.
+func TestPeerHandshakesBoundedPerIP(t *testing.T) {
+	la := listen(t)
+	a := baseConfig(t, "a")
+	a.Monitor.PeerTimeout.Duration = time.Minute // the silent ones stay pending
+	start(t, a, la)
+	silent := make([]net.Conn, maxHandshakesPerIP)
+	for i := range silent {
+		silent[i] = rawPeer(t, la.Addr())
+	}
+	// Each silent connection is in its exchange once its successor is
+	// accepted; the listener takes them in order, so the one after them
+	// all meets the bound.
+	over := rawPeer(t, la.Addr())
+	require.Empty(t, readUntilClosed(t, over), "refused without a frame")
+
+	silent[0].Close()
+	require.Eventually(t, func() bool {
+		c, err := net.Dial("tcp", la.Addr().String())
+		if err != nil {
+			return false
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(waitFor))
+		if err := WriteFrame(c, FrameHello, Hello{Magic: "redis", Version: 1, Host: "d"}); err != nil {
+			return false
+		}
+		f, err := ReadFrame(c)
+		return err == nil && f.Type == FrameError
+	}, waitFor, 10*time.Millisecond, "a connection from the address is served again")
 }
