@@ -55,40 +55,37 @@ type trustParams struct {
 }
 
 var (
-	selfCopyOnce sync.Once
-	selfCopy     string
-	selfCopyErr  error
+	selfCopiesMu sync.Mutex
+	selfCopies   = map[*testing.T]string{}
 )
 
 // otherUserBinary is a copy of the test binary that another user may
-// execute: the build directory is root's alone.
+// execute (the build directory is root's alone), one per test, removed
+// when it ends.
 func otherUserBinary(t *testing.T) string {
 	t.Helper()
-	selfCopyOnce.Do(func() {
-		self, err := os.Executable()
-		if err != nil {
-			selfCopyErr = err
-			return
-		}
-		dir, err := os.MkdirTemp("", "ntstack-trust-")
-		if err != nil {
-			selfCopyErr = err
-			return
-		}
-		if err := os.Chmod(dir, 0o755); err != nil {
-			selfCopyErr = err
-			return
-		}
-		b, err := os.ReadFile(self)
-		if err != nil {
-			selfCopyErr = err
-			return
-		}
-		selfCopy = filepath.Join(dir, "ntstack-test")
-		selfCopyErr = os.WriteFile(selfCopy, b, 0o755)
+	selfCopiesMu.Lock()
+	defer selfCopiesMu.Unlock()
+	if path, ok := selfCopies[t]; ok {
+		return path
+	}
+	self, err := os.Executable()
+	require.NoError(t, err)
+	dir, err := os.MkdirTemp("", "ntstack-trust-")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		os.RemoveAll(dir)
+		selfCopiesMu.Lock()
+		delete(selfCopies, t)
+		selfCopiesMu.Unlock()
 	})
-	require.NoError(t, selfCopyErr)
-	return selfCopy
+	require.NoError(t, os.Chmod(dir, 0o755))
+	b, err := os.ReadFile(self)
+	require.NoError(t, err)
+	path := filepath.Join(dir, "ntstack-test")
+	require.NoError(t, os.WriteFile(path, b, 0o755))
+	selfCopies[t] = path
+	return path
 }
 
 // startAs starts a copy of the test binary as cred, with the ambient
