@@ -259,6 +259,9 @@ func roleLocalUser(ctl *childCtl, _ childParams) error {
 			}
 		}
 	}
+	if !strings.Contains(st.Scope, fmt.Sprintf("uid %d only", me)) {
+		return fmt.Errorf("status scope %q does not say it is uid %d's part", st.Scope, me)
+	}
 	if st.Proxy.Gateway != nil {
 		return fmt.Errorf("status shows the gateway: %+v", st.Proxy.Gateway)
 	}
@@ -345,6 +348,7 @@ func TestLocalTrust(t *testing.T) {
 	require.Equal(t, 65534, held[7300])
 	require.Equal(t, 65534, held[7301])
 	require.NotNil(t, st.Proxy, st.ProxyErr)
+	require.Empty(t, st.Scope, "root's view is everything")
 	apps := map[uint64]int{}
 	for _, ap := range st.Proxy.Apps {
 		apps[ap.ID] = ap.UID

@@ -131,6 +131,7 @@ func visibleTo(st *ctlapi.Status, uid int) {
 	if uid == 0 {
 		return
 	}
+	st.Scope = fmt.Sprintf("uid %d only: its reservations, applications and connections; links without traffic (root sees every user's)", uid)
 	own := st.Listening[:0]
 	for _, e := range st.Listening {
 		if e.UID == uid {

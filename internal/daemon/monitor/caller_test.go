@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -115,6 +116,10 @@ func TestVisibleTo(t *testing.T) {
 	require.Equal(t, full(), st)
 
 	visibleTo(&st, 1000)
+	require.Contains(t, st.Scope, "uid 1000 only")
+	var text strings.Builder
+	require.NoError(t, WriteStatus(&text, &st))
+	require.Contains(t, text.String(), "view: uid 1000 only")
 	require.Equal(t, []ctlapi.ListenEntry{{Port: 7001, UID: 1000, PID: 10}}, st.Listening)
 	require.Equal(t, []ctlapi.AppStat{{ID: 2, UID: 1000, PID: 10}}, st.Proxy.Apps)
 	require.Equal(t, []ctlapi.ListenStat{{App: 2, Port: 7001}}, st.Proxy.Listeners)

@@ -175,6 +175,9 @@ type Status struct {
 	Listening []ListenEntry `json:"listening"`
 	Proxy     *Snapshot     `json:"proxy,omitempty"`
 	ProxyErr  string        `json:"proxy_error,omitempty"`
+	// Scope says whose part this is when it is not everything ("" for
+	// root's view).
+	Scope string `json:"scope,omitempty"`
 }
 
 // PeerStatus is one rack peer as ntmon sees it.
