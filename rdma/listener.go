@@ -2,9 +2,12 @@ package rdma
 
 import (
 	"context"
+	"log"
 	"net"
 	"sync"
 	"time"
+
+	"github.com/ntstack/ntstack/internal/prim/accept"
 )
 
 // listener is both providers' net.Listener: a TCP listener for the
@@ -49,16 +52,43 @@ func newListener(provider, addr string, timeout time.Duration, handshake func(co
 	return l, nil
 }
 
+// maxPendingPerIP bounds the handshakes in progress from one remote
+// address; more connections from it are closed at once.
+const maxPendingPerIP = 64
+
+// runAccept accepts bootstrap sockets until the listener closes. Accept
+// errors (descriptors running out, say) are retried with backoff, as
+// net/http's Server.Serve, never the end of the listener. The provider has
+// no logger of its own: the retries and refusals go to the standard
+// logger, which the daemons set up.
 func (l *listener) runAccept() {
+	what := "rdma bootstrap " + l.tcp.Addr().String()
+	retry := accept.Retry{What: what, Logf: log.Printf}
+	pending := accept.NewLimiter(what, maxPendingPerIP, log.Printf)
 	for {
 		c, err := l.tcp.Accept()
 		if err != nil {
-			return // closed; a transient error on a live listener is rare and ends it too
+			if retry.Pause(l.ctx.Done(), err) {
+				continue
+			}
+			return
+		}
+		retry.OK()
+		ip, err := accept.RemoteIP(c)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		release, ok := pending.Take(ip)
+		if !ok {
+			c.Close()
+			continue
 		}
 		l.wg.Go(func() {
 			ctx, cancel := context.WithTimeout(l.ctx, l.timeout)
 			defer cancel()
 			conn, err := l.handshake(ctx, c.(*net.TCPConn))
+			release()
 			if err != nil {
 				c.Close()
 				return

@@ -62,6 +62,8 @@ type Config struct {
 	Gateway Gateway `toml:"gateway"`
 	Peers   []Peer  `toml:"peers"`
 	ACL     []Rule  `toml:"acl"`
+	// Quota bounds each local user's applications (quota.go).
+	Quota Quota `toml:"quota"`
 }
 
 // Gateway configures ntproxy's TCP gateway, which carries the connections
@@ -312,6 +314,7 @@ func (c *Config) setDefaults() {
 	if c.Gateway.Mode == "" {
 		c.Gateway.Mode = GatewayDirect
 	}
+	c.Quota.setDefaults()
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
@@ -418,6 +421,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	c.validateGateway(bad)
+	c.Quota.validate(bad)
 	return errors.Join(errs...)
 }
 

@@ -39,18 +39,39 @@ func TestExampleParses(t *testing.T) {
 
 func TestParseRejects(t *testing.T) {
 	for name, doc := range map[string]string{
-		"no host":        ``,
-		"unknown key":    "host = \"a\"\nbogus = 1\n",
-		"self as peer":   "host = \"a\"\n[[peers]]\nhost = \"a\"\n",
-		"address twice":  "host = \"a\"\naddresses = [\"x\"]\n[[peers]]\nhost = \"b\"\naddresses = [\"x\"]\n",
-		"link twice":     "host = \"a\"\n[[peers]]\nhost = \"b\"\nlink = \"l\"\n[[peers]]\nhost = \"c\"\nlink = \"l\"\n",
-		"bad action":     "host = \"a\"\n[[acl]]\naction = \"maybe\"\n",
-		"bad window":     "host = \"a\"\n[proxy]\nwindow = 100\n",
-		"bad duration":   "host = \"a\"\n[monitor]\nheartbeat = \"soon\"\n",
-		"bad control":    "host = \"a\"\n[[peers]]\nhost = \"b\"\ncontrol = \"nohostport\"\n",
-		"too many parts": "host = \"a\"\n[proxy]\npartitions = 31\n",
+		"no host":         ``,
+		"unknown key":     "host = \"a\"\nbogus = 1\n",
+		"self as peer":    "host = \"a\"\n[[peers]]\nhost = \"a\"\n",
+		"address twice":   "host = \"a\"\naddresses = [\"x\"]\n[[peers]]\nhost = \"b\"\naddresses = [\"x\"]\n",
+		"link twice":      "host = \"a\"\n[[peers]]\nhost = \"b\"\nlink = \"l\"\n[[peers]]\nhost = \"c\"\nlink = \"l\"\n",
+		"bad action":      "host = \"a\"\n[[acl]]\naction = \"maybe\"\n",
+		"bad window":      "host = \"a\"\n[proxy]\nwindow = 100\n",
+		"bad duration":    "host = \"a\"\n[monitor]\nheartbeat = \"soon\"\n",
+		"bad control":     "host = \"a\"\n[[peers]]\nhost = \"b\"\ncontrol = \"nohostport\"\n",
+		"too many parts":  "host = \"a\"\n[proxy]\npartitions = 31\n",
+		"bad quota":       "host = \"a\"\n[quota]\nmemory = -2\n",
+		"quota uid twice": "host = \"a\"\n[[quota.uid]]\nuid = 7\nmemory = 1\n[[quota.uid]]\nuid = 7\nmemory = 2\n",
 	} {
 		_, err := Parse([]byte(doc))
 		require.Error(t, err, name)
 	}
+}
+
+func TestQuota(t *testing.T) {
+	c, err := Parse([]byte("host = \"a\"\n"))
+	require.NoError(t, err)
+	require.EqualValues(t, DefaultQuotaMemory, c.Quota.MemoryOf(1000))
+	require.EqualValues(t, NoLimit, c.Quota.MemoryOf(0), "root is not bounded by default")
+
+	b, err := os.ReadFile("example.toml")
+	require.NoError(t, err)
+	c, err = Parse(b)
+	require.NoError(t, err)
+	require.EqualValues(t, 1<<30, c.Quota.MemoryOf(1001))
+	require.EqualValues(t, 256<<20, c.Quota.MemoryOf(1000))
+
+	c, err = Parse([]byte("host = \"a\"\n[quota]\nmemory = -1\n[[quota.uid]]\nuid = 0\nmemory = 4096\n"))
+	require.NoError(t, err)
+	require.EqualValues(t, NoLimit, c.Quota.MemoryOf(1000))
+	require.EqualValues(t, 4096, c.Quota.MemoryOf(0), "root is bounded when named")
 }

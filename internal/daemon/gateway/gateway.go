@@ -43,6 +43,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/daemon/redirect"
+	"github.com/ntstack/ntstack/internal/prim/accept"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 	"github.com/ntstack/ntstack/qos"
 	"github.com/ntstack/ntstack/socklike"
@@ -223,34 +224,53 @@ func (g *Gateway) redirectTo(svc *service, addr net.Addr) error {
 	return nil
 }
 
-// serve accepts on ln until it closes.
+// Bounds of a forward's connections still being set up (the gateway
+// dialing their other side, at most dialTimeout), per remote IP. Clients
+// of a forward are mostly on this host (one IP), so the bound leaves room
+// for a benchmark's burst of connections; more are closed at once.
+const maxPendingPerIP = 256
+
+// serve accepts on ln until it closes. Accept errors (descriptors running
+// out, say) are retried with backoff, never returned.
 func (g *Gateway) serve(ctx context.Context, ln net.Listener, svc *service) error {
+	what := fmt.Sprintf("gateway %s %s", svc.stat.Kind, svc.stat.Listen)
+	retry := accept.Retry{What: what, Logf: g.logf}
+	pending := accept.NewLimiter(what, maxPendingPerIP, g.logf)
 	for {
 		c, err := ln.Accept()
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
+			if retry.Pause(ctx.Done(), err) {
 				continue
 			}
-			return fmt.Errorf("gateway %s %s: accept: %w", svc.stat.Kind, svc.stat.Listen, err)
+			return nil
+		}
+		retry.OK()
+		ip, err := accept.RemoteIP(c)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		release, ok := pending.Take(ip)
+		if !ok {
+			c.Close()
+			continue
 		}
 		g.wg.Add(1)
 		go func() {
 			defer g.wg.Done()
-			g.carry(ctx, svc, c)
+			g.carry(ctx, svc, c, release)
 		}()
 	}
 }
 
-// carry connects c's other side and copies between them.
-func (g *Gateway) carry(ctx context.Context, svc *service, c net.Conn) {
+// carry connects c's other side and copies between them; connected ends
+// c's pending time once the other side is dialed (or not).
+func (g *Gateway) carry(ctx context.Context, svc *service, c net.Conn, connected func()) {
 	svc.total.Add(1)
 	dctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	other, err := g.dial(dctx, svc)
 	cancel()
+	connected()
 	if err != nil {
 		// Counted before the close, which the client sees.
 		svc.failed.Add(1)

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/ntstack/ntstack/internal/prim/proc"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 )
 
@@ -75,11 +76,19 @@ func (m *Monitor) Admit(req ctlapi.AdmitRequest) error {
 }
 
 // Listen reserves a port (req.Port 0: one of EphemeralFirst..EphemeralLast)
-// for a local process. The holder asking again keeps its port (an
-// application re-listening after an ntproxy restart), and a reservation
-// whose holder has exited is taken over. Errors: CodePortInUse naming the
-// holder, CodeBadRequest, CodeQuota when the range is exhausted.
+// for the local process req.PID of user req.UID. A port below 1024 needs
+// uid 0 or CAP_NET_BIND_SERVICE in that process (proc.MayBindPrivileged).
+// The holder asking again keeps its port (an application re-listening
+// after an ntproxy restart), and a reservation whose holder has exited is
+// taken over. Errors: CodeDenied for a privileged port, CodePortInUse
+// naming the holder, CodeBadRequest, CodeQuota when the range is
+// exhausted.
 func (m *Monitor) Listen(req ctlapi.ListenRequest) (ctlapi.ListenReply, error) {
+	if req.Port > 0 && req.Port < proc.FirstUnprivilegedPort {
+		if err := proc.MayBindPrivileged(proc.Cred{UID: req.UID, PID: req.PID}); err != nil {
+			return ctlapi.ListenReply{}, ctlapi.Errorf(ctlapi.CodeDenied, "listen on port %d: below %d, and %v", req.Port, proc.FirstUnprivilegedPort, err)
+		}
+	}
 	port, err := m.ports.reserve(req)
 	if err != nil {
 		return ctlapi.ListenReply{}, err
@@ -90,11 +99,12 @@ func (m *Monitor) Listen(req ctlapi.ListenRequest) (ctlapi.ListenReply, error) {
 
 // Unlisten releases a reservation; a non-zero req.PID must be the holder's.
 func (m *Monitor) Unlisten(req ctlapi.ListenRequest) error {
-	return m.ports.release(req)
+	return m.ports.release(req, anyUID)
 }
 
 // Status reports the peers, the reservations and ntproxy's snapshot
-// (Status.ProxyErr says why the snapshot is missing).
+// (Status.ProxyErr says why the snapshot is missing): everything, as root
+// sees it (the local API shows a non-root caller only its own part).
 func (m *Monitor) Status(ctx context.Context) (st ctlapi.Status) {
 	if m.opts.RDMA.Addr == "" {
 		defer func() { st.RDMA = "none: " + m.opts.RDMA.Why }()
@@ -172,21 +182,25 @@ func (m *Monitor) peerStatus() []ctlapi.PeerStatus {
 	return out
 }
 
-// apiHandler serves the local API (ctlapi paths).
+// apiHandler serves the local API (ctlapi paths). Every request is
+// answered for the identity its connection's SO_PEERCRED gives (see
+// caller.go), which the server's ConnContext stores.
 func (m *Monitor) apiHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+ctlapi.PathResolve, func(w http.ResponseWriter, r *http.Request) {
 		var req ctlapi.ResolveRequest
-		if err := ctlapi.Decode(r, &req); err != nil {
+		caller, err := decodeFrom(r, &req)
+		if err != nil {
 			ctlapi.Reply(w, nil, err)
 			return
 		}
+		req.UID = onBehalf(caller, req.UID, 0).UID
 		rt, err := m.Resolve(req)
 		ctlapi.Reply(w, rt, err)
 	})
 	mux.HandleFunc("POST "+ctlapi.PathAdmit, func(w http.ResponseWriter, r *http.Request) {
 		var req ctlapi.AdmitRequest
-		if err := ctlapi.Decode(r, &req); err != nil {
+		if _, err := decodeFrom(r, &req); err != nil {
 			ctlapi.Reply(w, nil, err)
 			return
 		}
@@ -194,26 +208,52 @@ func (m *Monitor) apiHandler() http.Handler {
 	})
 	mux.HandleFunc("POST "+ctlapi.PathListen, func(w http.ResponseWriter, r *http.Request) {
 		var req ctlapi.ListenRequest
-		if err := ctlapi.Decode(r, &req); err != nil {
+		caller, err := decodeFrom(r, &req)
+		if err != nil {
 			ctlapi.Reply(w, nil, err)
 			return
 		}
+		who := onBehalf(caller, req.UID, req.PID)
+		req.UID, req.PID = who.UID, who.PID
 		rep, err := m.Listen(req)
 		ctlapi.Reply(w, rep, err)
 	})
 	mux.HandleFunc("POST "+ctlapi.PathUnlisten, func(w http.ResponseWriter, r *http.Request) {
 		var req ctlapi.ListenRequest
-		if err := ctlapi.Decode(r, &req); err != nil {
+		caller, err := decodeFrom(r, &req)
+		if err != nil {
 			ctlapi.Reply(w, nil, err)
 			return
 		}
-		ctlapi.Reply(w, struct{}{}, m.Unlisten(req))
+		if caller.UID == 0 {
+			ctlapi.Reply(w, struct{}{}, m.ports.release(req, anyUID))
+			return
+		}
+		// Anyone else releases only its own user's reservations, whatever
+		// pid its body names.
+		ctlapi.Reply(w, struct{}{}, m.ports.release(ctlapi.ListenRequest{Port: req.Port}, caller.UID))
 	})
 	mux.HandleFunc("GET "+ctlapi.PathStatus, func(w http.ResponseWriter, r *http.Request) {
-		ctlapi.Reply(w, m.Status(r.Context()), nil)
+		caller, err := callerOf(r)
+		if err != nil {
+			ctlapi.Reply(w, nil, err)
+			return
+		}
+		st := m.Status(r.Context())
+		visibleTo(&st, caller.UID)
+		ctlapi.Reply(w, st, nil)
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		ctlapi.Reply(w, nil, ctlapi.Errorf(ctlapi.CodeBadRequest, "%s %s: no such endpoint", r.Method, r.URL.Path))
 	})
 	return mux
+}
+
+// decodeFrom returns r's caller and decodes its body into v.
+func decodeFrom(r *http.Request, v any) (proc.Cred, error) {
+	caller, err := callerOf(r)
+	if err != nil {
+		return proc.Cred{}, err
+	}
+	return caller, ctlapi.Decode(r, v)
 }

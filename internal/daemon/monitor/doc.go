@@ -14,7 +14,9 @@
 //     the state directory: route resolution (shared memory, NTB, RDMA or
 //     the TCP fallback, and why, with the hops a connection may fail over
 //     between), admission of inbound connections against
-//     the ACL, port reservations and status;
+//     the ACL, port reservations and status, each request answered for
+//     its connection's SO_PEERCRED identity, never one its body names
+//     (caller.go: root, ntproxy relaying, may name its applications');
 //   - exports Prometheus metrics built, at each scrape, from ntproxy's
 //     snapshot and the peer table.
 //

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/prim/accept"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 )
 
@@ -24,8 +25,10 @@ const (
 	DefaultBackoffMax   = time.Second
 	DefaultProxyTimeout = time.Second
 	// maxHandshakes bounds inbound connections that have not finished
-	// their HELLO exchange; more are closed at once.
-	maxHandshakes = 64
+	// their HELLO exchange, and maxHandshakesPerIP those of one remote
+	// address (a peer has one at a time); more are closed at once.
+	maxHandshakes      = 64
+	maxHandshakesPerIP = 4
 )
 
 // DefaultCaps are the capabilities a Monitor advertises unless
@@ -194,11 +197,19 @@ func New(cfg *config.Config, opts Options) (m *Monitor, err error) {
 		return nil, fmt.Errorf("new monitor: %w", err)
 	}
 	cleanup = append(cleanup, m.apiLn)
+	m.apiLn = m.wrapAPIListener(m.apiLn)
+	if m.metricsLn != nil {
+		m.metricsLn = accept.Wrap(m.metricsLn, accept.Options{What: "metrics " + m.metricsLn.Addr().String(), Logf: m.logf, PerSource: maxMetricsConnsPerIP})
+	}
 
 	m.proxy = ctlapi.NewClient(cfg.Path(config.AdminSocket))
-	m.api = &http.Server{Handler: m.apiHandler(), ReadHeaderTimeout: 5 * time.Second}
+	// The timeouts end the connections of callers that stall: each one
+	// counts against its uid's (or IP's) bound while open.
+	m.api = &http.Server{Handler: m.apiHandler(), ConnContext: connContext,
+		ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, IdleTimeout: time.Minute}
 	if m.metricsLn != nil {
-		m.metrics = &http.Server{Handler: m.metricsHandler(), ReadHeaderTimeout: 5 * time.Second}
+		m.metrics = &http.Server{Handler: m.metricsHandler(),
+			ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, IdleTimeout: time.Minute}
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	return m, nil
@@ -206,9 +217,8 @@ func New(cfg *config.Config, opts Options) (m *Monitor, err error) {
 
 // listenUnix listens on the socket at path for the local API: it creates
 // the directory, replaces a stale socket file (one nobody answers on) and
-// opens the socket to every local user (0666): unprivileged applications'
-// calls arrive through ntproxy, and ntmon itself grants nothing a caller
-// could not ask ntproxy for.
+// opens the socket to every local user (0666): each request is answered
+// for its connection's SO_PEERCRED identity (caller.go).
 func listenUnix(path string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", path, err)

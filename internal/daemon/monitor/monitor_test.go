@@ -442,7 +442,7 @@ func TestPortExhaustion(t *testing.T) {
 	}
 	_, err := pt.reserve(ctlapi.ListenRequest{PID: 1})
 	require.Equal(t, ctlapi.CodeQuota, ctlapi.CodeOf(err))
-	require.NoError(t, pt.release(ctlapi.ListenRequest{Port: 50000}))
+	require.NoError(t, pt.release(ctlapi.ListenRequest{Port: 50000}, anyUID))
 	p, err := pt.reserve(ctlapi.ListenRequest{PID: 2})
 	require.NoError(t, err)
 	require.Equal(t, 50000, p)

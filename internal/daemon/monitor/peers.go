@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/prim/accept"
 )
 
 // peerState is one configured rack peer. Its fields are guarded by
@@ -107,33 +108,46 @@ func (r *refusal) Error() string { return r.msg }
 // runAccept accepts peer connections until the listener closes.
 func (m *Monitor) runAccept() {
 	defer m.wg.Done()
+	retry := accept.Retry{What: "peer listener " + m.peerLn.Addr().String(), Logf: m.logf}
+	perIP := accept.NewLimiter("peer listener "+m.peerLn.Addr().String(), maxHandshakesPerIP, m.logf)
 	for {
 		conn, err := m.peerLn.Accept()
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) || m.ctx.Err() != nil {
-				return
+			if retry.Pause(m.ctx.Done(), err) {
+				continue
 			}
-			m.log.Warn("accept peer connection", "err", err)
-			if !sleepCtx(m.ctx, 50*time.Millisecond) {
-				return
-			}
+			return
+		}
+		retry.OK()
+		ip, err := accept.RemoteIP(conn)
+		if err != nil {
+			_ = conn.Close()
+			continue
+		}
+		release, ok := perIP.Take(ip)
+		if !ok {
+			_ = conn.Close()
 			continue
 		}
 		select {
 		case m.handshakes <- struct{}{}:
 		default:
+			release()
 			m.log.Warn("refuse peer connection: too many pending handshakes", "remote", conn.RemoteAddr().String(), "limit", maxHandshakes)
 			_ = conn.Close()
 			continue
 		}
 		m.wg.Add(1)
-		go m.runInbound(conn)
+		go m.runInbound(conn, release)
 	}
 }
 
-func (m *Monitor) runInbound(conn net.Conn) {
+func (m *Monitor) runInbound(conn net.Conn, release func()) {
 	defer m.wg.Done()
-	m.serveConn(conn, "", func() { <-m.handshakes })
+	m.serveConn(conn, "", func() {
+		release()
+		<-m.handshakes
+	})
 }
 
 // runDialer keeps a session to one peer: while none is up it dials the

@@ -38,9 +38,10 @@ func (t *portTable) reserve(req ctlapi.ListenRequest) (int, error) {
 	defer t.mu.Unlock()
 	if req.Port != 0 {
 		// The same process asking again is an application re-registering
-		// its listener after an ntproxy restart; a holder that has exited
-		// left its reservation behind with a killed ntproxy.
-		if e, ok := t.held[req.Port]; ok && e.PID != req.PID && pidAlive(e.PID) {
+		// its listener after an ntproxy restart (the same user too: a pid
+		// reused by another user's process takes nothing); a holder that
+		// has exited left its reservation behind with a killed ntproxy.
+		if e, ok := t.held[req.Port]; ok && (e.PID != req.PID || e.UID != req.UID) && pidAlive(e.PID) {
 			return 0, ctlapi.Errorf(ctlapi.CodePortInUse, "listen on port %d: held by pid %d (uid %d)", req.Port, e.PID, e.UID)
 		}
 		t.held[req.Port] = ctlapi.ListenEntry{Port: req.Port, UID: req.UID, PID: req.PID}
@@ -62,13 +63,21 @@ func (t *portTable) reserve(req ctlapi.ListenRequest) (int, error) {
 	return 0, ctlapi.Errorf(ctlapi.CodeQuota, "listen: all %d ports of %d..%d are reserved", span, EphemeralFirst, EphemeralLast)
 }
 
-// release drops a reservation. A PID other than 0 must match the holder's.
-func (t *portTable) release(req ctlapi.ListenRequest) error {
+// anyUID is release's uid for a caller that may release any user's
+// reservation (root).
+const anyUID = -1
+
+// release drops a reservation. A uid other than anyUID must be the
+// holder's, and a PID other than 0 too.
+func (t *portTable) release(req ctlapi.ListenRequest, uid int) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e, ok := t.held[req.Port]
 	if !ok {
 		return ctlapi.Errorf(ctlapi.CodeBadRequest, "unlisten port %d: not reserved", req.Port)
+	}
+	if uid != anyUID && e.UID != uid {
+		return ctlapi.Errorf(ctlapi.CodeDenied, "unlisten port %d: held by uid %d, not %d", req.Port, e.UID, uid)
 	}
 	if req.PID != 0 && e.PID != req.PID {
 		return ctlapi.Errorf(ctlapi.CodeDenied, "unlisten port %d: held by pid %d, not %d", req.Port, e.PID, req.PID)

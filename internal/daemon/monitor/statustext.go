@@ -31,6 +31,9 @@ func WriteStatus(w io.Writer, st *ctlapi.Status) error {
 
 	fmt.Fprintf(tw, "host %s, ntmon %s, peer protocol %d\n", st.Host, st.Version, ProtocolVersion)
 	fmt.Fprintf(tw, "rdma: %s\n", cell(st.RDMA))
+	if st.Scope != "" {
+		fmt.Fprintf(tw, "view: %s\n", st.Scope)
+	}
 	snap := st.Proxy
 	if snap == nil {
 		fmt.Fprintf(tw, "ntproxy: not reachable (%s)\n", st.ProxyErr)

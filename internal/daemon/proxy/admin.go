@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ntstack/ntstack/internal/daemon/capture"
+	"github.com/ntstack/ntstack/internal/prim/accept"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 )
 
@@ -99,7 +100,10 @@ func (s *Server) ServeAdmin(ln net.Listener) error {
 		<-s.ctx.Done()
 		srv.Close()
 	}()
-	if err := srv.Serve(ln); err != nil && s.ctx.Err() == nil {
+	// Only root reaches the socket (0600); the wrapper retries accept
+	// errors, which Serve would return for some (ENOBUFS, ENOMEM).
+	wrapped := accept.Wrap(ln, accept.Options{What: "admin socket " + ln.Addr().String(), Logf: s.logf})
+	if err := srv.Serve(wrapped); err != nil && s.ctx.Err() == nil {
 		return err
 	}
 	return nil

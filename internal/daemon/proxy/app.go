@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/prim/proc"
 	"github.com/ntstack/ntstack/internal/wire/appproto"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
@@ -43,9 +44,11 @@ type app struct {
 // takes: two windows and a page of registers and header.
 func linkBytes(window int) int64 { return int64(2*window + 4096) }
 
-// runApp attaches the application on c and serves it until it goes.
-func (s *Server) runApp(c *net.UnixConn) {
+// runApp attaches the application on c and serves it until it goes;
+// identified ends c's pending time once the attach exchange is over.
+func (s *Server) runApp(c *net.UnixConn, identified func()) {
 	a, err := s.attach(c)
+	identified()
 	if err != nil {
 		s.logf("attach refused: %v", err)
 		c.Close()
@@ -115,6 +118,14 @@ func (s *Server) attach(c *net.UnixConn) (_ *app, err error) {
 			a.release()
 		}
 	}()
+	// Over quota, refused before any memory is made; register checks
+	// again, with the table, for attaches racing this one.
+	s.mu.Lock()
+	err = s.chargeLocked(cred.UID, a.memory, "a memory link")
+	s.mu.Unlock()
+	if err != nil {
+		return nil, refuse(ctlapi.CodeOf(err), "%s", errMessage(err))
+	}
 	if a.memfd, err = shm.NewMemLink(fmt.Sprintf("app-%d", a.id)); err != nil {
 		return nil, refuse(ctlapi.CodeInternal, "%v", err)
 	}
@@ -139,7 +150,7 @@ func (s *Server) attach(c *net.UnixConn) (_ *app, err error) {
 		w.PoolSlots, w.PoolRing = uint32(s.cfg.Proxy.PoolSlots), uint32(s.cfg.Proxy.PoolRing)
 	}
 	if err := s.register(a); err != nil {
-		return nil, refuse(ctlapi.CodeOf(err), "%v", err)
+		return nil, refuse(ctlapi.CodeOf(err), "%s", errMessage(err))
 	}
 	if err := proc.SendFiles(c, w.Encode(), files...); err != nil {
 		s.unregister(a)
@@ -165,7 +176,30 @@ func (s *Server) register(a *app) error {
 	if n >= s.cfg.Proxy.MaxAppsPerUID {
 		return ctlapi.Errorf(ctlapi.CodeQuota, "uid %d has %d applications attached, the limit (proxy.max_apps_per_uid)", a.cred.UID, n)
 	}
+	if err := s.chargeLocked(a.cred.UID, a.memory, "a memory link"); err != nil {
+		return err
+	}
 	s.apps[a.id] = a
+	return nil
+}
+
+// chargeLocked checks that uid's applications may be granted cost more
+// bytes of window memory (what for, in words) within quota.memory. The
+// caller adds cost to an app's memory under the same hold of s.mu.
+func (s *Server) chargeLocked(uid int, cost int64, what string) error {
+	limit := s.cfg.Quota.MemoryOf(uid)
+	if limit == config.NoLimit {
+		return nil
+	}
+	var used int64
+	for _, b := range s.apps {
+		if b.cred.UID == uid {
+			used += b.memory
+		}
+	}
+	if used+cost > limit {
+		return ctlapi.Errorf(ctlapi.CodeQuota, "%s of %d bytes would bring uid %d's window memory to %d bytes, over its quota of %d (quota.memory)", what, cost, uid, used+cost, limit)
+	}
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/prim/proc"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 )
 
@@ -52,7 +53,8 @@ func (m MonitorControl) Release(ctx context.Context, port int) error {
 
 // StaticControl decides from the configuration alone: it knows no peer
 // liveness (a configured NTB link is always the route) and allocates ports
-// in memory. It serves tests and a proxy run without ntmon.
+// in memory (below 1024 only to uid 0 or CAP_NET_BIND_SERVICE, as
+// ntmon). It serves tests and a proxy run without ntmon.
 type StaticControl struct {
 	Config *config.Config
 	// RDMA is this host's RDMA listener and PeerRDMA the peers' by host,
@@ -119,6 +121,11 @@ func (s *StaticControl) Reserve(_ context.Context, r ctlapi.ListenRequest) (int,
 	}
 	if r.Port < 0 || r.Port > lastEphemeral {
 		return 0, ctlapi.Errorf(ctlapi.CodeBadRequest, "port %d outside 0..65535", r.Port)
+	}
+	if r.Port > 0 && r.Port < proc.FirstUnprivilegedPort {
+		if err := proc.MayBindPrivileged(proc.Cred{UID: r.UID, PID: r.PID}); err != nil {
+			return 0, ctlapi.Errorf(ctlapi.CodeDenied, "listen on port %d: below %d, and %v", r.Port, proc.FirstUnprivilegedPort, err)
+		}
 	}
 	if r.Port != 0 {
 		if pid, taken := s.ports[r.Port]; taken && pid != r.PID {

@@ -159,13 +159,17 @@ func (s *Server) serveRackDirect(fc net.Conn, open appproto.RackOpen, l *listene
 	s.holdLease(l.app, pc, ac, dl)
 }
 
-// reserveDirect charges a's direct quota for dl.
+// reserveDirect charges a's direct quota, and its user's memory quota,
+// for dl.
 func (s *Server) reserveDirect(a *app, dl *appproto.DirectLink) error {
 	cost := linkBytes(dl.Window)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if a.direct+cost > s.cfg.Proxy.DirectQuota {
 		return ctlapi.Errorf(ctlapi.CodeQuota, "direct links of app %d would hold %d bytes, over proxy.direct_quota %d", a.id, a.direct+cost, s.cfg.Proxy.DirectQuota)
+	}
+	if err := s.chargeLocked(a.cred.UID, cost, "a direct link"); err != nil {
+		return err
 	}
 	a.direct += cost
 	a.memory += cost

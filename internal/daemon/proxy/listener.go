@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ntstack/ntstack/internal/prim/accept"
 	"github.com/ntstack/ntstack/internal/wire/appproto"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 	"github.com/ntstack/ntstack/socklike"
@@ -205,6 +206,7 @@ type inbound struct {
 	partition  int
 	remotePort int
 	via        string
+	opened     func() // if set, called once the peer's open has arrived
 }
 
 // serveInbound reads the RackOpen a peer's proxy sends first, admits the
@@ -216,6 +218,9 @@ func (s *Server) serveInbound(fc net.Conn, in inbound) {
 		s.logf("inbound %s: open from peer: %v", in.via, err)
 		fc.Close()
 		return
+	}
+	if in.opened != nil {
+		in.opened()
 	}
 	refuse := func(err error) {
 		s.logf("inbound %s: refused %s -> port %d: %v", in.via, open.From, open.Port, err)
@@ -307,19 +312,36 @@ func (s *Server) serveInbound(fc net.Conn, in inbound) {
 }
 
 // serveFallback takes connections from peers' proxies on ln, a listener
-// of the TCP fallback or of the RDMA provider (path).
+// of the TCP fallback or of the RDMA provider (path), until ln or the
+// Server closes. Accept errors are retried with backoff, never returned;
+// each remote IP has at most maxPendingPerIP connections whose open has
+// not arrived (bounded by requestTimeout).
 func (s *Server) serveFallback(ln net.Listener, path string) error {
 	if !s.track(ln) {
 		ln.Close()
 		return net.ErrClosed
 	}
+	what := fmt.Sprintf("%s listener %s", path, ln.Addr())
+	retry := accept.Retry{What: what, Logf: s.logf}
+	pending := accept.NewLimiter(what, maxPendingPerIP, s.logf)
 	for {
 		c, err := ln.Accept()
 		if err != nil {
-			if s.ctx.Err() != nil {
-				return nil
+			if retry.Pause(s.ctx.Done(), err) {
+				continue
 			}
-			return fmt.Errorf("accept %s: %w", path, err)
+			return nil
+		}
+		retry.OK()
+		ip, err := accept.RemoteIP(c)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		release, ok := pending.Take(ip)
+		if !ok {
+			c.Close()
+			continue
 		}
 		port := 0
 		if _, p, err := net.SplitHostPort(c.RemoteAddr().String()); err == nil {
@@ -328,7 +350,8 @@ func (s *Server) serveFallback(ln net.Listener, path string) error {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.serveInbound(c, inbound{path: path, partition: -1, remotePort: port, via: fmt.Sprintf("over %s from %s", strings.ToUpper(path), c.RemoteAddr())})
+			defer release()
+			s.serveInbound(c, inbound{path: path, partition: -1, remotePort: port, via: fmt.Sprintf("over %s from %s", strings.ToUpper(path), c.RemoteAddr()), opened: release})
 		}()
 	}
 }

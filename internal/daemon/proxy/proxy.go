@@ -35,6 +35,8 @@ import (
 	"time"
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/prim/accept"
+	"github.com/ntstack/ntstack/internal/prim/proc"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/qos"
@@ -47,6 +49,15 @@ const (
 	helloTimeout   = 5 * time.Second
 	requestTimeout = 5 * time.Second
 	dialTimeout    = 10 * time.Second
+)
+
+// Bounds of connections accepted but not yet through their handshake:
+// an application's attach exchange (per uid), a peer proxy's open on the
+// fallback listener (per remote IP; a failover moves many legs at once).
+// More are closed at once.
+const (
+	maxPendingPerUID = 32
+	maxPendingPerIP  = 64
 )
 
 // Options configure a Server beyond the host configuration.
@@ -248,28 +259,42 @@ func (s *Server) track(ln net.Listener) bool {
 }
 
 // Serve attaches applications connecting to ln until ln or the Server
-// closes.
+// closes. Accept errors (descriptors running out, say) are retried with
+// backoff, never returned; each uid has at most maxPendingPerUID
+// connections between accept and the end of its attach exchange (bounded
+// by helloTimeout), so one user's flood leaves the others room.
 func (s *Server) Serve(ln *net.UnixListener) error {
 	if !s.track(ln) {
 		ln.Close()
 		return net.ErrClosed
 	}
+	what := "application socket " + ln.Addr().String()
+	retry := accept.Retry{What: what, Logf: s.logf}
+	pending := accept.NewLimiter(what, maxPendingPerUID, s.logf)
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {
-			if s.ctx.Err() != nil {
-				return nil
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
+			if retry.Pause(s.ctx.Done(), err) {
 				continue
 			}
-			return fmt.Errorf("accept application: %w", err)
+			return nil
+		}
+		retry.OK()
+		cred, err := proc.PeerCred(c)
+		if err != nil {
+			s.logf("attach refused: %v", err)
+			c.Close()
+			continue
+		}
+		release, ok := pending.Take(strconv.Itoa(cred.UID))
+		if !ok {
+			c.Close()
+			continue
 		}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.runApp(c)
+			s.runApp(c, release)
 		}()
 	}
 }

@@ -1,8 +1,10 @@
 // Package proc holds the few process-level system calls the ntstack tools
 // need: CPU affinity of a whole process, the CPU time it has used, tying a
-// child's life to its parent, a description of the host for reports, and
-// what shared-pool mode shares memory with: memfds, shared mappings, hole
-// punching, futexes and descriptor passing over Unix sockets.
+// child's life to its parent, a description of the host for reports, what
+// shared-pool mode shares memory with (memfds, shared mappings, hole
+// punching, futexes and descriptor passing over Unix sockets), and who is
+// at the other end of a Unix socket (SO_PEERCRED) and what it may do
+// (its effective capabilities).
 //
 // It is one of the packages allowed to import golang.org/x/sys/unix, so
 // commands stay free of raw system calls.

@@ -150,3 +150,21 @@ func PinThread(cpu int) error {
 	}
 	return nil
 }
+
+// EffectiveCaps returns the effective capability set of process pid, a
+// bit per capability (CapEff in /proc/<pid>/status).
+func EffectiveCaps(pid int) (uint64, error) {
+	if pid <= 0 {
+		return 0, fmt.Errorf("capabilities of pid %d: no such process", pid)
+	}
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, fmt.Errorf("capabilities of pid %d: %w", pid, err)
+	}
+	defer f.Close()
+	caps, err := capEff(f)
+	if err != nil {
+		return 0, fmt.Errorf("capabilities of pid %d: %w", pid, err)
+	}
+	return caps, nil
+}

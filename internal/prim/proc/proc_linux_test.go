@@ -175,3 +175,23 @@ func TestPollable(t *testing.T) {
 		t.Fatalf("read of an empty pipe: %v, want the deadline", err)
 	}
 }
+
+// EffectiveCaps reads what capget(2) says of this process.
+func TestEffectiveCapsSelf(t *testing.T) {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		t.Fatalf("capget: %v", err)
+	}
+	want := uint64(data[1].Effective)<<32 | uint64(data[0].Effective)
+	got, err := EffectiveCaps(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != want {
+		t.Fatalf("EffectiveCaps = %#x, capget says %#x", got, want)
+	}
+	if _, err := EffectiveCaps(0); err == nil {
+		t.Fatal("EffectiveCaps(0): no error")
+	}
+}

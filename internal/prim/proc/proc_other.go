@@ -106,3 +106,8 @@ func FutexWait(addr *uint32, val uint32, timeout time.Duration) {
 
 // FutexWake does nothing: waiters poll on this platform.
 func FutexWake(addr *uint32) {}
+
+// EffectiveCaps is not supported on this platform.
+func EffectiveCaps(pid int) (uint64, error) {
+	return 0, fmt.Errorf("capabilities of pid %d: %w", pid, ErrNotSupported)
+}

@@ -111,6 +111,9 @@ const (
 
 // ResolveRequest asks how a local user may reach target:port.
 type ResolveRequest struct {
+	// UID is the user asking, honoured from a root caller only (ntproxy
+	// relaying for an application): ntmon takes anyone else's from the
+	// connection's SO_PEERCRED.
 	UID    int    `json:"uid"`
 	Target string `json:"target"` // host name or virtual address
 	Port   int    `json:"port"`
@@ -144,7 +147,12 @@ type AdmitRequest struct {
 	Port int    `json:"port"`
 }
 
-// ListenRequest reserves a port for a local user (0: allocate one).
+// ListenRequest reserves a port for a local user (0: allocate one), or
+// releases one (PathUnlisten). UID and PID are the process asked for,
+// honoured from a root caller only (ntproxy relaying for an application,
+// whose identity it takes from SO_PEERCRED): ntmon answers anyone else as
+// the connection's SO_PEERCRED identity, whatever the body says. A port
+// below 1024 needs uid 0 or CAP_NET_BIND_SERVICE in that process.
 type ListenRequest struct {
 	UID  int `json:"uid"`
 	PID  int `json:"pid"`
@@ -156,7 +164,9 @@ type ListenReply struct {
 	Port int `json:"port"`
 }
 
-// Status is what `ntmon status` prints.
+// Status is what `ntmon status` prints. A caller other than root gets
+// its own user's part only: its reservations, applications, listeners and
+// connections, the links without their partitions' traffic, no gateway.
 type Status struct {
 	Host      string        `json:"host"`
 	Version   string        `json:"version"`
@@ -165,6 +175,9 @@ type Status struct {
 	Listening []ListenEntry `json:"listening"`
 	Proxy     *Snapshot     `json:"proxy,omitempty"`
 	ProxyErr  string        `json:"proxy_error,omitempty"`
+	// Scope says whose part this is when it is not everything ("" for
+	// root's view).
+	Scope string `json:"scope,omitempty"`
 }
 
 // PeerStatus is one rack peer as ntmon sees it.
