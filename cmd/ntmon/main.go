@@ -9,6 +9,7 @@
 //	ntmon doctor [-config FILE] [-json]        # check and explain the environment; exit 1 if a check failed
 //	ntmon capture -link b -count 500 -w kv.pcapng  # ntproxy's frames on a rack link, for Wireshark (see -h)
 //	ntmon capture -lua ntstack.lua             # the Wireshark dissector for those files
+//	ntmon keygen -host a -out /etc/ntstack/a.key  # a host key; prints the pin for peers' configs
 //	ntmon version
 package main
 
@@ -56,6 +57,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return doctorCmd(ctx, args[1:], stdout, stderr)
 		case "capture":
 			return captureCmd(ctx, args[1:], stdout, stderr)
+		case "keygen":
+			return keygenCmd(ctx, args[1:], stdout, stderr)
 		case "version":
 			fmt.Fprintf(stdout, "ntmon %s (peer protocol %d)\n", version, monitor.ProtocolVersion)
 			return 0
@@ -66,7 +69,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cfgPath := fs.String("config", defaultConfig, "host configuration file (TOML; see internal/daemon/config/example.toml)")
 	debug := fs.Bool("debug", false, "log at debug level")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: ntmon [-config FILE] [-debug]\n       ntmon status [-config FILE | -socket PATH] [-json]\n       ntmon doctor [-config FILE] [-json]\n       ntmon capture -link LINK [-conn ID] [-count N | -duration D] -w FILE | -lua FILE\n       ntmon version")
+		fmt.Fprintln(stderr, "usage: ntmon [-config FILE] [-debug]\n       ntmon status [-config FILE | -socket PATH] [-json]\n       ntmon doctor [-config FILE] [-json]\n       ntmon capture -link LINK [-conn ID] [-count N | -duration D] -w FILE | -lua FILE\n       ntmon keygen [-host NAME] -out FILE\n       ntmon version")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

@@ -158,9 +158,12 @@ type ListenReply struct {
 
 // Status is what `ntmon status` prints.
 type Status struct {
-	Host      string        `json:"host"`
-	Version   string        `json:"version"`
-	RDMA      string        `json:"rdma"` // this host's RDMA listener, or "none: " and why
+	Host    string `json:"host"`
+	Version string `json:"version"`
+	RDMA    string `json:"rdma"` // this host's RDMA listener, or "none: " and why
+	// Security says how the channels to peers are authenticated, or
+	// starts "WARNING: INSECURE" when they are not.
+	Security  string        `json:"security"`
 	Peers     []PeerStatus  `json:"peers"`
 	Listening []ListenEntry `json:"listening"`
 	Proxy     *Snapshot     `json:"proxy,omitempty"`
