@@ -24,6 +24,7 @@ import (
 	"github.com/ntstack/ntstack/internal/prim/proc"
 	"github.com/ntstack/ntstack/internal/wire/appproto"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
+	"github.com/ntstack/ntstack/internal/wire/hostauth/hostauthtest"
 	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/qos"
 	"github.com/ntstack/ntstack/socklike"
@@ -34,6 +35,7 @@ import (
 type rack struct {
 	a, b   *Server
 	ca, cb *config.Config
+	keys   map[string]hostauthtest.Key
 }
 
 func newRack(t *testing.T, acl string, proxyKeys ...string) *rack {
@@ -48,10 +50,13 @@ func newRackWith(t *testing.T, opts func(cfg *config.Config, o *Options), acl st
 	root := t.TempDir()
 	fabric := filepath.Join("/dev/shm", fmt.Sprintf("ntstack-proxytest-%d-%d", os.Getpid(), rand.Uint32()))
 	t.Cleanup(func() { os.RemoveAll(fabric) })
+	keys := hostauthtest.Keys(t, "a", "b")
 	mk := func(host, peer string) *config.Config {
 		doc := fmt.Sprintf(`host = %q
 addresses = ["10.77.0.%d"]
 state_dir = %q
+[auth]
+key = %q
 [proxy]
 fabric_dir = %q
 window = 4194304
@@ -62,14 +67,15 @@ link_timeout = "2s"
 host = %q
 addresses = ["10.77.0.%d"]
 link = "ab"
-%s`, host, host[0], filepath.Join(root, host), fabric, strings.Join(proxyKeys, "\n"), peer, peer[0], acl)
+key = %q
+%s`, host, host[0], filepath.Join(root, host), keys[host].Path, fabric, strings.Join(proxyKeys, "\n"), peer, peer[0], keys[peer].Pin, acl)
 		// {self} and {peer}: each host's own loopback address, 127.0.0.<its letter>.
 		doc = strings.NewReplacer("{self}", fmt.Sprintf("127.0.0.%d", host[0]), "{peer}", fmt.Sprintf("127.0.0.%d", peer[0])).Replace(doc)
 		c, err := config.Parse([]byte(doc))
 		require.NoError(t, err)
 		return c
 	}
-	r := &rack{ca: mk("a", "b"), cb: mk("b", "a")}
+	r := &rack{ca: mk("a", "b"), cb: mk("b", "a"), keys: keys}
 	for _, x := range []struct {
 		cfg *config.Config
 		s   **Server
