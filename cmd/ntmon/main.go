@@ -98,7 +98,7 @@ func serve(ctx context.Context, path string, log *slog.Logger) error {
 	}
 	opts := monitor.Options{Logger: log, Version: version}
 	// The RDMA capability peers learn: ntproxy, built alike, listens there.
-	if v, err := proxy.OpenRDMA(cfg.Proxy.RDMA); err != nil {
+	if v, err := proxy.OpenRDMA(cfg.Proxy.RDMA, nil); err != nil { // a probe: no connection is made
 		opts.RDMA.Why = err.Error()
 	} else {
 		v.Close()

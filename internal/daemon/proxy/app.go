@@ -412,7 +412,7 @@ func (s *Server) connect(ctx context.Context, host string, h ctlapi.Hop) (net.Co
 		if s.rdma == nil {
 			return nil, errors.New("this ntproxy has no RDMA provider (built without -tags verbs, or proxy.rdma unusable; ntproxy's log says which)")
 		}
-		return s.rdma.Dial(ctx, h.Addr)
+		return s.rdma.DialHost(ctx, h.Addr, host)
 	case ctlapi.PathTCP:
 		var d net.Dialer
 		c, err := d.DialContext(ctx, "tcp", h.Addr)

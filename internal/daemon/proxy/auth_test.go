@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/tls"
 	"errors"
@@ -20,6 +21,7 @@ import (
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 	"github.com/ntstack/ntstack/internal/wire/hostauth"
 	"github.com/ntstack/ntstack/internal/wire/hostauth/hostauthtest"
+	"github.com/ntstack/ntstack/rdma"
 	"github.com/ntstack/ntstack/socklike"
 )
 
@@ -258,4 +260,56 @@ func TestFallbackEncrypted(t *testing.T) {
 	require.Greater(t, len(seen), len(msg), "the leg went through the recorder")
 	require.Equal(t, byte(0x16), seen[0], "a TLS handshake record first")
 	require.False(t, bytes.Contains(seen, marker[:16]), "plaintext on the wire")
+}
+
+// TestRDMATakeoverRefused: the RDMA listener's bootstrap is authenticated
+// as the fallback is: a host without a peer's key gets no connection to
+// open or resume a leg on, and a's key with a guessed secret resumes
+// nothing; the victim carries on.
+func TestRDMATakeoverRefused(t *testing.T) {
+	r := rdmaRack(t)
+	_, client := echoRack(t, r)
+	c, err := (&socklike.Dialer{Proxy: client, Transports: []string{ctlapi.PathRDMA}}).Dial("tcp", "b:80")
+	require.NoError(t, err)
+	defer c.Close()
+	roundTrip(t, c, 1, 64<<10)
+	token := legToken(t, r.b)
+	addr := r.cb.Proxy.RDMA.Listen
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	resume := appproto.RackOpen{From: "a", Resume: token, Secret: secret(t)}
+
+	provider := func(self string, key hostauthtest.Key) *rdma.TCP {
+		cert, err := hostauth.LoadKey(key.Path)
+		require.NoError(t, err)
+		a, err := hostauth.New(self, cert, map[string]string{"b": r.keys["b"].Pin}, nil)
+		require.NoError(t, err)
+		return rdma.NewTCP(rdma.Config{Auth: a})
+	}
+	for name, p := range map[string]*rdma.TCP{
+		"plain":     rdma.NewTCP(rdma.Config{HandshakeTimeout: 5 * time.Second}),
+		"stranger":  provider("mallory", hostauthtest.Keys(t, "mallory")["mallory"]),
+		"wrong key": provider("a", hostauthtest.Keys(t, "a")["a"]),
+	} {
+		t.Run(name, func(t *testing.T) {
+			ac, err := p.DialHost(ctx, addr, "b")
+			if err != nil {
+				return // refused at the bootstrap
+			}
+			defer ac.Close()
+			require.NoError(t, ac.SetDeadline(time.Now().Add(10*time.Second)))
+			openRefused(t, ac, resume, 0)
+		})
+	}
+	ac, err := provider("a", r.keys["a"]).DialHost(ctx, addr, "b")
+	require.NoError(t, err)
+	defer ac.Close()
+	require.NoError(t, ac.SetDeadline(time.Now().Add(10*time.Second)))
+	openRefused(t, ac, resume, ctlapi.CodeRefused)
+
+	for i, size := range []int{1, 4096, 1 << 20} {
+		roundTrip(t, c, uint64(20+i), size)
+	}
+	require.Equal(t, ctlapi.PathRDMA, c.(*socklike.Conn).Route().Path)
+	require.Zero(t, r.b.Snapshot().PathSwitches)
 }

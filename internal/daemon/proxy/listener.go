@@ -315,13 +315,27 @@ func (s *Server) serveInbound(fc net.Conn, in inbound) {
 
 // authenticate runs the server side of the TLS handshake on a connection
 // to the TCP fallback listener, bounded by requestTimeout, and returns the
-// connection to serve with the peer host its certificate proved. Without
-// a host key (auth.insecure) it returns c as it is and no host: the open
-// names one. A connection that fails the handshake is closed and nil
-// returned; it never reaches a leg.
+// connection to serve with the peer host its certificate proved; an RDMA
+// connection's bootstrap has been authenticated by the provider
+// (rdma.Config.Auth), which names the peer. Without a host key
+// (auth.insecure) it returns c as it is and no host: the open names one.
+// A connection that fails authentication is closed and nil returned; it
+// never reaches a leg.
 func (s *Server) authenticate(c net.Conn, path string) (net.Conn, string) {
-	if s.auth == nil || path != ctlapi.PathTCP {
+	if s.auth == nil {
 		return c, ""
+	}
+	if path == ctlapi.PathRDMA {
+		var peer string
+		if rc, ok := c.(interface{ Peer() string }); ok {
+			peer = rc.Peer()
+		}
+		if peer == "" {
+			s.logf("inbound over RDMA from %s: refused: the RDMA provider does not authenticate its bootstrap (rdma.Config.Auth)", c.RemoteAddr())
+			c.Close()
+			return nil, ""
+		}
+		return c, peer
 	}
 	c.SetDeadline(time.Now().Add(requestTimeout))
 	tc, host, err := s.auth.Server(c)

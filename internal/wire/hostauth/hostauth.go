@@ -106,10 +106,17 @@ const certLifetime = 100 * 365 * 24 * time.Hour
 // certificate naming host, PEM-encoded (PRIVATE KEY, then CERTIFICATE),
 // and the key's pin.
 func Generate(host string) (pemBytes []byte, pin string, err error) {
-	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return nil, "", fmt.Errorf("generate host key: %w", err)
 	}
+	return NewKey(host, priv)
+}
+
+// NewKey is Generate with a given private key: its self-signed
+// certificate naming host, both PEM-encoded, and the key's pin.
+func NewKey(host string, priv ed25519.PrivateKey) (pemBytes []byte, pin string, err error) {
+	pub := priv.Public().(ed25519.PublicKey)
 	der, err := createCert(host, pub, nil, priv)
 	if err != nil {
 		return nil, "", err
