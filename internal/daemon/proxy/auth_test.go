@@ -27,7 +27,7 @@ import (
 
 // fallbackRack is newRack with the TCP fallback on both hosts, at
 // 127.0.0.<letter>:port; opts, if set, adjusts each host's config.
-func fallbackRack(t *testing.T, opts func(cfg *config.Config, o *Options)) (*rack, int) {
+func fallbackRack(t testing.TB, opts func(cfg *config.Config, o *Options)) (*rack, int) {
 	port := 20000 + mrand.IntN(20000)
 	return newRackWith(t, opts, fmt.Sprintf(`fallback = "{peer}:%d"`, port), fmt.Sprintf(`fallback = "{self}:%d"`, port)), port
 }
@@ -311,5 +311,32 @@ func TestRDMATakeoverRefused(t *testing.T) {
 		roundTrip(t, c, uint64(20+i), size)
 	}
 	require.Equal(t, ctlapi.PathRDMA, c.(*socklike.Conn).Route().Path)
+	require.Zero(t, r.b.Snapshot().PathSwitches)
+}
+
+// TestNoKeyNoStart: ntproxy without a host key refuses to start unless
+// the configuration says insecure; insecure, its legs are plain TCP and
+// still need their secrets to resume.
+func TestNoKeyNoStart(t *testing.T) {
+	cfg, err := config.Parse([]byte("host = \"a\"\nstate_dir = \"/nonexistent\"\n[[peers]]\nhost = \"b\"\n"))
+	require.NoError(t, err)
+	_, err = New(cfg, Options{})
+	require.ErrorContains(t, err, "has no key (auth.key)")
+
+	r, port := fallbackRack(t, func(cfg *config.Config, o *Options) {
+		cfg.Auth = config.Auth{Insecure: true}
+		cfg.Peers[0].Key = ""
+	})
+	_, client := echoRack(t, r)
+	c, err := (&socklike.Dialer{Proxy: client, Transports: []string{ctlapi.PathTCP}}).Dial("tcp", "b:80")
+	require.NoError(t, err)
+	defer c.Close()
+	roundTrip(t, c, 1, 4096)
+	raw, err := net.Dial("tcp", fmt.Sprintf("127.0.0.98:%d", port))
+	require.NoError(t, err)
+	defer raw.Close()
+	require.NoError(t, raw.SetDeadline(time.Now().Add(10*time.Second)))
+	openRefused(t, raw, appproto.RackOpen{From: "a", Resume: legToken(t, r.b), Secret: secret(t)}, ctlapi.CodeRefused)
+	roundTrip(t, c, 2, 4096)
 	require.Zero(t, r.b.Snapshot().PathSwitches)
 }

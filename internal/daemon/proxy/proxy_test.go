@@ -45,7 +45,7 @@ func newRack(t *testing.T, acl string, proxyKeys ...string) *rack {
 
 // newRackWith is newRack with each Server's Options completed by opts
 // (nil: Logf only).
-func newRackWith(t *testing.T, opts func(cfg *config.Config, o *Options), acl string, proxyKeys ...string) *rack {
+func newRackWith(t testing.TB, opts func(cfg *config.Config, o *Options), acl string, proxyKeys ...string) *rack {
 	t.Helper()
 	root := t.TempDir()
 	fabric := filepath.Join("/dev/shm", fmt.Sprintf("ntstack-proxytest-%d-%d", os.Getpid(), rand.Uint32()))
@@ -98,7 +98,7 @@ key = %q
 	return r
 }
 
-func waitSocket(t *testing.T, path string) {
+func waitSocket(t testing.TB, path string) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		c, err := net.Dial("unix", path)
@@ -109,7 +109,7 @@ func waitSocket(t *testing.T, path string) {
 	}, 5*time.Second, 5*time.Millisecond, "socket %s", path)
 }
 
-func attach(t *testing.T, cfg *config.Config) *socklike.Proxy {
+func attach(t testing.TB, cfg *config.Config) *socklike.Proxy {
 	t.Helper()
 	p, err := socklike.AttachProxy(cfg.Path(config.ProxySocket), socklike.Config{})
 	require.NoError(t, err)
@@ -477,7 +477,7 @@ func TestFailover(t *testing.T) {
 
 // echoRack serves an echo on b:80 and returns b's server application and
 // a's client application.
-func echoRack(t *testing.T, r *rack) (srv, client *socklike.Proxy) {
+func echoRack(t testing.TB, r *rack) (srv, client *socklike.Proxy) {
 	srv = attach(t, r.cb)
 	ln, err := srv.Listen("tcp", ":80")
 	require.NoError(t, err)

@@ -24,8 +24,9 @@ func load(t *testing.T, path string) tls.Certificate {
 }
 
 // handshake runs client (dialing peer) against server over a pipe and
-// returns the client's error and the server's with the host it proved.
-func handshake(t *testing.T, client *hostauth.Auth, peer string, server *hostauth.Auth) (cerr, serr error, proved string) {
+// returns the host the server saw proved, the client's error and the
+// server's.
+func handshake(t *testing.T, client *hostauth.Auth, peer string, server *hostauth.Auth) (proved string, cerr, serr error) {
 	t.Helper()
 	// A socket, not net.Pipe: a refusing side's alert must not wait for
 	// the other to stop writing its flight.
@@ -59,7 +60,7 @@ func handshake(t *testing.T, client *hostauth.Auth, peer string, server *hostaut
 	}
 	c1.Close()
 	<-done
-	return cerr, serr, proved
+	return proved, cerr, serr
 }
 
 func TestPinnedHandshake(t *testing.T) {
@@ -77,7 +78,7 @@ func TestPinnedHandshake(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, keys["a"].Pin, a.Pin())
 
-	cerr, serr, proved := handshake(t, b, "a", a)
+	proved, cerr, serr := handshake(t, b, "a", a)
 	require.NoError(t, cerr)
 	require.NoError(t, serr)
 	require.Equal(t, "b", proved)
@@ -85,17 +86,17 @@ func TestPinnedHandshake(t *testing.T) {
 	// c is b's peer, not a's: a refuses it as a client...
 	c, err := hostauth.New("c", load(t, keys["c"].Path), pins("a", "b"), nil)
 	require.NoError(t, err)
-	_, serr, _ = handshake(t, c, "a", a)
+	_, _, serr = handshake(t, c, "a", a)
 	require.ErrorIs(t, serr, hostauth.ErrNotAuthenticated)
 	// ...and b, dialing a but reaching c, refuses the server.
-	cerr, _, _ = handshake(t, b, "a", c)
+	_, cerr, _ = handshake(t, b, "a", c)
 	require.ErrorIs(t, cerr, hostauth.ErrNotAuthenticated)
 
 	// A key naming b that is not b's pinned key.
 	fake := hostauthtest.Keys(t, "b")["b"]
 	b2, err := hostauth.New("b", load(t, fake.Path), pins("a"), nil)
 	require.NoError(t, err)
-	_, serr, _ = handshake(t, b2, "a", a)
+	_, _, serr = handshake(t, b2, "a", a)
 	require.ErrorIs(t, serr, hostauth.ErrNotAuthenticated)
 	require.ErrorContains(t, serr, "not the one pinned")
 }
@@ -110,7 +111,7 @@ func TestCAHandshake(t *testing.T) {
 	require.NoError(t, err)
 	b, err := hostauth.New("b", load(t, r.Key(t, "b")), map[string]string{"a": ""}, ca)
 	require.NoError(t, err)
-	cerr, serr, proved := handshake(t, b, "a", a)
+	proved, cerr, serr := handshake(t, b, "a", a)
 	require.NoError(t, cerr)
 	require.NoError(t, serr)
 	require.Equal(t, "b", proved)
@@ -118,14 +119,14 @@ func TestCAHandshake(t *testing.T) {
 	// Signed by the CA but not a configured peer.
 	m, err := hostauth.New("mallory", load(t, r.Key(t, "mallory")), map[string]string{"a": ""}, ca)
 	require.NoError(t, err)
-	_, serr, _ = handshake(t, m, "a", a)
+	_, _, serr = handshake(t, m, "a", a)
 	require.ErrorIs(t, serr, hostauth.ErrNotAuthenticated)
 
 	// A self-signed key naming b.
 	fake := hostauthtest.Keys(t, "b")["b"]
 	b2, err := hostauth.New("b", load(t, fake.Path), map[string]string{"a": ""}, ca)
 	require.NoError(t, err)
-	_, serr, _ = handshake(t, b2, "a", a)
+	_, _, serr = handshake(t, b2, "a", a)
 	require.ErrorIs(t, serr, hostauth.ErrNotAuthenticated)
 	var uae x509.UnknownAuthorityError
 	require.True(t, errors.As(serr, &uae), "%v", serr)
