@@ -40,6 +40,13 @@ import (
 //	  9     4  payload length (data; 0 otherwise), at most legMaxPayload
 //	 13        payload
 //
+// Trust: a leg's token only names it. The dialing proxy picks a random
+// secret (legSecretLen bytes) when it opens the leg, inside a channel
+// authenticated as its host (the NTB link, or TLS on the TCP fallback and
+// the RDMA bootstrap), and a resume must present it over a channel
+// authenticated as the same host; a resume that does not is refused
+// before it touches the leg (see leg.resumes).
+//
 // Memory: at most legMaxUnacked bytes wait for an acknowledgement per
 // direction; a writer beyond that waits (back-pressure, nothing dropped).
 // No more than the peer's receive buffer (its window, exchanged when the
