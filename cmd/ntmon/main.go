@@ -10,6 +10,7 @@
 //	ntmon capture -link b -count 500 -w kv.pcapng  # ntproxy's frames on a rack link, for Wireshark (see -h)
 //	ntmon capture -lua ntstack.lua             # the Wireshark dissector for those files
 //	ntmon keygen -host a -out /etc/ntstack/a.key  # a host key; prints the pin for peers' configs
+//	ntmon keygen -new-ca -out ca.key -cert ca.pem # a rack CA; then keygen -ca ca.key signs host keys
 //	ntmon version
 package main
 
@@ -69,7 +70,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cfgPath := fs.String("config", defaultConfig, "host configuration file (TOML; see internal/daemon/config/example.toml)")
 	debug := fs.Bool("debug", false, "log at debug level")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: ntmon [-config FILE] [-debug]\n       ntmon status [-config FILE | -socket PATH] [-json]\n       ntmon doctor [-config FILE] [-json]\n       ntmon capture -link LINK [-conn ID] [-count N | -duration D] -w FILE | -lua FILE\n       ntmon keygen [-host NAME] -out FILE\n       ntmon version")
+		fmt.Fprintln(stderr, "usage: ntmon [-config FILE] [-debug]\n       ntmon status [-config FILE | -socket PATH] [-json]\n       ntmon doctor [-config FILE] [-json]\n       ntmon capture -link LINK [-conn ID] [-count N | -duration D] -w FILE | -lua FILE\n       ntmon keygen [-host NAME] [-ca CA.key] -out FILE | -new-ca -out CA.key -cert CA.pem\n       ntmon version")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

@@ -134,8 +134,16 @@ func TestInsecureNeedsSaying(t *testing.T) {
 	_, err := New(cfg, Options{Logger: testLogger(t)})
 	require.ErrorContains(t, err, "has no key (auth.key)")
 
+	// Two insecure hosts still talk, unauthenticated, and say so.
+	la, lb := listen(t), listen(t)
 	cfg.Auth.Insecure = true
-	n := start(t, cfg, nil)
+	cfg.Peers = []config.Peer{{Host: "b", Control: lb.Addr().String()}}
+	b := baseConfig(t, "b")
+	b.Auth = config.Auth{Insecure: true}
+	b.Peers = []config.Peer{{Host: "a", Control: la.Addr().String()}}
+	n := start(t, cfg, la)
+	start(t, b, lb)
+	n.waitPeer(t, "b", true)
 	st := n.status(t)
 	require.True(t, strings.HasPrefix(st.Security, "WARNING: INSECURE"), st.Security)
 	var sb strings.Builder

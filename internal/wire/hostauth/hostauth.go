@@ -417,10 +417,45 @@ func (a *Auth) Client(c net.Conn, peer string) (*tls.Conn, error) {
 }
 
 // CA is a rack certificate authority, for racks that sign host keys
-// instead of pinning each: NewCA makes one, Sign issues a host's key.
+// instead of pinning each: NewCA makes one, Sign issues a host's key,
+// KeyPEM and LoadCAKey keep it in a file (best kept off the rack).
 type CA struct {
 	cert *x509.Certificate
 	key  ed25519.PrivateKey
+}
+
+// KeyPEM is the CA's private key and certificate, as LoadCAKey reads them.
+func (ca *CA) KeyPEM() ([]byte, error) {
+	p8, err := x509.MarshalPKCS8PrivateKey(ca.key)
+	if err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	_ = pem.Encode(&b, &pem.Block{Type: "PRIVATE KEY", Bytes: p8})
+	_ = pem.Encode(&b, &pem.Block{Type: "CERTIFICATE", Bytes: ca.cert.Raw})
+	return b.Bytes(), nil
+}
+
+// CertPEM is the CA's certificate, the file hosts name as auth.ca.
+func (ca *CA) CertPEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.cert.Raw})
+}
+
+// LoadCAKey reads a CA's key file (KeyPEM; mode 0600, as LoadKey wants).
+func LoadCAKey(path string) (*CA, error) {
+	c, err := LoadKey(path)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := x509.ParseCertificate(c.Certificate[0])
+	if err != nil {
+		return nil, fmt.Errorf("load CA key %s: %w", path, err)
+	}
+	key, ok := c.PrivateKey.(ed25519.PrivateKey)
+	if !ok || !cert.IsCA {
+		return nil, fmt.Errorf("load CA key %s: not an ed25519 CA certificate and key", path)
+	}
+	return &CA{cert: cert, key: key}, nil
 }
 
 // NewCA makes a CA and returns it with its certificate in PEM.
