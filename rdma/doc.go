@@ -20,7 +20,9 @@
 // into the receiver's memory, the receiver polls only its own, and the
 // receiver's consumer position comes back as a credit so the sender never
 // overruns it. Connection setup is a hello over TCP (hello.go), which
-// stays open beside a verbs connection to carry its goodbye.
+// stays open beside a verbs connection to carry its goodbye. With
+// Config.Auth that bootstrap socket runs TLS 1.3, both ends proving their
+// host key before any hello (auth.go); Conn.Peer names the host proved.
 //
 // Semantics, identical for both providers and checked by nettest.TestConn
 // in the unit tier: Read returns io.EOF after the peer's CloseWrite or

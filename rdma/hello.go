@@ -9,7 +9,8 @@ import (
 	"time"
 )
 
-// Connection setup runs over a TCP connection, the bootstrap socket: both
+// Connection setup runs over a TCP connection, the bootstrap socket (TLS
+// over it with Config.Auth, auth.go): both
 // ends send a hello at once and read the other's. The verbs provider
 // exchanges what rdma_cm would (queue pair number, PSN, LID, GID, MTU, the
 // receive ring's address, rkey and size), moves its queue pair to RTS and

@@ -19,7 +19,7 @@ type listener struct {
 	tcp       net.Listener
 	addr      *Addr
 	timeout   time.Duration
-	handshake func(ctx context.Context, c *net.TCPConn) (net.Conn, error)
+	handshake func(ctx context.Context, c net.Conn) (net.Conn, error)
 
 	ready  chan net.Conn
 	ctx    context.Context // cancelled by Close: ends handshakes
@@ -33,7 +33,7 @@ const acceptBacklog = 16
 
 var _ net.Listener = (*listener)(nil)
 
-func newListener(provider, addr string, timeout time.Duration, handshake func(context.Context, *net.TCPConn) (net.Conn, error)) (*listener, error) {
+func newListener(provider, addr string, timeout time.Duration, handshake func(context.Context, net.Conn) (net.Conn, error)) (*listener, error) {
 	tl, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -87,7 +87,7 @@ func (l *listener) runAccept() {
 		l.wg.Go(func() {
 			ctx, cancel := context.WithTimeout(l.ctx, l.timeout)
 			defer cancel()
-			conn, err := l.handshake(ctx, c.(*net.TCPConn))
+			conn, err := l.handshake(ctx, c)
 			release()
 			if err != nil {
 				c.Close()

@@ -33,8 +33,12 @@ type Provider interface {
 	// an error matching ErrNotSupported that says why not.
 	Available() error
 	// Dial connects to a Listen of the same provider at addr (host:port
-	// of its TCP bootstrap socket).
+	// of its TCP bootstrap socket). With Config.Auth set it fails: use
+	// DialHost.
 	Dial(ctx context.Context, addr string) (net.Conn, error)
+	// DialHost is Dial to host's listener: with Config.Auth the
+	// bootstrap must prove to be host.
+	DialHost(ctx context.Context, addr, host string) (net.Conn, error)
 	// Listen accepts connections on addr (host:port, TCP). Accept returns
 	// connections whose handshake has completed.
 	Listen(addr string) (net.Listener, error)
@@ -47,6 +51,9 @@ type Conn interface {
 	// the data written before it; this end can still read. Write then
 	// fails with EPIPE.
 	CloseWrite() error
+	// Peer is the host the bootstrap authenticated (Config.Auth), ""
+	// without authentication.
+	Peer() string
 }
 
 // Config tunes a provider. The zero value is usable.
@@ -74,6 +81,9 @@ type Config struct {
 	// to 4.096 µs × 2^n; 0 means 268 ms (n = 16), which also suits
 	// Soft-RoCE in emulated guests.
 	AckTimeout time.Duration
+	// Auth authenticates every connection's bootstrap (see
+	// Authenticator); nil leaves it plain TCP.
+	Auth Authenticator
 }
 
 const (

@@ -80,6 +80,7 @@ const (
 type ringConn struct {
 	link         link
 	side         net.Conn
+	peer         string // the host the bootstrap authenticated ("" = none)
 	laddr, raddr *Addr
 	linger       time.Duration
 	readMu       sync.Mutex
@@ -446,6 +447,7 @@ func (c *ringConn) shutdown() error {
 }
 
 func (c *ringConn) LocalAddr() net.Addr  { return c.laddr }
+func (c *ringConn) Peer() string         { return c.peer }
 func (c *ringConn) RemoteAddr() net.Addr { return c.raddr }
 
 func (c *ringConn) SetDeadline(t time.Time) error {

@@ -34,6 +34,10 @@ func (p *TCP) Name() string { return "tcp" }
 func (p *TCP) Available() error { return p.cfgErr }
 
 func (p *TCP) Dial(ctx context.Context, addr string) (net.Conn, error) {
+	return p.DialHost(ctx, addr, "")
+}
+
+func (p *TCP) DialHost(ctx context.Context, addr, host string) (net.Conn, error) {
 	if p.cfgErr != nil {
 		return nil, p.cfgErr
 	}
@@ -44,7 +48,11 @@ func (p *TCP) Dial(ctx context.Context, addr string) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := tcpHandshake(ctx, c.(*net.TCPConn))
+	bc, err := p.cfg.secureDial(ctx, c, host)
+	var conn *tcpConn
+	if err == nil {
+		conn, err = tcpHandshake(ctx, bc, host)
+	}
 	if err != nil {
 		c.Close()
 		return nil, &net.OpError{Op: "dial", Net: "rdma/tcp", Addr: c.RemoteAddr(), Err: err}
@@ -56,16 +64,24 @@ func (p *TCP) Listen(addr string) (net.Listener, error) {
 	if p.cfgErr != nil {
 		return nil, p.cfgErr
 	}
-	return newListener("tcp", addr, p.cfg.HandshakeTimeout, func(ctx context.Context, c *net.TCPConn) (net.Conn, error) {
-		return tcpHandshake(ctx, c)
+	return newListener("tcp", addr, p.cfg.HandshakeTimeout, func(ctx context.Context, c net.Conn) (net.Conn, error) {
+		bc, peer, err := p.cfg.secureAccept(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		return tcpHandshake(ctx, bc, peer)
 	})
 }
 
-func tcpHandshake(ctx context.Context, c *net.TCPConn) (*tcpConn, error) {
+// tcpHandshake runs the hello on c, whose far end is peer ("": not
+// authenticated).
+func tcpHandshake(ctx context.Context, c bootConn, peer string) (*tcpConn, error) {
 	if _, err := exchangeHello(ctx, c, hello{provider: provTCP}); err != nil {
 		return nil, err
 	}
-	return newTCPConn(c), nil
+	tc := newTCPConn(c)
+	tc.peer = peer
+	return tc, nil
 }
 
 // tcpConn frames a TCP connection into records. A Write cut short by a
@@ -77,7 +93,8 @@ func tcpHandshake(ctx context.Context, c *net.TCPConn) (*tcpConn, error) {
 // deadlines and Close come from any goroutine and act through the TCP
 // connection's own.
 type tcpConn struct {
-	tcp          *net.TCPConn
+	tcp          bootConn // TCP, or TLS over it (Config.Auth)
+	peer         string   // the authenticated peer host ("" = none)
 	laddr, raddr *Addr
 	readMu       sync.Mutex
 	writeMu      sync.Mutex
@@ -94,7 +111,7 @@ var _ Conn = (*tcpConn)(nil)
 
 const tcpReadBuffer = 64 << 10
 
-func newTCPConn(c *net.TCPConn) *tcpConn {
+func newTCPConn(c bootConn) *tcpConn {
 	return &tcpConn{
 		tcp:   c,
 		laddr: &Addr{Provider: "tcp", TCP: c.LocalAddr()},
@@ -248,6 +265,7 @@ func (c *tcpConn) CloseWrite() error {
 }
 
 func (c *tcpConn) Close() error                       { return c.tcp.Close() }
+func (c *tcpConn) Peer() string                       { return c.peer }
 func (c *tcpConn) LocalAddr() net.Addr                { return c.laddr }
 func (c *tcpConn) RemoteAddr() net.Addr               { return c.raddr }
 func (c *tcpConn) SetDeadline(t time.Time) error      { return c.tcp.SetDeadline(t) }

@@ -20,8 +20,8 @@ func TestTCPWriteCutShort(t *testing.T) {
 	checkGoroutines(t)
 	a, b := tcpPipe(t)
 	// Small socket buffers, so a few MiB are enough to block.
-	a.(*tcpConn).tcp.SetWriteBuffer(64 << 10)
-	b.(*tcpConn).tcp.SetReadBuffer(64 << 10)
+	a.(*tcpConn).tcp.(*net.TCPConn).SetWriteBuffer(64 << 10)
+	b.(*tcpConn).tcp.(*net.TCPConn).SetReadBuffer(64 << 10)
 	want := make([]byte, 4<<20)
 	rand.NewChaCha8([32]byte{3}).Read(want)
 	a.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))

@@ -74,6 +74,12 @@ func (v *Verbs) device() (*device, error) {
 // Dial connects to a verbs Listen at addr: TCP to addr, the handshake
 // (hello.go), then the connection's queue pair.
 func (v *Verbs) Dial(ctx context.Context, addr string) (net.Conn, error) {
+	return v.DialHost(ctx, addr, "")
+}
+
+// DialHost is Dial to host's listener; with Config.Auth the bootstrap
+// must prove to be host before any queue pair is set up.
+func (v *Verbs) DialHost(ctx context.Context, addr, host string) (net.Conn, error) {
 	dev, err := v.device()
 	if err != nil {
 		return nil, &net.OpError{Op: "dial", Net: "rdma/verbs", Err: err}
@@ -86,7 +92,13 @@ func (v *Verbs) Dial(ctx context.Context, addr string) (net.Conn, error) {
 		dev.unref()
 		return nil, err
 	}
-	conn, err := v.handshake(ctx, dev, c.(*net.TCPConn))
+	bc, err := v.cfg.secureDial(ctx, c, host)
+	var conn net.Conn
+	if err == nil {
+		conn, err = v.handshake(ctx, dev, bc, host)
+	} else {
+		dev.unref()
+	}
 	if err != nil {
 		c.Close()
 		return nil, &net.OpError{Op: "dial", Net: "rdma/verbs", Addr: c.RemoteAddr(), Err: err}
@@ -101,25 +113,33 @@ func (v *Verbs) Listen(addr string) (net.Listener, error) {
 		return nil, &net.OpError{Op: "listen", Net: "rdma/verbs", Err: err}
 	}
 	defer dev.unref() // each handshake takes its own reference
-	l, err := newListener("verbs", addr, v.cfg.HandshakeTimeout, func(ctx context.Context, c *net.TCPConn) (net.Conn, error) {
+	l, err := newListener("verbs", addr, v.cfg.HandshakeTimeout, func(ctx context.Context, c net.Conn) (net.Conn, error) {
+		// The peer proves its host before this side sets up anything.
+		bc, peer, err := v.cfg.secureAccept(ctx, c)
+		if err != nil {
+			return nil, err
+		}
 		dev, err := v.device()
 		if err != nil {
 			return nil, err
 		}
-		return v.handshake(ctx, dev, c)
+		return v.handshake(ctx, dev, bc, peer)
 	})
 	return l, err
 }
 
 // handshake sets up a connection's queue pair over the bootstrap socket
-// c. It consumes the caller's reference to dev: the link holds it until
-// it closes, and a failed setup drops it.
-func (v *Verbs) handshake(ctx context.Context, dev *device, c *net.TCPConn) (net.Conn, error) {
+// c, whose far end is peer ("": not authenticated). It consumes the
+// caller's reference to dev: the link holds it until it closes, and a
+// failed setup drops it.
+func (v *Verbs) handshake(ctx context.Context, dev *device, c bootConn, peer string) (net.Conn, error) {
 	l, err := dev.connect(ctx, c, v.cfg)
 	if err != nil {
 		return nil, fmt.Errorf("verbs handshake: %w", err)
 	}
-	return newRingConn(l, c, "verbs", v.cfg.Linger), nil
+	rc := newRingConn(l, c, "verbs", v.cfg.Linger)
+	rc.peer = peer
+	return rc, nil
 }
 
 // Close drops the provider's reference to the device; the device closes

@@ -535,7 +535,7 @@ func (d *device) putBufs(b *C.struct_ntv_bufs) {
 // side (hello.go). It consumes the caller's device reference: the
 // returned link holds it, and on failure it is dropped (by the link's
 // close once the link exists).
-func (d *device) connect(ctx context.Context, side *net.TCPConn, cfg Config) (link, error) {
+func (d *device) connect(ctx context.Context, side net.Conn, cfg Config) (link, error) {
 	bufs, err := d.getBufs()
 	if err != nil {
 		d.unref()

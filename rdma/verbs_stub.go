@@ -21,6 +21,6 @@ func verbsAvailable(Config) error        { return errNoVerbs }
 func openDevice(Config) (*device, error) { return nil, errNoVerbs }
 func (*device) ref()                     {}
 func (*device) unref() error             { return nil }
-func (*device) connect(context.Context, *net.TCPConn, Config) (link, error) {
+func (*device) connect(context.Context, net.Conn, Config) (link, error) {
 	return nil, errNoVerbs
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/daemon/proxy"
 	"github.com/ntstack/ntstack/internal/prim/proc"
+	"github.com/ntstack/ntstack/internal/wire/hostauth"
 	"github.com/ntstack/ntstack/qos"
 	"github.com/ntstack/ntstack/socklike"
 )
@@ -151,14 +152,22 @@ func listenRack(o *options, pool bool) (_ net.Listener, _ string, err error) {
 	}
 	partitions := max(o.partitions, 1)
 	var cfgs [2]*config.Config
+	// Each host gets a key and pins the other's, as a deployment would.
+	keys, pins := map[string]string{}, map[string]string{}
+	for _, host := range []string{"a", "b"} {
+		keys[host] = filepath.Join(state, host+".key")
+		if pins[host], err = hostauth.WriteKey(keys[host], host); err != nil {
+			return nil, "", err
+		}
+	}
 	for i, host := range []string{"a", "b"} {
 		peer := "ab"[1-i : 2-i]
 		spin := ""
 		if o.spin != 0 {
 			spin = fmt.Sprintf("spin_budget = %q\n", o.spin)
 		}
-		doc := fmt.Sprintf("host = %q\nstate_dir = %q\n[proxy]\nfabric_dir = %q\npartitions = %d\n%s[[peers]]\nhost = %q\nlink = \"ntbench\"\n",
-			host, filepath.Join(state, host), fabric, partitions, spin, peer)
+		doc := fmt.Sprintf("host = %q\nstate_dir = %q\n[auth]\nkey = %q\n[proxy]\nfabric_dir = %q\npartitions = %d\n%s[[peers]]\nhost = %q\nlink = \"ntbench\"\nkey = %q\n",
+			host, filepath.Join(state, host), keys[host], fabric, partitions, spin, peer, pins[peer])
 		if cfgs[i], err = config.Parse([]byte(doc)); err != nil {
 			return nil, "", fmt.Errorf("proxy config for %s: %w", host, err)
 		}

@@ -9,6 +9,8 @@
 //	ntmon doctor [-config FILE] [-json]        # check and explain the environment; exit 1 if a check failed
 //	ntmon capture -link b -count 500 -w kv.pcapng  # ntproxy's frames on a rack link, for Wireshark (see -h)
 //	ntmon capture -lua ntstack.lua             # the Wireshark dissector for those files
+//	ntmon keygen -host a -out /etc/ntstack/a.key  # a host key; prints the pin for peers' configs
+//	ntmon keygen -new-ca -out ca.key -cert ca.pem # a rack CA; then keygen -ca ca.key signs host keys
 //	ntmon version
 package main
 
@@ -56,6 +58,7 @@ var ntmon = cli.Program{
 		{Name: "status", Synopsis: statusSynopsis, Run: status},
 		{Name: "doctor", Synopsis: doctorSynopsis, Run: doctorCmd},
 		{Name: "capture", Synopsis: "-link LINK [-conn ID] [-count N | -duration D] -w FILE | -lua FILE", Run: captureCmd},
+		{Name: "keygen", Synopsis: "[-host NAME] [-ca CA.key] -out FILE | -new-ca -out CA.key -cert CA.pem", Run: keygenCmd},
 		{Name: "version", Run: versionCmd},
 	},
 }
@@ -118,7 +121,7 @@ func serve(ctx context.Context, path string, log *slog.Logger) error {
 	}
 	opts := monitor.Options{Logger: log, Version: version}
 	// The RDMA capability peers learn: ntproxy, built alike, listens there.
-	if v, err := proxy.OpenRDMA(cfg.Proxy.RDMA); err != nil {
+	if v, err := proxy.OpenRDMA(cfg.Proxy.RDMA, nil); err != nil { // a probe: no connection is made
 		opts.RDMA.Why = err.Error()
 	} else {
 		v.Close()

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sync"
 	"testing"
 	"time"
@@ -35,8 +36,13 @@ func writeConfig(t *testing.T, dir string) string {
 	require.NoError(t, err)
 	peerAddr := ln.Addr().String()
 	require.NoError(t, ln.Close())
+	keyA := filepath.Join(dir, "a.key")
+	_ = keygen(t, "a", keyA)
+	pinB := keygen(t, "b", filepath.Join(dir, "b.key"))
 	text := fmt.Sprintf(`host = "a"
 state_dir = %q
+[auth]
+key = %q
 [monitor]
 listen = "127.0.0.1:0"
 heartbeat = "50ms"
@@ -46,10 +52,27 @@ host = "b"
 control = %q
 link = "rack-a-b"
 fallback = "127.0.0.1:7480"
-`, dir, peerAddr)
+key = %q
+`, dir, keyA, peerAddr, pinB)
 	p := filepath.Join(dir, "a.toml")
 	require.NoError(t, os.WriteFile(p, []byte(text), 0o644))
 	return p
+}
+
+// keygen runs `ntmon keygen` for host into path and returns the pin it
+// prints for the peers' configurations.
+func keygen(t *testing.T, host, path string) string {
+	t.Helper()
+	var out, errb bytes.Buffer
+	require.Equal(t, 0, run(context.Background(), []string{"keygen", "-host", host, "-out", path}, &out, &errb), errb.String())
+	fi, err := os.Stat(path)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	m := regexp.MustCompile(`(?m)^  key = "(ed25519:[A-Za-z0-9+/=]+)"$`).FindStringSubmatch(out.String())
+	require.NotNil(t, m, out.String())
+	// A second run never overwrites the key.
+	require.Equal(t, 1, run(context.Background(), []string{"keygen", "-host", host, "-out", path}, &out, &errb))
+	return m[1]
 }
 
 // fakeProxy serves snap as ntproxy's admin API would.

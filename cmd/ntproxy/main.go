@@ -68,7 +68,11 @@ func run(cfgPath string, standalone, quiet bool) error {
 	if !standalone {
 		o.Control = proxy.NewMonitorControl(cfg.Path(config.MonitorSocket))
 	}
-	if v, err := proxy.OpenRDMA(cfg.Proxy.RDMA); err != nil {
+	auth, err := cfg.HostAuth()
+	if err != nil {
+		return err
+	}
+	if v, err := proxy.OpenRDMA(cfg.Proxy.RDMA, auth); err != nil {
 		log.Printf("no RDMA path: %v", err)
 	} else {
 		defer v.Close()

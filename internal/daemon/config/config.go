@@ -8,6 +8,7 @@
 package config
 
 import (
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/prim/pool"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
+	"github.com/ntstack/ntstack/internal/wire/hostauth"
 )
 
 // Defaults for fields left out of the file.
@@ -64,6 +66,9 @@ type Config struct {
 	ACL     []Rule  `toml:"acl"`
 	// Quota bounds each local user's applications (quota.go).
 	Quota Quota `toml:"quota"`
+
+	// Auth is this host's identity on the channels between hosts.
+	Auth Auth `toml:"auth"`
 }
 
 // Gateway configures ntproxy's TCP gateway, which carries the connections
@@ -187,6 +192,10 @@ type Peer struct {
 	// Transports restricts and orders the paths to the peer: a subset of
 	// "ntb", "rdma", "tcp" (default: all three, in that order).
 	Transports []string `toml:"transports"`
+	// Key pins the peer's host key: "ed25519:<base64>" as `ntmon keygen`
+	// prints it, or "sha256:<base64>" of its SubjectPublicKeyInfo ("" =
+	// vouched for by auth.ca).
+	Key string `toml:"key"`
 }
 
 // Paths is p as route choice sees it (ctlapi.PickRoute).
@@ -207,6 +216,66 @@ type Rule struct {
 	Host string `toml:"host"`
 	// Port is the destination port; 0 matches any.
 	Port int `toml:"port"`
+}
+
+// Auth is a host's identity: its key, and how its peers' keys are known.
+// Every channel between two hosts (ntmon's peer sessions, the proxies'
+// fallback legs, the RDMA bootstrap) runs TLS 1.3, authenticated both ways
+// (package hostauth).
+type Auth struct {
+	// Key is this host's key file (private key and certificate, PEM, mode
+	// 0600), as `ntmon keygen` writes it.
+	Key string `toml:"key"`
+	// CA is a rack CA's certificate file: a peer without a pinned key
+	// (peers[].key) is trusted if the CA signed a certificate naming it.
+	CA string `toml:"ca"`
+	// Insecure runs without a key: nothing between hosts is authenticated
+	// or encrypted, and status and doctor say so. Without a key the
+	// daemons refuse to start unless this is set.
+	Insecure bool `toml:"insecure"`
+}
+
+// Secure reports whether the host authenticates its peers: it has a key.
+func (c *Config) Secure() bool { return c.Auth.Key != "" }
+
+// HostAuth loads the host's identity (nil when Insecure and keyless). A
+// host with no key that is not explicitly insecure is an error, as is a
+// peer with neither a pin nor a CA.
+func (c *Config) HostAuth() (*hostauth.Auth, error) {
+	if c.Auth.Key == "" {
+		if c.Auth.Insecure {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("host %s has no key (auth.key): run `ntmon keygen -host %s -out FILE` and pin its key in the peers' configurations, or set auth.insecure = true to run unauthenticated", c.Host, c.Host)
+	}
+	cert, err := hostauth.LoadKey(c.Auth.Key)
+	if err != nil {
+		return nil, err
+	}
+	var ca *x509.CertPool
+	if c.Auth.CA != "" {
+		if ca, err = hostauth.LoadCA(c.Auth.CA); err != nil {
+			return nil, err
+		}
+	}
+	pins := map[string]string{}
+	for _, p := range c.Peers {
+		pins[p.Host] = p.Key
+	}
+	a, err := hostauth.New(c.Host, cert, pins, ca)
+	if err != nil {
+		return nil, fmt.Errorf("auth: %w", err)
+	}
+	return a, nil
+}
+
+// InsecureWarning is the line status and doctor print for a host that
+// runs without authentication ("" for one that authenticates).
+func (c *Config) InsecureWarning() string {
+	if c.Secure() {
+		return ""
+	}
+	return "WARNING: INSECURE: auth.insecure is set and this host has no key: any host on the network can pose as a peer, resume or read its connections; run `ntmon keygen`"
 }
 
 // Matches reports whether r applies to a connection.
@@ -402,6 +471,11 @@ func (c *Config) Validate() error {
 		for _, t := range p.Transports {
 			if !slices.Contains(ctlapi.Transports, t) {
 				bad("peers[%d].transports: %q is none of %v", i, t, ctlapi.Transports)
+			}
+		}
+		if p.Key != "" {
+			if _, err := hostauth.ParsePin(p.Key); err != nil {
+				bad("peers[%d].key: %v", i, err)
 			}
 		}
 		claim(p.Host, p.Host)

@@ -17,6 +17,8 @@ func TestExampleParses(t *testing.T) {
 	require.Equal(t, 500*time.Millisecond, c.Monitor.Heartbeat.Duration)
 	require.Len(t, c.Peers, 1)
 	require.Equal(t, "rack-a-b", c.Peers[0].Link)
+	require.Equal(t, "/etc/ntstack/a.key", c.Auth.Key)
+	require.True(t, c.Secure())
 
 	host, ok := c.HostOf("10.77.0.2")
 	require.True(t, ok)
@@ -51,6 +53,8 @@ func TestParseRejects(t *testing.T) {
 		"too many parts":  "host = \"a\"\n[proxy]\npartitions = 31\n",
 		"bad quota":       "host = \"a\"\n[quota]\nmemory = -2\n",
 		"quota uid twice": "host = \"a\"\n[[quota.uid]]\nuid = 7\nmemory = 1\n[[quota.uid]]\nuid = 7\nmemory = 2\n",
+		"bad pin":        "host = \"a\"\n[[peers]]\nhost = \"b\"\nkey = \"ed25519:short\"\n",
+		"unknown pin":    "host = \"a\"\n[[peers]]\nhost = \"b\"\nkey = \"rsa:AAAA\"\n",
 	} {
 		_, err := Parse([]byte(doc))
 		require.Error(t, err, name)

@@ -92,6 +92,7 @@ func Run(ctx context.Context, o Options) []Result {
 	h := &host{root: o.Root, opts: o}
 	h.devices, h.pciErr = h.scanPCI()
 	var rs []Result
+	rs = append(rs, h.checkAuth())
 	rs = append(rs, h.checkIOMMU())
 	rs = append(rs, h.checkVFIO())
 	rs = append(rs, h.checkDevices()...)

@@ -141,7 +141,7 @@ func TestMachineLikeThisOne(t *testing.T) {
 	rs := Run(context.Background(), Options{Root: f.root})
 	m := byName(t, rs)
 	want := map[string]Status{
-		"iommu": Warn, "vfio": Warn, "devices": Skip, "hugepages": Warn, "fabric": Pass,
+		"auth": Skip, "iommu": Warn, "vfio": Warn, "devices": Skip, "hugepages": Warn, "fabric": Pass,
 		"links": Skip, "cpus": Pass, "clocksource": Pass, "timer slack": Pass, "cgroup2": Pass, "bpf": Pass,
 		"rdma": Skip,
 	}
@@ -159,7 +159,7 @@ func TestMachineLikeThisOne(t *testing.T) {
 	require.Contains(t, m["fabric"].Detail, "on /dev/shm (tmpfs)")
 	require.Contains(t, m["cpus"].Detail, "2 CPUs (affinity 0-1)")
 	require.False(t, Failed(rs))
-	require.Equal(t, "6 passed, 3 warnings, 0 failed, 3 skipped", Summary(rs))
+	require.Equal(t, "6 passed, 3 warnings, 0 failed, 4 skipped", Summary(rs))
 }
 
 // The RDMA check: no device, a device whose port is down, and one that
@@ -317,6 +317,8 @@ func TestFabricNotTmpfs(t *testing.T) {
 func testConfig(t *testing.T, stateDir string, partitions int) *config.Config {
 	cfg, err := config.Parse(fmt.Appendf(nil, `host = "a"
 state_dir = %q
+[auth]
+insecure = true
 [proxy]
 window = 65536
 partitions = %d

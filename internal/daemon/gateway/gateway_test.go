@@ -16,6 +16,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/daemon/proxy"
+	"github.com/ntstack/ntstack/internal/wire/hostauth/hostauthtest"
 	"github.com/ntstack/ntstack/socklike"
 )
 
@@ -37,9 +38,12 @@ func newRack(t *testing.T, mode, target string) (a, b host) {
 	root := t.TempDir()
 	fabric := filepath.Join("/dev/shm", fmt.Sprintf("ntstack-gwtest-%d-%d", os.Getpid(), rand.Uint32()))
 	t.Cleanup(func() { os.RemoveAll(fabric) })
+	keys := hostauthtest.Keys(t, "a", "b")
 	start := func(name, peer, gw string) host {
 		cfg, err := config.Parse(fmt.Appendf(nil, `host = %q
 state_dir = %q
+[auth]
+key = %q
 [proxy]
 fabric_dir = %q
 window = 4194304
@@ -52,7 +56,8 @@ mode = %q
 host = %q
 addresses = ["10.77.0.%d"]
 link = "ab"
-`, name, filepath.Join(root, name), fabric, mode, gw, peer, peer[0]))
+key = %q
+`, name, filepath.Join(root, name), keys[name].Path, fabric, mode, gw, peer, peer[0], keys[peer].Pin))
 		require.NoError(t, err)
 		s, err := proxy.New(cfg, proxy.Options{Logf: t.Logf})
 		require.NoError(t, err)

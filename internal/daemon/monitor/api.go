@@ -113,6 +113,7 @@ func (m *Monitor) Status(ctx context.Context) (st ctlapi.Status) {
 		Host:      m.cfg.Host,
 		Version:   m.opts.Version,
 		RDMA:      m.opts.RDMA.Addr,
+		Security:  m.Security(),
 		Peers:     m.peerStatus(),
 		Listening: m.ports.list(),
 	}

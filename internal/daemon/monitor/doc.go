@@ -3,7 +3,10 @@
 // Monitors in one process.
 //
 // A Monitor
-//   - keeps a session with every rack peer's ntmon over TCP (the peer
+//   - keeps a session with every rack peer's ntmon over TLS 1.3, both
+//     ends proving their host key (package hostauth; who the peer is comes
+//     from its certificate, and its HELLO must say the same), or over plain
+//     TCP on a host configured auth.insecure (the peer
 //     protocol in frame.go: a HELLO exchange carrying magic, protocol
 //     version, capabilities, link metadata and the host's RDMA listener or
 //     why it has none, then heartbeats), dialing

@@ -2,7 +2,9 @@ package monitor
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -18,6 +20,8 @@ import (
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
+	"github.com/ntstack/ntstack/internal/wire/hostauth"
+	"github.com/ntstack/ntstack/internal/wire/hostauth/hostauthtest"
 )
 
 // Test timing: heartbeats fast enough that a test waits little, a peer
@@ -30,6 +34,21 @@ const (
 	// performance assertion.
 	waitFor = 15 * time.Second
 )
+
+// testRack is the rack CA every test host's key is signed by: a config
+// from baseConfig trusts its peers through it, without pins.
+var testRack *hostauthtest.Rack
+
+func TestMain(m *testing.M) {
+	var err error
+	if testRack, err = hostauthtest.NewRack(""); err != nil {
+		fmt.Fprintln(os.Stderr, "rack CA:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	testRack.Remove()
+	os.Exit(code)
+}
 
 // stateDir makes a short state directory: Unix socket paths are limited
 // to 108 bytes, and t.TempDir's names can be long.
@@ -55,6 +74,7 @@ func baseConfig(t *testing.T, host string) *config.Config {
 			PeerTimeout: config.Duration{Duration: testPeerTimeout},
 		},
 		Proxy: config.Proxy{Window: 1 << 20, Partitions: 2, AppWindow: 1 << 20, MaxAppsPerUID: 8},
+		Auth:  config.Auth{Key: testRack.Key(t, host), CA: testRack.CAFile},
 	}
 }
 
@@ -197,7 +217,7 @@ func cannedSnapshot(host string) ctlapi.Snapshot {
 	}
 }
 
-// rawPeer dials addr as a hand-written peer would.
+// rawPeer dials addr as a hand-written peer would, over plain TCP.
 func rawPeer(t *testing.T, addr net.Addr) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", addr.String())
@@ -205,6 +225,46 @@ func rawPeer(t *testing.T, addr net.Addr) net.Conn {
 	t.Cleanup(func() { _ = c.Close() })
 	require.NoError(t, c.SetDeadline(time.Now().Add(waitFor)))
 	return c
+}
+
+// tlsPeer dials addr as a hand-written peer holding keyFile would: the
+// TLS handshake done, ready for its HELLO. It does not check the server.
+func tlsPeer(t *testing.T, addr net.Addr, keyFile string) net.Conn {
+	t.Helper()
+	c := rawPeer(t, addr)
+	cert, err := hostauth.LoadKey(keyFile)
+	require.NoError(t, err)
+	tc := tls.Client(c, &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}, InsecureSkipVerify: true})
+	require.NoError(t, tc.Handshake())
+	return tc
+}
+
+// refusedTLS checks that the daemon at addr refuses the TLS handshake of
+// a peer holding keyFile: the handshake fails, or the first read after it
+// does (a TLS 1.3 server checks the client's certificate after the
+// client's side of the handshake is done), with no frame read.
+func refusedTLS(t *testing.T, addr net.Addr, keyFile string) {
+	t.Helper()
+	c := rawPeer(t, addr)
+	cert, err := hostauth.LoadKey(keyFile)
+	require.NoError(t, err)
+	tc := tls.Client(c, &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}, InsecureSkipVerify: true})
+	if err := tc.Handshake(); err != nil {
+		return
+	}
+	_ = WriteFrame(tc, FrameHello, Hello{Magic: Magic, Version: ProtocolVersion, Host: "b"})
+	_, err = ReadFrame(tc)
+	require.Error(t, err)
+	var ne net.Error
+	require.False(t, errors.As(err, &ne) && ne.Timeout(), "connection not closed by the daemon: %v", err)
+}
+
+// closedByDaemon reads c until the daemon closes it (EOF or reset).
+func closedByDaemon(t *testing.T, c net.Conn) {
+	t.Helper()
+	_, err := io.Copy(io.Discard, c)
+	var ne net.Error
+	require.False(t, errors.As(err, &ne) && ne.Timeout(), "connection not closed by the daemon: %v", err)
 }
 
 // readUntilClosed reads frames until the connection ends and returns

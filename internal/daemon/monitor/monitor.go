@@ -17,6 +17,7 @@ import (
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/prim/accept"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
+	"github.com/ntstack/ntstack/internal/wire/hostauth"
 )
 
 // Defaults for zero Options fields.
@@ -77,6 +78,7 @@ type Monitor struct {
 	heartbeat   time.Duration
 	peerTimeout time.Duration
 	proxy       *ctlapi.Client
+	auth        *hostauth.Auth // nil: insecure, peers not authenticated
 	ports       *portTable
 	started     time.Time
 
@@ -141,6 +143,12 @@ func New(cfg *config.Config, opts Options) (m *Monitor, err error) {
 		m.log = slog.Default()
 	}
 	m.log = m.log.With("host", cfg.Host)
+	if m.auth, err = cfg.HostAuth(); err != nil {
+		return nil, fmt.Errorf("new monitor: %w", err)
+	}
+	if m.auth == nil {
+		m.log.Warn(cfg.InsecureWarning())
+	}
 	if m.opts.Version == "" {
 		m.opts.Version = "dev"
 	}
@@ -244,6 +252,18 @@ func listenUnix(path string) (net.Listener, error) {
 		return nil, fmt.Errorf("listen %s: chmod: %w", path, err)
 	}
 	return ln, nil
+}
+
+// Security says how this host's peer channels are protected, for status:
+// the insecure warning, or the authentication in force.
+func (m *Monitor) Security() string {
+	if m.auth == nil {
+		return m.cfg.InsecureWarning()
+	}
+	if m.cfg.Auth.CA != "" {
+		return "peers authenticated: TLS 1.3, pinned host keys or rack CA " + m.cfg.Auth.CA + "; key " + m.auth.Pin()
+	}
+	return "peers authenticated: TLS 1.3, pinned host keys; key " + m.auth.Pin()
 }
 
 // PeerAddr is the address peers reach this Monitor on (nil: none).

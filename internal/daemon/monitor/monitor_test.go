@@ -2,6 +2,7 @@ package monitor
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
+	"github.com/ntstack/ntstack/internal/wire/hostauth"
 )
 
 func intp(v int) *int { return &v }
@@ -245,7 +247,7 @@ func TestSilentPeerTimesOut(t *testing.T) {
 	na := start(t, a, la)
 
 	// d says HELLO, then nothing: up, then down after the peer timeout.
-	c := rawPeer(t, la.Addr())
+	c := tlsPeer(t, la.Addr(), testRack.Key(t, "d"))
 	require.NoError(t, WriteFrame(c, FrameHello, Hello{Magic: Magic, Version: ProtocolVersion, Host: "d", Caps: []string{"ntb"},
 		Links: []HelloLink{{Name: "rack-a-d", Peer: "a", Window: 1 << 20, Partitions: 2}}}))
 	f, err := ReadFrame(c)
@@ -273,7 +275,7 @@ func TestLinkMismatch(t *testing.T) {
 	a.Peers = []config.Peer{{Host: "d", Link: "rack-a-d", Fallback: "127.0.0.1:1"}}
 	na := start(t, a, la)
 
-	c := rawPeer(t, la.Addr())
+	c := tlsPeer(t, la.Addr(), testRack.Key(t, "d"))
 	require.NoError(t, WriteFrame(c, FrameHello, Hello{Magic: Magic, Version: ProtocolVersion, Host: "d", Caps: []string{"ntb"},
 		Links: []HelloLink{{Name: "rack-a-d", Peer: "a", Window: 1 << 20, Partitions: 4}}}))
 	p := na.waitPeer(t, "d", true)
@@ -297,11 +299,11 @@ func TestRefusedHellos(t *testing.T) {
 	}{
 		{"version", Hello{Magic: Magic, Version: 99, Host: "d"}, "peer d speaks ntmon protocol 99, this host (a) speaks 1"},
 		{"magic", Hello{Magic: "redis", Version: 1, Host: "d"}, `not an ntmon: HELLO magic "redis"`},
-		{"stranger", Hello{Magic: Magic, Version: 1, Host: "zz"}, "host zz is not among a's peers"},
-		{"impostor", Hello{Magic: Magic, Version: 1, Host: "a"}, "this host's own name"},
+		{"stranger", Hello{Magic: Magic, Version: 1, Host: "zz"}, `HELLO names "zz" but the certificate proves d`},
+		{"impostor", Hello{Magic: Magic, Version: 1, Host: "a"}, `HELLO names "a" but the certificate proves d`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := rawPeer(t, la.Addr())
+			c := tlsPeer(t, la.Addr(), testRack.Key(t, "d"))
 			require.NoError(t, WriteFrame(c, FrameHello, tc.hello))
 			frames := readUntilClosed(t, c)
 			require.Len(t, frames, 1)
@@ -318,11 +320,14 @@ func TestRefusedHellos(t *testing.T) {
 
 	// And a's own dialer, refused the same way, shows the peer's reason.
 	lb := listen(t)
+	bKey, err := hostauth.LoadKey(testRack.Key(t, "b"))
+	require.NoError(t, err)
 	go func() {
-		c, err := lb.Accept()
+		raw, err := lb.Accept()
 		if err != nil {
 			return
 		}
+		c := tls.Server(raw, &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{bKey}, ClientAuth: tls.RequireAnyClientCert})
 		defer c.Close()
 		if _, err := ReadFrame(c); err == nil {
 			_ = WriteFrame(c, FrameError, ErrorBody{Message: "peer a speaks ntmon protocol 1, this host (b) speaks 2"})
@@ -346,11 +351,19 @@ func TestGarbageOnPeerPort(t *testing.T) {
 		append(binary.LittleEndian.AppendUint32(nil, 4), byte(FrameHello), 'x', 'y', 'z'),
 		append(binary.LittleEndian.AppendUint32(nil, 3), 42, '{', '}'),
 	} {
+		// Plain bytes on the peer port fail the TLS handshake.
 		c := rawPeer(t, r.la.Addr())
 		_, err := c.Write(junk)
 		require.NoError(t, err)
 		// The daemon may have hung up already: that is the point.
 		_ = c.(*net.TCPConn).CloseWrite()
+		closedByDaemon(t, c)
+
+		// The same bytes from an authenticated peer are a protocol error.
+		c = tlsPeer(t, r.la.Addr(), testRack.Key(t, "d"))
+		_, err = c.Write(junk)
+		require.NoError(t, err)
+		_ = c.(*tls.Conn).CloseWrite()
 		frames := readUntilClosed(t, c)
 		for _, f := range frames {
 			require.Equal(t, FrameError, f.Type)
@@ -368,7 +381,7 @@ func TestGarbageAfterHello(t *testing.T) {
 	a := baseConfig(t, "a")
 	a.Peers = []config.Peer{{Host: "d"}}
 	na := start(t, a, la)
-	c := rawPeer(t, la.Addr())
+	c := tlsPeer(t, la.Addr(), testRack.Key(t, "d"))
 	require.NoError(t, WriteFrame(c, FrameHello, Hello{Magic: Magic, Version: ProtocolVersion, Host: "d"}))
 	na.waitPeer(t, "d", true)
 	_, err := c.Write(append(binary.LittleEndian.AppendUint32(nil, 4), byte(FrameHeartbeat), 'x', 'y', 'z'))

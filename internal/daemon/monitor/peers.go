@@ -40,6 +40,7 @@ type session struct {
 	m        *Monitor
 	conn     net.Conn
 	outbound bool   // this host dialed
+	proved   string // the peer its certificate proved ("" = insecure)
 	host     string // the peer, known after its HELLO
 	dialer   string // the host that dialed
 	hello    Hello
@@ -150,6 +151,31 @@ func (m *Monitor) runInbound(conn net.Conn, release func()) {
 	})
 }
 
+// secure runs the TLS handshake on a new peer connection (bounded by the
+// peer timeout) when this host authenticates its peers, and returns the
+// connection to speak on and the host its certificate proved ("" when
+// insecure). dialed is the peer this host dialed, "" for an inbound
+// connection.
+func (m *Monitor) secure(conn net.Conn, dialed string) (net.Conn, string, error) {
+	if m.auth == nil {
+		return conn, "", nil
+	}
+	_ = conn.SetDeadline(time.Now().Add(m.peerTimeout))
+	defer func() { _ = conn.SetDeadline(time.Time{}) }()
+	if dialed != "" {
+		tc, err := m.auth.Client(conn, dialed)
+		if err != nil {
+			return nil, "", err
+		}
+		return tc, dialed, nil
+	}
+	tc, host, err := m.auth.Server(conn)
+	if err != nil {
+		return nil, "", err
+	}
+	return tc, host, nil
+}
+
 // runDialer keeps a session to one peer: while none is up it dials the
 // peer's control address, backing off from BackoffMin to BackoffMax.
 func (m *Monitor) runDialer(p *peerState) {
@@ -211,8 +237,16 @@ func (m *Monitor) serveConn(conn net.Conn, dialed string, handshakeDone func()) 
 		return false
 	}
 	defer m.untrack(conn)
-	s := &session{m: m, conn: conn, outbound: dialed != "", done: make(chan struct{})}
-	err := m.handshake(s, dialed)
+	sc, proved, err := m.secure(conn, dialed)
+	if err != nil {
+		if handshakeDone != nil {
+			handshakeDone()
+		}
+		m.unauthenticated(conn, dialed, err)
+		return false
+	}
+	s := &session{m: m, conn: sc, outbound: dialed != "", proved: proved, done: make(chan struct{})}
+	err = m.handshake(s, dialed)
 	if handshakeDone != nil {
 		handshakeDone()
 	}
@@ -267,7 +301,7 @@ func (m *Monitor) handshake(s *session, dialed string) error {
 	if err != nil {
 		return &refusal{host: dialed, msg: err.Error(), send: true}
 	}
-	if err := m.checkHello(h, dialed); err != nil {
+	if err := m.checkHello(h, dialed, s.proved); err != nil {
 		return err
 	}
 	s.host, s.hello = h.Host, h
@@ -291,16 +325,24 @@ func (m *Monitor) handshake(s *session, dialed string) error {
 	return nil
 }
 
-// checkHello decides whether to talk to the sender of h.
-func (m *Monitor) checkHello(h Hello, dialed string) error {
+// checkHello decides whether to talk to the sender of h. proved is the
+// host the connection's certificate proved ("" = insecure): the HELLO
+// must name it, so that the peer's identity comes from its key, never
+// from what it writes.
+func (m *Monitor) checkHello(h Hello, dialed, proved string) error {
 	known := ""
 	if _, ok := m.peers[h.Host]; ok {
 		known = h.Host
+	}
+	if proved != "" {
+		known = proved
 	}
 	if dialed != "" {
 		known = dialed
 	}
 	switch {
+	case m.auth != nil && (proved == "" || h.Host != proved):
+		return &refusal{host: known, send: true, msg: fmt.Sprintf("HELLO names %.64q but the certificate proves %s", h.Host, proved)}
 	case h.Magic != Magic:
 		return &refusal{host: known, send: true, msg: fmt.Sprintf("not an ntmon: HELLO magic %q, want %q", h.Magic, Magic)}
 	case h.Version != ProtocolVersion:
@@ -364,6 +406,20 @@ func (m *Monitor) refused(s *session, err error) {
 	if r.host != "" {
 		m.noteDown(r.host, "session refused: "+r.msg)
 	}
+}
+
+// unauthenticated logs a connection whose TLS handshake failed: it never
+// reaches the HELLO exchange, so it cannot touch any session.
+func (m *Monitor) unauthenticated(conn net.Conn, dialed string, err error) {
+	if m.ctx.Err() != nil {
+		return
+	}
+	if dialed == "" {
+		m.log.Warn("peer connection refused: not authenticated", "remote", conn.RemoteAddr().String(), "why", err)
+		return
+	}
+	m.log.Warn("peer session refused: not authenticated", "peer", dialed, "remote", conn.RemoteAddr().String(), "why", err)
+	m.noteDown(dialed, "not authenticated: "+err.Error())
 }
 
 // preferred reports whether s is the session both ends keep when two

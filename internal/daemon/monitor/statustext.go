@@ -29,7 +29,13 @@ func WriteStatus(w io.Writer, st *ctlapi.Status) error {
 		fmt.Fprintln(tw, strings.Join(s, "\t"))
 	}
 
+	if strings.HasPrefix(st.Security, "WARNING") {
+		fmt.Fprintf(tw, "%s\n", st.Security)
+	}
 	fmt.Fprintf(tw, "host %s, ntmon %s, peer protocol %d\n", st.Host, st.Version, ProtocolVersion)
+	if st.Security != "" && !strings.HasPrefix(st.Security, "WARNING") {
+		fmt.Fprintf(tw, "security: %s\n", st.Security)
+	}
 	fmt.Fprintf(tw, "rdma: %s\n", cell(st.RDMA))
 	if st.Scope != "" {
 		fmt.Fprintf(tw, "view: %s\n", st.Scope)

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -350,6 +351,9 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (_ 
 		return nil, nil, err
 	}
 	pc := &pconn{id: s.nextID.Add(1), app: a.id, dir: "out", path: route.Path, reason: route.Reason, link: route.Link, partition: -1, hops: route.Hops}
+	if pc.secret, err = newLegSecret(); err != nil {
+		return nil, nil, ctlapi.Errorf(ctlapi.CodeInternal, "resume secret: %v", err)
+	}
 	pc.remote = hostPort(route.Host, req.Port)
 	if req.Pool {
 		s.tryPool(a, pc)
@@ -378,7 +382,7 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (_ 
 			return nil, nil, fabricErr(route.Host, req.Port, err)
 		}
 		pc.partition = fc.Partition()
-		if pc.peerWin, err = s.rackOpen(fc, route.Host, appproto.RackOpen{Port: req.Port, Token: pc.id, Window: pc.rxWindow()}); err != nil {
+		if pc.peerWin, err = s.rackOpen(fc, route.Host, appproto.RackOpen{Port: req.Port, Token: pc.id, Window: pc.rxWindow(), Secret: pc.secret}); err != nil {
 			fc.Close()
 			return nil, nil, err
 		}
@@ -390,7 +394,7 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (_ 
 			return nil, nil, err
 		}
 		pc.local = c.LocalAddr().String()
-		if pc.peerWin, err = s.rackOpen(c, route.Host, appproto.RackOpen{Port: req.Port, Token: pc.id, Window: pc.rxWindow()}); err != nil {
+		if pc.peerWin, err = s.rackOpen(c, route.Host, appproto.RackOpen{Port: req.Port, Token: pc.id, Window: pc.rxWindow(), Secret: pc.secret}); err != nil {
 			c.Close()
 			return nil, nil, err
 		}
@@ -414,7 +418,7 @@ func (s *Server) dialOffRack(ctx context.Context, route ctlapi.Route, pc *pconn)
 		if h.Path == ctlapi.PathNTB {
 			continue
 		}
-		c, err := s.connect(ctx, h)
+		c, err := s.connect(ctx, route.Host, h)
 		if err != nil {
 			failed = append(failed, fmt.Sprintf("%s to %s failed: %v", h.Path, h.Addr, err))
 			if ctx.Err() != nil {
@@ -432,17 +436,29 @@ func (s *Server) dialOffRack(ctx context.Context, route ctlapi.Route, pc *pconn)
 	return nil, ctlapi.Errorf(ctlapi.CodeNoPath, "connect to %s: %s", route.Host, strings.Join(failed, "; "))
 }
 
-// connect opens a transport to a peer proxy's RDMA or TCP listener.
-func (s *Server) connect(ctx context.Context, h ctlapi.Hop) (net.Conn, error) {
+// connect opens a transport to host's proxy at its RDMA or TCP listener.
+// Over TCP, with a host key, the transport is TLS 1.3 authenticated both
+// ways: the far end must prove to be host, and it learns this host from
+// its certificate.
+func (s *Server) connect(ctx context.Context, host string, h ctlapi.Hop) (net.Conn, error) {
 	switch h.Path {
 	case ctlapi.PathRDMA:
 		if s.rdma == nil {
 			return nil, errors.New("this ntproxy has no RDMA provider (built without -tags verbs, or proxy.rdma unusable; ntproxy's log says which)")
 		}
-		return s.rdma.Dial(ctx, h.Addr)
+		return s.rdma.DialHost(ctx, h.Addr, host)
 	case ctlapi.PathTCP:
 		var d net.Dialer
-		return d.DialContext(ctx, "tcp", h.Addr)
+		c, err := d.DialContext(ctx, "tcp", h.Addr)
+		if err != nil || s.auth == nil {
+			return c, err
+		}
+		tc := tls.Client(c, s.auth.ClientConfig(host))
+		if err := tc.HandshakeContext(ctx); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("tls handshake with %s: %w", host, err)
+		}
+		return tc, nil
 	}
 	return nil, fmt.Errorf("no transport %q", h.Path)
 }

@@ -34,6 +34,7 @@ type pconn struct {
 	slot      *poolUse     // shared-pool mode: its slot of the application's pool
 	peerWin   int          // the peer leg's receive window
 	hops      []ctlapi.Hop // the transports its leg may move between (dialer side)
+	secret    []byte       // its leg's resume secret (legSecretLen bytes)
 
 	bytesTX, bytesRX atomic.Uint64 // from / to the application
 	msgsTX, msgsRX   atomic.Uint64

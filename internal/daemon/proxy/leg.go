@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/subtle"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -37,6 +39,13 @@ import (
 //	           (ack), the stream's length (fin)
 //	  9     4  payload length (data; 0 otherwise), at most legMaxPayload
 //	 13        payload
+//
+// Trust: a leg's token only names it. The dialing proxy picks a random
+// secret (legSecretLen bytes) when it opens the leg, inside a channel
+// authenticated as its host (the NTB link, or TLS on the TCP fallback and
+// the RDMA bootstrap), and a resume must present it over a channel
+// authenticated as the same host; a resume that does not is refused
+// before it touches the leg (see leg.resumes).
 //
 // Memory: at most legMaxUnacked bytes wait for an acknowledgement per
 // direction; a writer beyond that waits (back-pressure, nothing dropped).
@@ -76,11 +85,32 @@ const (
 	// resumePort is the port of every rack link on which proxies take
 	// resumed legs.
 	resumePort = 65535
+	// legSecretLen is the size of a leg's resume secret: 256 random bits,
+	// far beyond guessing.
+	legSecretLen = 32
 	// legResumeWait bounds an outage: a leg not resumed by then ends.
 	legResumeWait = 10 * time.Second
 )
 
 var errLegProtocol = errors.New("leg protocol violation")
+
+// newLegSecret draws a leg's resume secret.
+func newLegSecret() ([]byte, error) {
+	b := make([]byte, legSecretLen)
+	if _, err := rand.Read(b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// resumes reports whether a resume of l by host, presenting secret, may
+// move it: l was opened by host (it is not this side's own dial) and the
+// secret is l's. It reads nothing of l that changes and touches nothing:
+// a refused resume leaves the connection as it was.
+func (l *leg) resumes(host string, secret []byte) bool {
+	return !l.dialer && l.key.from == host && l.peer.Host == host &&
+		len(l.secret) == legSecretLen && subtle.ConstantTimeCompare(l.secret, secret) == 1
+}
 
 // legKey names a leg at both proxies: the dialing host and its token.
 type legKey struct {
@@ -94,6 +124,7 @@ type leg struct {
 	app     net.Conn // the application's end (shared-pool mode: only closed)
 	peer    config.Peer
 	key     legKey
+	secret  []byte     // the resume secret (legSecretLen bytes; see resumes)
 	dialer  bool       // this side reconnects
 	slot    *pool.Slot // shared-pool mode: the application's rings, else nil
 	peerWin uint64     // the peer's receive buffer: the most in flight unacknowledged
@@ -137,7 +168,7 @@ type leg struct {
 // (pc.slot set) its queues are the slot's rings. peerWin is the peer's
 // receive buffer (0: legMaxUnacked, a peer that did not say).
 func (s *Server) newLeg(pc *pconn, app net.Conn, peer config.Peer, key legKey, dialer bool, c net.Conn, path string, peerWin int) *leg {
-	l := &leg{s: s, pc: pc, app: app, peer: peer, key: key, dialer: dialer, finAt: -1,
+	l := &leg{s: s, pc: pc, app: app, peer: peer, key: key, secret: pc.secret, dialer: dialer, finAt: -1,
 		rx: newByteRing(legMaxUnacked), tx: newByteRing(legMaxUnacked), peerWin: legMaxUnacked}
 	if peerWin > 0 {
 		l.peerWin = uint64(min(peerWin, legMaxUnacked))
@@ -756,7 +787,7 @@ func (l *leg) resume(h ctlapi.Hop, timeout time.Duration) error {
 	if h.Path == ctlapi.PathNTB {
 		c, err = l.s.links[l.peer.Host].ep.DialContext(ctx, resumePort)
 	} else {
-		c, err = l.s.connect(ctx, h)
+		c, err = l.s.connect(ctx, l.peer.Host, h)
 	}
 	if err != nil {
 		return err
@@ -781,7 +812,7 @@ func (l *leg) resume(h ctlapi.Hop, timeout time.Duration) error {
 	l.dmu.Unlock()
 	c.SetDeadline(time.Now().Add(requestTimeout))
 	var reply appproto.DialReply
-	err = appproto.WriteFrame(c, appproto.RackOpen{From: l.s.cfg.Host, Resume: l.key.token, RxSeq: rx})
+	err = appproto.WriteFrame(c, appproto.RackOpen{From: l.s.cfg.Host, Resume: l.key.token, RxSeq: rx, Secret: l.secret})
 	if err == nil {
 		err = appproto.ReadFrame(c, &reply)
 	}

@@ -234,7 +234,9 @@ func (s *Server) serveInbound(fc net.Conn, in inbound) {
 		switch {
 		case in.from != "" && open.From != in.from:
 			refuse(ctlapi.Errorf(ctlapi.CodeBadRequest, "resume from %q arrived %s, which leads to %s", open.From, in.via, in.from))
-		case lg == nil:
+		case lg == nil || !lg.resumes(open.From, open.Secret):
+			// One answer for a leg that is not there and a wrong secret:
+			// the refusal tells a guesser nothing, and lg is not touched.
 			refuse(ctlapi.Errorf(ctlapi.CodeRefused, "no connection %s/%d to resume", open.From, open.Resume))
 		default:
 			if err := lg.accept(fc, in.path, open.RxSeq); err != nil {
@@ -282,6 +284,11 @@ func (s *Server) serveInbound(fc net.Conn, in inbound) {
 		refuse(ctlapi.Errorf(ctlapi.CodeBadRequest, "open from %s without a token", open.From))
 		return
 	}
+	if len(open.Secret) != legSecretLen {
+		refuse(ctlapi.Errorf(ctlapi.CodeBadRequest, "open from %s with a %d-byte resume secret, want %d", open.From, len(open.Secret), legSecretLen))
+		return
+	}
+	pc.secret = open.Secret
 	incoming := appproto.Incoming{Local: pc.local, Remote: pc.remote, Path: pc.path}
 	if l.pool {
 		s.tryPool(l.app, pc)
@@ -309,6 +316,40 @@ func (s *Server) serveInbound(fc net.Conn, in inbound) {
 	}
 	peer, _ := s.cfg.Peer(open.From)
 	s.runLeg(l.app, s.newLeg(pc, ac, peer, legKey{open.From, open.Token}, false, fc, in.path, open.Window))
+}
+
+// authenticate runs the server side of the TLS handshake on a connection
+// to the TCP fallback listener, bounded by requestTimeout, and returns the
+// connection to serve with the peer host its certificate proved; an RDMA
+// connection's bootstrap has been authenticated by the provider
+// (rdma.Config.Auth), which names the peer. Without a host key
+// (auth.insecure) it returns c as it is and no host: the open names one.
+// A connection that fails authentication is closed and nil returned; it
+// never reaches a leg.
+func (s *Server) authenticate(c net.Conn, path string) (net.Conn, string) {
+	if s.auth == nil {
+		return c, ""
+	}
+	if path == ctlapi.PathRDMA {
+		var peer string
+		if rc, ok := c.(interface{ Peer() string }); ok {
+			peer = rc.Peer()
+		}
+		if peer == "" {
+			s.logf("inbound over RDMA from %s: refused: the RDMA provider does not authenticate its bootstrap (rdma.Config.Auth)", c.RemoteAddr())
+			c.Close()
+			return nil, ""
+		}
+		return c, peer
+	}
+	c.SetDeadline(time.Now().Add(requestTimeout))
+	tc, host, err := s.auth.Server(c)
+	if err != nil {
+		s.logf("inbound over TCP from %s: refused: %v", c.RemoteAddr(), err)
+		c.Close()
+		return nil, ""
+	}
+	return tc, host
 }
 
 // serveFallback takes connections from peers' proxies on ln, a listener
@@ -351,7 +392,10 @@ func (s *Server) serveFallback(ln net.Listener, path string) error {
 		go func() {
 			defer s.wg.Done()
 			defer release()
-			s.serveInbound(c, inbound{path: path, partition: -1, remotePort: port, via: fmt.Sprintf("over %s from %s", strings.ToUpper(path), c.RemoteAddr()), opened: release})
+			in := inbound{path: path, partition: -1, remotePort: port, via: fmt.Sprintf("over %s from %s", strings.ToUpper(path), c.RemoteAddr()), opened: release}
+			if c, in.from = s.authenticate(c, path); c != nil {
+				s.serveInbound(c, in)
+			}
 		}()
 	}
 }

@@ -38,6 +38,7 @@ import (
 	"github.com/ntstack/ntstack/internal/prim/accept"
 	"github.com/ntstack/ntstack/internal/prim/proc"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
+	"github.com/ntstack/ntstack/internal/wire/hostauth"
 	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/qos"
 	"github.com/ntstack/ntstack/rdma"
@@ -81,7 +82,8 @@ type Server struct {
 	ctl    Control
 	logf   func(string, ...any)
 	gwStat func() []ctlapi.GatewayStat
-	rdma   rdma.Provider // nil: none
+	rdma   rdma.Provider  // nil: none
+	auth   *hostauth.Auth // nil: auth.insecure, peers not authenticated
 	appCfg socklike.Config
 	links  map[string]*rackLink // by peer host; fixed after New
 	ctx    context.Context
@@ -137,6 +139,12 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 	}
 	if s.logf == nil {
 		s.logf = func(string, ...any) {}
+	}
+	if s.auth, err = cfg.HostAuth(); err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
+	if s.auth == nil {
+		s.logf("%s", cfg.InsecureWarning())
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.appCfg = socklike.Config{SpinBudget: cfg.Proxy.SpinBudget.Duration, SpinYield: forwarderSpinYield}

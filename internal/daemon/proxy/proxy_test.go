@@ -25,6 +25,7 @@ import (
 	"github.com/ntstack/ntstack/internal/prim/waitfor"
 	"github.com/ntstack/ntstack/internal/wire/appproto"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
+	"github.com/ntstack/ntstack/internal/wire/hostauth/hostauthtest"
 	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/qos"
 	"github.com/ntstack/ntstack/socklike"
@@ -35,6 +36,7 @@ import (
 type rack struct {
 	a, b   *Server
 	ca, cb *config.Config
+	keys   map[string]hostauthtest.Key
 }
 
 func newRack(t *testing.T, acl string, proxyKeys ...string) *rack {
@@ -44,15 +46,18 @@ func newRack(t *testing.T, acl string, proxyKeys ...string) *rack {
 
 // newRackWith is newRack with each Server's Options completed by opts
 // (nil: Logf only).
-func newRackWith(t *testing.T, opts func(cfg *config.Config, o *Options), acl string, proxyKeys ...string) *rack {
+func newRackWith(t testing.TB, opts func(cfg *config.Config, o *Options), acl string, proxyKeys ...string) *rack {
 	t.Helper()
 	root := t.TempDir()
 	fabric := filepath.Join("/dev/shm", fmt.Sprintf("ntstack-proxytest-%d-%d", os.Getpid(), rand.Uint32()))
 	t.Cleanup(func() { os.RemoveAll(fabric) })
+	keys := hostauthtest.Keys(t, "a", "b")
 	mk := func(host, peer string) *config.Config {
 		doc := fmt.Sprintf(`host = %q
 addresses = ["10.77.0.%d"]
 state_dir = %q
+[auth]
+key = %q
 [proxy]
 fabric_dir = %q
 window = 4194304
@@ -63,14 +68,15 @@ link_timeout = "2s"
 host = %q
 addresses = ["10.77.0.%d"]
 link = "ab"
-%s`, host, host[0], filepath.Join(root, host), fabric, strings.Join(proxyKeys, "\n"), peer, peer[0], acl)
+key = %q
+%s`, host, host[0], filepath.Join(root, host), keys[host].Path, fabric, strings.Join(proxyKeys, "\n"), peer, peer[0], keys[peer].Pin, acl)
 		// {self} and {peer}: each host's own loopback address, 127.0.0.<its letter>.
 		doc = strings.NewReplacer("{self}", fmt.Sprintf("127.0.0.%d", host[0]), "{peer}", fmt.Sprintf("127.0.0.%d", peer[0])).Replace(doc)
 		c, err := config.Parse([]byte(doc))
 		require.NoError(t, err)
 		return c
 	}
-	r := &rack{ca: mk("a", "b"), cb: mk("b", "a")}
+	r := &rack{ca: mk("a", "b"), cb: mk("b", "a"), keys: keys}
 	for _, x := range []struct {
 		cfg *config.Config
 		s   **Server
@@ -93,7 +99,7 @@ link = "ab"
 	return r
 }
 
-func waitSocket(t *testing.T, path string) {
+func waitSocket(t testing.TB, path string) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		c, err := net.Dial("unix", path)
@@ -104,7 +110,7 @@ func waitSocket(t *testing.T, path string) {
 	}, 5*time.Second, 5*time.Millisecond, "socket %s", path)
 }
 
-func attach(t *testing.T, cfg *config.Config) *socklike.Proxy {
+func attach(t testing.TB, cfg *config.Config) *socklike.Proxy {
 	t.Helper()
 	p, err := socklike.AttachProxy(cfg.Path(config.ProxySocket), socklike.Config{})
 	require.NoError(t, err)
@@ -472,7 +478,7 @@ func TestFailover(t *testing.T) {
 
 // echoRack serves an echo on b:80 and returns b's server application and
 // a's client application.
-func echoRack(t *testing.T, r *rack) (srv, client *socklike.Proxy) {
+func echoRack(t testing.TB, r *rack) (srv, client *socklike.Proxy) {
 	srv = attach(t, r.cb)
 	ln, err := srv.Listen("tcp", ":80")
 	require.NoError(t, err)

@@ -27,7 +27,9 @@ func rdmaRack(t *testing.T) *rack {
 	addr := func(host string) string { return fmt.Sprintf("127.0.0.%d:%d", host[0], port) }
 	return newRackWith(t, func(cfg *config.Config, o *Options) {
 		peer := map[string]string{"a": "b", "b": "a"}[cfg.Host]
-		o.RDMA = rdma.NewTCP(rdma.Config{})
+		auth, err := cfg.HostAuth()
+		require.NoError(t, err)
+		o.RDMA = rdma.NewTCP(rdma.Config{Auth: auth})
 		o.Control = &StaticControl{Config: cfg, RDMA: addr(cfg.Host), PeerRDMA: map[string]string{peer: addr(peer)}}
 	}, "", "[proxy.rdma]", fmt.Sprintf(`listen = "{self}:%d"`, port))
 }

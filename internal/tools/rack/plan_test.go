@@ -42,9 +42,14 @@ func TestPlan(t *testing.T) {
 		c, err := config.Parse(buf.Bytes())
 		require.NoError(t, err, "%s", buf.String())
 		require.Len(t, c.Peers, 3)
+		// Secure by default: a key per host, each peer's pinned.
+		require.Equal(t, "/s/"+h.Name+"/host.key", c.Auth.Key)
+		require.False(t, c.Auth.Insecure)
 		links[h.Name] = map[string]string{}
 		for _, p := range c.Peers {
 			links[h.Name][p.Host] = p.Link
+			require.Equal(t, r.Host(p.Host).KeyPin, p.Key)
+			require.NotEqual(t, h.KeyPin, p.Key)
 		}
 	}
 	require.Equal(t, map[string]map[string]string{

@@ -64,6 +64,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/prim/errs"
+	"github.com/ntstack/ntstack/internal/wire/hostauth"
 )
 
 // Ports every host uses, on its rack address.
@@ -81,7 +82,9 @@ const ProxyEnv = "NTSTACK_PROXY"
 // Names of files under a host's state directory.
 const (
 	ConfigFile = "config.toml"
-	logSuffix  = ".log"
+	// KeyFile is each host's key, beside its configuration.
+	KeyFile   = "host.key"
+	logSuffix = ".log"
 )
 
 // DefaultReadyTimeout bounds the wait for a daemon's socket when
@@ -196,6 +199,11 @@ type Host struct {
 	Config     *config.Config
 	ConfigPath string
 	StateDir   string
+	// KeyPath is the host's key (auth.key); KeyPin is its pin, as its
+	// peers' configurations hold it.
+	KeyPath string
+	KeyPin  string
+	key     []byte // the key file's contents, written by Start
 }
 
 // NetnsPath is where `ip netns add` bound the host's namespace.
@@ -400,6 +408,13 @@ func plan(spec Spec) (*Rack, error) {
 			OffRack:    offRack[hn],
 			ConfigPath: filepath.Join(stateDir, ConfigFile),
 			StateDir:   stateDir,
+			KeyPath:    filepath.Join(stateDir, KeyFile),
+		}
+		// Every host gets a key and pins its peers': a rack runs
+		// authenticated and encrypted unless Configure says insecure.
+		var err error
+		if h.key, h.KeyPin, err = hostauth.Generate(hn); err != nil {
+			return nil, fmt.Errorf("rack %s: %w", name, err)
 		}
 		for _, s := range []string{config.MonitorSocket, config.ProxySocket, config.AdminSocket} {
 			if p := filepath.Join(stateDir, s); len(p) >= 108 { // sun_path
@@ -436,7 +451,8 @@ func plan(spec Spec) (*Rack, error) {
 				Fallback:   netip.AddrPortFrom(h.IP, FallbackPort).String(),
 				RDMA:       config.RDMA{Listen: netip.AddrPortFrom(h.IP, RDMAPort).String()},
 			},
-			ACL: spec.ACL[h.Name],
+			ACL:  spec.ACL[h.Name],
+			Auth: config.Auth{Key: h.KeyPath},
 		}
 		for _, p := range r.hosts {
 			if p == h {
@@ -448,6 +464,7 @@ func plan(spec Spec) (*Rack, error) {
 				Addresses: []string{p.Address},
 				Link:      links[pairOf(h.Name, p.Name)],
 				Fallback:  netip.AddrPortFrom(p.IP, FallbackPort).String(),
+				Key:       p.KeyPin,
 			})
 		}
 		if spec.Configure != nil {
@@ -527,6 +544,9 @@ func (r *Rack) setupFiles() error {
 			return fmt.Errorf("create state dir of %s: %w", h.Name, err)
 		}
 		r.made.hostDirs = append(r.made.hostDirs, h.StateDir)
+		if err := writeKey(h.KeyPath, h.key); err != nil {
+			return fmt.Errorf("write key of %s: %w", h.Name, err)
+		}
 		c, err := writeConfig(h.ConfigPath, h.Config)
 		if err != nil {
 			return fmt.Errorf("write config of %s: %w", h.Name, err)
@@ -534,6 +554,19 @@ func (r *Rack) setupFiles() error {
 		h.Config = c
 	}
 	return nil
+}
+
+// writeKey writes a host key, readable by its owner only.
+func writeKey(path string, key []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(key)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // writeConfig writes c to path and returns it as config.Load reads it.

@@ -319,6 +319,11 @@ func DecodeFrame(body []byte, v any) error {
 // existing leg (From, Resume) onto this connection — after its transport
 // failed, or back to the NTB link — and RxSeq says how many of its bytes
 // the sender has received; the answer's RxSeq says the same the other way.
+//
+// Secret is the leg's resume secret: random bytes the dialing proxy picks
+// when it opens the leg, over a channel authenticated as its host, and
+// presents again with every Resume. The token only names the leg; the
+// secret, over a channel authenticated as the same host, moves it.
 type RackOpen struct {
 	From   string `json:"from"`
 	Port   int    `json:"port"`
@@ -327,4 +332,5 @@ type RackOpen struct {
 	Resume uint64 `json:"resume,omitempty"`
 	RxSeq  uint64 `json:"rx_seq,omitempty"`
 	Window int    `json:"window,omitempty"` // the opener's receive buffer (see DialReply)
+	Secret []byte `json:"secret,omitempty"`
 }

@@ -168,9 +168,12 @@ type ListenReply struct {
 // its own user's part only: its reservations, applications, listeners and
 // connections, the links without their partitions' traffic, no gateway.
 type Status struct {
-	Host      string        `json:"host"`
-	Version   string        `json:"version"`
-	RDMA      string        `json:"rdma"` // this host's RDMA listener, or "none: " and why
+	Host    string `json:"host"`
+	Version string `json:"version"`
+	RDMA    string `json:"rdma"` // this host's RDMA listener, or "none: " and why
+	// Security says how the channels to peers are authenticated, or
+	// starts "WARNING: INSECURE" when they are not.
+	Security  string        `json:"security"`
 	Peers     []PeerStatus  `json:"peers"`
 	Listening []ListenEntry `json:"listening"`
 	Proxy     *Snapshot     `json:"proxy,omitempty"`

@@ -4,6 +4,8 @@ package rdmaguest
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,6 +21,7 @@ import (
 	"github.com/ntstack/ntstack/internal/daemon/monitor"
 	"github.com/ntstack/ntstack/internal/daemon/proxy"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
+	"github.com/ntstack/ntstack/internal/wire/hostauth"
 	"github.com/ntstack/ntstack/socklike"
 )
 
@@ -44,9 +47,13 @@ func TestRDMARack(t *testing.T) {
 	if strings.HasSuffix(self, ".2") {
 		host, peer, peerIP = "b", "a", strings.TrimSuffix(self, "2")+"1"
 	}
+	stateDir := filepath.Join(os.TempDir(), "ntstack-"+host)
+	keyFile, peerPin := guestKeys(t, stateDir, host, peer)
 	cfg, err := config.Parse([]byte(fmt.Sprintf(`host = %q
 addresses = ["10.77.0.%d"]
 state_dir = %q
+[auth]
+key = %q
 [monitor]
 listen = "%s:7470"
 heartbeat = "200ms"
@@ -61,7 +68,8 @@ host = %q
 control = "%s:7470"
 addresses = ["10.77.0.%d"]
 fallback = "%s:7480"
-`, host, host[0], filepath.Join(os.TempDir(), "ntstack-"+host), self, self, self, peer, peerIP, peer[0], peerIP)))
+key = %q
+`, host, host[0], stateDir, keyFile, self, self, self, peer, peerIP, peer[0], peerIP, peerPin)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,10 +192,39 @@ func rackServe(t *testing.T, app *socklike.Proxy) {
 	}
 }
 
+// guestKeys writes host's key into dir and returns its file and peer's
+// pin. The two guests share nothing but the kernel command line, so each
+// host's key comes from a seed both derive from the host's name: a test
+// fixture, never how a deployment makes keys (ntmon keygen).
+func guestKeys(t *testing.T, dir, host, peer string) (keyFile, peerPin string) {
+	key := func(h string) ([]byte, string) {
+		seed := sha256.Sum256([]byte("ntstack rdmaguest test key of " + h))
+		b, pin, err := hostauth.NewKey(h, ed25519.NewKeyFromSeed(seed[:]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b, pin
+	}
+	b, _ := key(host)
+	_, peerPin = key(peer)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	keyFile = filepath.Join(dir, "host.key")
+	if err := os.WriteFile(keyFile, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return keyFile, peerPin
+}
+
 // startDaemons runs cfg's ntmon and ntproxy, with the verbs provider,
 // until the test ends.
 func startDaemons(t *testing.T, cfg *config.Config) (*monitor.Monitor, *proxy.Server) {
-	v, err := proxy.OpenRDMA(cfg.Proxy.RDMA)
+	auth, err := cfg.HostAuth()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := proxy.OpenRDMA(cfg.Proxy.RDMA, auth)
 	if err != nil {
 		t.Fatalf("RDMA in the guest: %v", err)
 	}
