@@ -53,8 +53,8 @@ func TestParseRejects(t *testing.T) {
 		"too many parts":  "host = \"a\"\n[proxy]\npartitions = 31\n",
 		"bad quota":       "host = \"a\"\n[quota]\nmemory = -2\n",
 		"quota uid twice": "host = \"a\"\n[[quota.uid]]\nuid = 7\nmemory = 1\n[[quota.uid]]\nuid = 7\nmemory = 2\n",
-		"bad pin":        "host = \"a\"\n[[peers]]\nhost = \"b\"\nkey = \"ed25519:short\"\n",
-		"unknown pin":    "host = \"a\"\n[[peers]]\nhost = \"b\"\nkey = \"rsa:AAAA\"\n",
+		"bad pin":         "host = \"a\"\n[[peers]]\nhost = \"b\"\nkey = \"ed25519:short\"\n",
+		"unknown pin":     "host = \"a\"\n[[peers]]\nhost = \"b\"\nkey = \"rsa:AAAA\"\n",
 	} {
 		_, err := Parse([]byte(doc))
 		require.Error(t, err, name)
