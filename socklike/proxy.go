@@ -14,7 +14,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/prim/proc"
 	"github.com/ntstack/ntstack/internal/wire/appproto"
-	"github.com/ntstack/ntstack/internal/wire/ctlapi"
+	"github.com/ntstack/ntstack/internal/wire/errcode"
 	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/qos"
 )
@@ -41,26 +41,26 @@ var (
 var errNoDirectPath = fmt.Errorf("direct mode impossible: %w", ErrNoPath)
 
 // codeErr turns a daemon's coded answer into an error of this package.
-func codeErr(code ctlapi.Code, msg string) error {
+func codeErr(code errcode.Code, msg string) error {
 	var base error
 	switch code {
-	case ctlapi.CodeDenied:
+	case errcode.CodeDenied:
 		base = ErrDenied
-	case ctlapi.CodeNoPath:
+	case errcode.CodeNoPath:
 		base = ErrNoPath
-	case ctlapi.CodeUnknown:
+	case errcode.CodeUnknown:
 		base = ErrUnknownHost
-	case ctlapi.CodeRefused:
+	case errcode.CodeRefused:
 		base = syscall.ECONNREFUSED
-	case ctlapi.CodePortInUse:
+	case errcode.CodePortInUse:
 		base = syscall.EADDRINUSE
-	case ctlapi.CodeQuota:
+	case errcode.CodeQuota:
 		base = qos.ErrQuota
-	case ctlapi.CodeNoDirect:
+	case errcode.CodeNoDirect:
 		base = errNoDirectPath
-	case ctlapi.CodeVersion:
+	case errcode.CodeVersion:
 		base = ErrVersion
-	case ctlapi.CodeTimeout:
+	case errcode.CodeTimeout:
 		base = os.ErrDeadlineExceeded
 	default:
 		base = ErrProxy
@@ -205,7 +205,7 @@ func (p *Proxy) attachLocked() (_ *attachment, err error) {
 	if err != nil {
 		return nil, fail(err)
 	}
-	if w.Code != ctlapi.OK {
+	if w.Code != errcode.OK {
 		return nil, fail(codeErr(w.Code, w.Message))
 	}
 	if f == nil {
@@ -402,7 +402,7 @@ func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (net.C
 	}
 	var reply appproto.DialReply
 	err = exchange(ctx, c, appproto.DialRequest{Target: host, Port: port, Priority: int(class), Direct: direct, Pool: o.pool && a.pool != nil, Transports: o.transports}, &reply)
-	if err == nil && reply.Code != ctlapi.OK {
+	if err == nil && reply.Code != errcode.OK {
 		err = codeErr(reply.Code, reply.Error)
 	}
 	if err == nil && direct != (reply.Direct != nil) {
@@ -643,7 +643,7 @@ func (l *ProxyListener) register() (err error) {
 	l.mu.Unlock()
 	var reply appproto.ListenReply
 	err = exchange(ctx, req, appproto.ListenRequest{Port: port, AppPort: appPort, Backlog: l.backlog, Pool: l.pool && a.pool != nil}, &reply)
-	if err == nil && reply.Code != ctlapi.OK {
+	if err == nil && reply.Code != errcode.OK {
 		err = codeErr(reply.Code, reply.Error)
 	}
 	if err != nil {
