@@ -170,6 +170,7 @@ package main
 
 import (
 	"github.com/ntstack/ntstack/internal/prim/proc"
+	engine "github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/socklike"
 
 	"errors"
@@ -324,7 +325,7 @@ Flags:
 	fs.BoolVar(&o.qos, "qos", false, "ntb: one partition per priority class (socklike Config.QoS)")
 	fs.StringVar(&o.core, "core", "inline", "ntb: core model: inline (callers drive the rings), shared (a worker per partition) or split (TX and RX workers)")
 	fs.IntVar(&o.recvWindow, "recvwindow", socklike.DefaultWindow, "ntb: each connection's receive window in bytes (socklike Config.Window)")
-	fs.IntVar(&o.sharedWin, "sharedwindow", socklike.DefaultSharedWindow, "ntb: receive window of a bulk connection while a small-message connection shares its partition (socklike Config.SharedWindow; negative: none)")
+	fs.IntVar(&o.sharedWin, "sharedwindow", engine.DefaultSharedWindow, "ntb: receive window of a bulk connection while a small-message connection shares its partition (the engine's Config.SharedWindow; negative: none)")
 	fs.IntVar(&o.mtu, "mtu", socklike.DefaultMTU, "ntb: largest record; larger writes are segmented (a write-sized MTU switches segmentation off)")
 	fs.IntVar(&o.priority, "priority", 0, "ntb: priority class 0-7 of the bulk flows in mixed mode, of every connection otherwise")
 	fs.BoolVar(&o.stats, "stats", false, "ntb: print both endpoints' event counters (parks, poller sleeps, ring full, credit waits) to stderr")

@@ -1,51 +1,4 @@
-// Package socklike is ntstack's application API: net.Conn and net.Listener
-// over an NTB link, so code written for the standard library's sockets
-// (net/http, gRPC, Redis clients) runs over the fabric unchanged.
-//
-// An Endpoint is this process's end of one link (embedded mode: the
-// process maps the fabric itself). A Proxy is the other way in (attached
-// mode): the process attaches to its host's ntproxy, which owns the links,
-// and dials or listens by host name or virtual address across the rack;
-// its connections are Conns too, each reporting its path (Conn.Route). It multiplexes any number of
-// connections over the link's rings. Semantics follow the standard
-// library's TCP connections exactly: io.EOF at the end of the stream,
-// net.ErrClosed after Close, deadlines that wake blocked calls with errors
-// satisfying os.ErrDeadlineExceeded, every error a *net.OpError.
-//
-// Data path (Config.CoreModel). The link's window holds Config.Partitions
-// data ring pairs and a control ring for credits; partitions are grouped in
-// units (one partition, or with Config.QoS one per priority class). A
-// connection with something to send queues on its unit's scheduler
-// (strict priority, round-robin within a class, Config.Batch bytes a
-// round). In CoreInline, the default, whoever finds the unit free — usually
-// the writer itself — sends for everybody queued, and a blocked Read posts
-// its buffer so whoever polls the rings copies its data straight in (a bulk
-// reader leaves a record whose own reader is about to come for it, rather
-// than copy it into a queue: state.leaveForReader); in
-// CoreShared and CoreSplit worker threads drive the units instead. A
-// waiting call spins (Config.SpinBudget, longer while the endpoint is
-// busy; at most GOMAXPROCS goroutines at once), then parks. One poller
-// goroutine per endpoint sleeps on the doorbell while something is parked
-// and no other caller runs (a doorbell wait keeps the process's P, so it
-// must not starve a runnable caller), or once no Read or Write has come
-// for a couple of milliseconds (so frames nobody waits for, like an OPEN, are still
-// answered). So a busy pair never takes a doorbell and an idle pair costs
-// next to nothing. Connections move between units (Conn.Migrate,
-// Conn.SetPriority, Config.Rebalance) without reordering a byte.
-//
-// Flow control is by credit: a connection's sender never has more than the
-// receiver's window unread, so the receiver can always take a record off the
-// ring — one slow reader slows only its own writer, and memory stays
-// bounded by connections × window.
-//
-// Capture: Endpoint.AddTap shows every frame sent or received to a hook
-// (tap.go; internal/daemon/capture writes them as pcapng for Wireshark); with no
-// tap the data path pays one atomic load per frame.
-//
-// Concurrency: Endpoint, Conn and Listener methods are safe for concurrent
-// use. Lifetime: closing the Endpoint ends every connection on it; the
-// Endpoint owns the device only when it opened it (Open, not Attach).
-package socklike
+package transport
 
 import (
 	"context"
@@ -351,6 +304,10 @@ func (ep *Endpoint) lastProgress(now int64) int64 {
 	return ep.progress.Load()
 }
 
+// TakeDevice makes the Endpoint the device's owner: Close closes it too.
+// Call it before the Endpoint is shared.
+func (ep *Endpoint) TakeDevice() { ep.ownsDev = true }
+
 // Device is the device under the endpoint.
 func (ep *Endpoint) Device() ntb.Device { return ep.dev }
 
@@ -379,9 +336,9 @@ func (ep *Endpoint) Close() error {
 	return errors.Join(errs...)
 }
 
-// closeWith ends the current session with cause, so that its connections
+// CloseWith ends the current session with cause, so that its connections
 // fail with errors wrapping it, and closes the Endpoint.
-func (ep *Endpoint) closeWith(cause error) error {
+func (ep *Endpoint) CloseWith(cause error) error {
 	ep.mu.Lock()
 	st := ep.cur
 	ep.mu.Unlock()

@@ -1,4 +1,4 @@
-package socklike
+package transport
 
 import (
 	"bytes"
@@ -323,10 +323,8 @@ func TestQoSPartitions(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, ln.SetPriority(5))
 	require.Error(t, ln.SetPriority(8))
-	d := &Dialer{Endpoint: a, Priority: 3}
-	nc, err := d.DialContext(context.Background(), "tcp", "x:3")
+	c1, err := a.DialClass(context.Background(), 3, 3)
 	require.NoError(t, err)
-	c1 := nc.(*Conn)
 	c2, err := ln.AcceptConn()
 	require.NoError(t, err)
 	require.Equal(t, 3, c1.Partition())
