@@ -5,21 +5,24 @@
 // use it directly, for the knobs and hooks applications do not see
 // (Config's tuning fields, AddTap, Stats, Conn.Partition).
 //
-// Layout. An Endpoint is one end of a link; a session (state) is one life
-// of the link between two resets, and owns the connection table, the units
-// and the poller. A Conn is three parts, each with its own lock:
+// Layout. An Endpoint (endpoint.go, config.go) is one end of a link; a
+// session (state.go) is one life of the link between two resets, and owns
+// the connection table, the units and the poller. A Conn (conn.go) is
+// three parts, each with its own lock, around its lifecycle:
 //
 //   - the receive half (recv.go): delivery of the peer's frames in order,
-//     the queue and the posted Read buffer, and the credit it hands back
-//     (credit.go);
+//     the queue and the posted Read buffer;
+//   - the grants (credit.go, turns.go): the credit handed back to the
+//     peer's writer as the application reads;
 //   - the send half (send.go): the posted write, the peer's credit and
 //     the connection's place on a unit, served by whoever holds the unit
-//     (unit.go);
-//   - the lifecycle (conn.go): dialing, established, closed, failed.
+//     (unit.go).
 //
-// Frames and their encodings are in frame.go; turns of credit shared by
-// many connections in turns.go; spin-then-park in spin.go; the poller in
-// poller.go; taps (frame capture) in tap.go.
+// Polling the rings and dispatching frames is poll.go; the poller
+// goroutine, which watches the doorbell while everybody sleeps, poller.go;
+// spin-then-park spin.go; the classification of traffic into small
+// messages and bulk flows traffic.go; frames and their encodings frame.go;
+// taps (frame capture) tap.go; counters stats.go.
 //
 // Data path (Config.CoreModel). The link's window holds Config.Partitions
 // data ring pairs and a control ring for credits; partitions are grouped

@@ -2,7 +2,6 @@ package transport
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -13,57 +12,6 @@ import (
 	"github.com/ntstack/ntstack/partition"
 	"github.com/ntstack/ntstack/qos"
 )
-
-// CoreModel says who drives the partitions.
-type CoreModel int
-
-const (
-	// CoreInline: no worker threads. The application's own Read and Write
-	// calls send and receive, combining: whoever finds a unit's sender free
-	// serves every connection queued on it, round-robin. Best when cores
-	// are scarce (two processes on two cores cannot also feed spinning
-	// workers).
-	CoreInline CoreModel = iota
-	// CoreShared: one worker per unit, locked to an OS thread, does its TX
-	// and RX (the paper's SPSC model).
-	CoreShared
-	// CoreSplit: a TX worker and an RX worker per unit (SP2C).
-	CoreSplit
-)
-
-func (m CoreModel) String() string {
-	switch m {
-	case CoreInline:
-		return "inline"
-	case CoreShared:
-		return "shared"
-	case CoreSplit:
-		return "split"
-	}
-	return fmt.Sprintf("CoreModel(%d)", int(m))
-}
-
-// ParseCoreModel parses "inline", "shared" or "split".
-func ParseCoreModel(s string) (CoreModel, error) {
-	for _, m := range []CoreModel{CoreInline, CoreShared, CoreSplit} {
-		if m.String() == s {
-			return m, nil
-		}
-	}
-	return 0, fmt.Errorf("core model %q: want inline, shared or split", s)
-}
-
-// Placement picks the unit of a new connection.
-type Placement int
-
-const (
-	RoundRobin  Placement = iota // the next unit in turn
-	LeastLoaded                  // the unit with the fewest connections
-)
-
-// ErrPartitionFull is wrapped by dial (and refusal) errors when every
-// partition that could take a connection holds Config.PartitionConns.
-var ErrPartitionFull = errors.New("partition connection quota reached")
 
 // A unit is the scheduling unit of the TX side: one partition, or with
 // Config.QoS one partition per priority class. Connections queue on the
@@ -484,4 +432,14 @@ func (st *state) rebalance(last []uint64) {
 		st.ep.logf("rebalance: connection %d from unit %d to %d", best.id, hi, lo)
 		best.moveTo(st.units[lo], st.units[lo].partFor(best.class()))
 	}
+}
+
+// take asks partition slot's token bucket for n bytes.
+func (u *unit) take(slot, n int) time.Duration {
+	if u.st.ep.cfg.PartitionRate == 0 {
+		return 0
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.buckets[slot].Take(n, time.Now())
 }
