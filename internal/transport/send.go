@@ -120,11 +120,10 @@ func (c *Conn) Write(b []byte) (int, error) {
 		// Park until the write completes (whoever serves the unit signals
 		// wnotify), credit arrives, or ring space does.
 		var extra <-chan struct{}
+		var bucket *time.Timer // stopped once the park it is for ends
 		switch {
 		case wait > 0: // a token bucket
-			t := time.NewTimer(wait)
-			defer t.Stop()
-			extra = chanOf(t.C)
+			extra, bucket = afterChan(wait)
 		case inline:
 			extra = c.ep.spaceWait()
 			c.smu.Lock()
@@ -142,15 +141,19 @@ func (c *Conn) Write(b []byte) (int, error) {
 		c.ep.writersOut.Add(1)
 		c.ep.busy()
 		c.park(&sp, c.wnotify, c.wdl, extra)
+		if bucket != nil {
+			bucket.Stop()
+		}
 		c.ep.writersOut.Add(-1)
 	}
 }
 
-// chanOf adapts a timer channel to the park signature.
-func chanOf(t <-chan time.Time) <-chan struct{} {
+// afterChan returns a channel, for park, closed once d has passed, and the
+// timer that closes it. Stopping the timer leaves nothing behind: no
+// goroutine waits on it.
+func afterChan(d time.Duration) (<-chan struct{}, *time.Timer) {
 	ch := make(chan struct{})
-	go func() { <-t; close(ch) }()
-	return ch
+	return ch, time.AfterFunc(d, func() { close(ch) })
 }
 
 // retract withdraws the posted write and returns how much of it went out.
