@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -171,7 +172,7 @@ func TestLinkDownFailsConns(t *testing.T) {
 		_, err := c2.Read(make([]byte, 10))
 		errc <- err
 	}()
-	time.Sleep(20 * time.Millisecond)
+	require.Eventually(t, func() bool { return c2.inRead.Load() }, 10*time.Second, time.Millisecond, "the Read should start")
 	da.SetLink(ntb.LinkDown, "test")
 	select {
 	case err := <-errc:
@@ -294,7 +295,9 @@ func TestPollerTellsDeviceIdle(t *testing.T) {
 	// not read: it parks for credit, and the poller sleeps on.
 	wrote := make(chan error, 1)
 	go func() { _, err := ca.Write(make([]byte, 4<<20)); wrote <- err }()
-	time.Sleep(time.Second)
+	require.Eventually(t, func() bool { return a.writersOut.Load() > 0 }, 10*time.Second, time.Millisecond,
+		"the writer should park for credit")
+	// Watch for a wrong announcement a while.
 	for range 50 {
 		require.Zero(t, dev.idle.Load(), "an endpoint with bytes to send is not idle")
 		time.Sleep(time.Millisecond)
@@ -314,6 +317,11 @@ func TestSporadicWaitsSpinShort(t *testing.T) {
 	ca, cb := connPair(t, a, b, 1)
 	require.False(t, cb.sporadic.Load(), "a fresh connection")
 	go func() {
+		// Once the reader has parked, its wait is made to outlast
+		// busySpin: the length of the wait is what is under test.
+		for deadline := time.Now().Add(10 * time.Second); cb.sleepers.Load() == 0 && time.Now().Before(deadline); {
+			runtime.Gosched()
+		}
 		time.Sleep(10 * busySpin)
 		ca.Write([]byte{1})
 	}()
