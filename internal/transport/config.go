@@ -31,8 +31,8 @@ var ErrLinkDown = ntb.ErrLinkDown
 // Config configures an Endpoint. The zero value is usable.
 type Config struct {
 	// SpinBudget is how long a blocked call polls before it parks. Polling
-	// keeps a round trip under a microsecond; parking costs a wake-up of
-	// ~5-35 µs on this machine class but no CPU. Negative: never spin.
+	// keeps a round trip under a microsecond; parking costs a cross-process
+	// wake-up but no CPU. Negative: never spin.
 	SpinBudget time.Duration
 	// Window is each connection's receive window in bytes (4 KiB..64 MiB;
 	// default DefaultWindow, 4 MiB). A connection announces no more than
@@ -40,10 +40,7 @@ type Config struct {
 	// rings (see state.share). On the emulated fabric a stream runs
 	// fastest with more than a CPU's L2 in flight: the reader then finds
 	// the writer's lines gone to the shared cache rather than dirty in the
-	// writer's, to be fetched from there. One 64 KiB stream on the 2-vCPU
-	// VM (2 MiB L2 each): 15.6 GB/s with a 1 MiB window, 16.5 with 2 MiB,
-	// 21.9 with 4 MiB; two streams 15.1, 19.3, 19.5 (medians of 3,
-	// alternating).
+	// writer's, to be fetched from there; the default is sized for that.
 	Window int
 	// MTU is the largest DATA frame; larger writes are cut into MTU-sized
 	// frames so small messages interleave with bulk ones. Up to
@@ -53,18 +50,18 @@ type Config struct {
 	MTU int
 	// SharedWindow bounds the bulk data a small message can find ahead of
 	// it in a partition's ring. While a partition carries a small-message
-	// connection (one that sent no record larger than 4 KiB within the
-	// last 10 ms), the receive windows of its connections shrink to
+	// connection (one that sent no record larger than 4 KiB lately, see
+	// smallRecent), the receive windows of its connections shrink to
 	// SharedWindow split among the bulk ones (those that did; at least
 	// 16 KiB each) — by holding back credit, as for the ring shares —
-	// instead of Window each: with the 4 MiB default Window one bulk flow
-	// can queue ~300 µs of copying ahead of a small message. (A small
-	// flow never has that much in flight, so the limit costs it nothing.)
-	// Partitions without small-message traffic keep the full window.
-	// Default DefaultSharedWindow (64 KiB: beside two bulk flows a small
-	// message's p99 was 0.76x its p99 alone at 64 KiB and 1.6x at 128 KiB,
-	// bulk throughput the same, medians of 5 on the 2-vCPU test machine);
-	// negative: no limit. Only the receiving side's setting matters.
+	// instead of Window each: with the default Window one bulk flow can
+	// queue hundreds of microseconds of copying ahead of a small message.
+	// (A small flow never has that much in flight, so the limit costs it
+	// nothing.) Partitions without small-message traffic keep the full
+	// window. Default DefaultSharedWindow, the largest that kept a small
+	// message's tail latency beside bulk flows at its latency alone, at
+	// no cost to bulk throughput (docs/perf-log.md); negative: no limit.
+	// Only the receiving side's setting matters.
 	SharedWindow int
 	// Backlog is the per-listener queue of accepted, unaccepted connections.
 	Backlog int
@@ -100,24 +97,19 @@ type Config struct {
 	// SpinYield is how many polling rounds a spinning call makes between
 	// yields of the CPU, to this process's other goroutines and to other
 	// processes (default DefaultSpinYield). Fewer rounds serve a process
-	// whose goroutines pass each message on to each other, like ntproxy
-	// (16 there: proxied 64 B round trips p50 37-38 -> 25-30 µs, pooled
-	// ones 20 -> 13 µs, proxied 64 KiB streams 2.5-2.7 -> 3.0 GB/s; 16 in
-	// the applications too: 18 µs); more rounds serve one whose
-	// latency-sensitive flow shares the process with bulk ones (with 16,
-	// a 64 B flow's p99 beside two bulk flows went from 6 to 56 µs: the
-	// bulk goroutines took the P at every yield). Sets of 3-4 alternating
-	// runs on the 2-vCPU VM.
+	// whose goroutines pass each message on to each other, like ntproxy,
+	// where the goroutine handed to runs sooner; more rounds serve one
+	// whose latency-sensitive flow shares the process with bulk ones,
+	// whose goroutines would otherwise take the P at every yield.
 	SpinYield int
 	// HandOff says the process's goroutines hand each message on to each
 	// other, as ntproxy's do (a leg's receiver to the deliverer): a bulk
 	// Read then yields the processor once per record whatever the link
 	// carries, so that the goroutine it handed to runs. Otherwise a bulk
 	// Read yields only while the link carries a small-message flow (see
-	// yieldAbove). ntproxy sets it on its links: without the yield there
-	// its pooled 64 KiB stream fell from 6.0-7.1 to 5.1-5.4 GB/s. Its
-	// endpoints for applications leave it off: proxied streams rose from
-	// 3.7 to 4.7 GB/s without the yield, and kept that with it off there.
+	// yieldAbove). ntproxy sets it on its rack links, whose receivers hand
+	// every record to a deliverer; its endpoints for applications leave it
+	// off, where the yield only cost the bulk reader its runs of records.
 	HandOff bool
 	// Fabric configures the emulated fabric for Open.
 	Fabric shm.Options

@@ -27,21 +27,18 @@ type grants struct {
 // creditEvery is the fraction of the share read before credit goes back
 // (a step; at least creditRun beside other connections): one 16-byte
 // frame per 512 KiB a lone connection reads with the default window and
-// rings. A sixteenth sent a CREDIT for every 64 KiB record 8 connections
-// streamed (a share of 512 KiB); an eighth took them from 12.0 to 13.8
-// GB/s.
+// rings. A smaller fraction sends a CREDIT for nearly every record when
+// several connections stream, each CREDIT a wake-up for the writer.
 const creditEvery = 8
 
 // creditRun is the least step while other connections share the rings
 // and the share holds two steps. A writer out of credit resumes with one
 // step and sends it as a run of records; runs of one record interleaved
 // the connections record by record in the ring, and each change of
-// connection there cost the reader a goroutine switch, and a CREDIT: 8
-// connections of 16 KiB reads parked a reader for every other record
-// (alternating runs, medians of 5: 18.7 -> 19.6 GB/s; 6 connections 19.5
-// -> 20.8). A lone connection keeps an eighth of its share: nobody else
-// fills the rings while its writer waits for a larger step (half its
-// share cost it 15 %).
+// connection there cost the reader a goroutine switch, and a CREDIT, and
+// parked a reader for every other record. A lone connection keeps an
+// eighth of its share: nobody else fills the rings while its writer waits
+// for a larger step, so a larger one only leaves the pipe empty longer.
 const creditRun = 4 * DefaultMTU
 
 // creditStep is the step for a share (see creditEvery and creditRun).
@@ -70,10 +67,10 @@ func (st *state) creditStep(share int64) int64 {
 //
 // Credit that could not lift the writer to the floor (or DefaultMTU) even
 // were all it sent already here is held back for a later read: the writer
-// would only wake to wait again. Reading 16 KiB at a time at 64
-// connections, whose shares are one record, that was three CREDITs in four
-// (10.4 -> 11.4 GB/s). It cannot be held for good: once everything that
-// arrived is read, window+grant-recvd is share+extra, at least the floor.
+// would only wake to wait again: with many connections, whose shares are
+// a record or so, most CREDITs would be such. It cannot be held for good:
+// once everything that arrived is read, window+grant-recvd is share+extra,
+// at least the floor.
 func (c *Conn) consumed(n int) {
 	c.cmu.Lock()
 	c.creditLocked(c.read.Add(int64(n)))
@@ -195,8 +192,7 @@ func (c *Conn) credit(m creditMsg) error {
 // each small record costs a credit round trip and a park on either side
 // (the "silly window" TCP avoids the same way). Records of DefaultMTU are
 // large enough; waiting for more starves a lone connection's pipe when its
-// MTU is the window (segmentation off: 9.1 GB/s sending on any credit, 6.8
-// waiting for half the window, 6.2 for the floor).
+// MTU is the window (segmentation off).
 func (c *Conn) creditFloor() int64 {
 	floor := c.peerFloor
 	if floor == 0 || floor > c.window {

@@ -118,7 +118,8 @@ func (ep *Endpoint) logf(format string, args ...any) {
 func (ep *Endpoint) now() int64 { return int64(time.Since(ep.born)) }
 
 // noteProgress records that records moved. It marks the move rather than
-// read the clock (6 % of a 64 B writer's CPU); lastProgress, which the
+// read the clock (a clock read is a noticeable share of a small writer's
+// CPU); lastProgress, which the
 // spinners call with the time they read anyway, turns the mark into a time.
 func (ep *Endpoint) noteProgress() {
 	if !ep.moved.Load() {

@@ -88,13 +88,11 @@ const (
 // connection's queue, then out to the application. With more connections
 // than CPUs that was most records: a reader's buffer is posted only while
 // it blocks, and the reader that polls is running, so the others are
-// between Reads, runnable but not running (at 2 connections of 64 KiB
-// streams on one partition, 57% of records, and ~75% of the receiver's
-// CPU). Leaving the record, and yielding, lets its reader copy it once.
-// Only bulk readers leave records: a request/response flow's reader takes
-// its neighbours' records and moves on, as before, rather than wait for
-// their readers to run (that took a 64 B flow's median round trip beside
-// a bulk flow from 1.5 to 10 µs).
+// between Reads, runnable but not running. Leaving the record, and
+// yielding, lets its reader copy it once. Only bulk readers leave records:
+// a request/response flow's reader takes its neighbours' records and moves
+// on rather than wait for their readers to run, which would multiply its
+// round trip.
 //
 // It is left only while its reader is about to come: the reader has no
 // buffer posted (a posted one takes the record at once), and it is in Read
@@ -105,19 +103,16 @@ const (
 //
 // The poller leaves records as a bulk reader does. It drains the rings
 // when no caller runs — every reader blocked, each with its buffer posted
-// — and taking a 64 KiB record for a 16 KiB buffer queued the other 48
-// KiB: at 64 connections ~4 % of the bytes were copied twice, and the
-// receiver spent ~3 % of its CPU on the queue (6.8 k queued records in 2
-// s, 1.6 k when the poller leaves them).
+// — and taking a 64 KiB record for a 16 KiB buffer would queue the other
+// 48 KiB, to be copied twice.
 //
 // A blocked reader whose posted buffer is smaller than the record (n
 // bytes, or what a Read left of it) is woken instead, to take the record
 // in parts from the ring (takeRest): filling its buffer would queue the
-// rest (64 KiB streams read 32 KiB at a time: 8.1 -> 10.9 GB/s at 64
-// connections). So is one whose record is larger than smallPiece on a
-// partition that carries small messages: it takes the record in pieces,
-// yielding between them (see smallPiece), where our copy would be in one
-// go.
+// rest, to be copied twice. So is one whose record is larger than
+// smallPiece on a partition that carries small messages: it takes the
+// record in pieces, yielding between them (see smallPiece), where our copy
+// would be in one go.
 func (st *state) leaveForReader(part int, id uint32, n int, now int64) bool {
 	c := st.lookup(id)
 	if c == nil {
@@ -287,9 +282,9 @@ const aheadRecords = 16
 // bulk reader's own, and a bulk reader took its own record and returned,
 // leaving the small message behind it for the next poll. That is the head
 // of the line that segmentation and the shared window shorten, to a
-// record and to a window, but do not remove: beside one 1 MiB-write flow
-// in its partition a 64 B flow's p99 was 4.4x its p99 alone on the AMD
-// VM, against ~1x for the same flows in partitions of their own. Only
+// record and to a window, but do not remove: beside one bulk flow in its
+// partition a small flow's tail latency was several times its latency
+// alone, against the same with partitions of their own. Only
 // partitions carrying small messages lately are looked at (their
 // traffic's smallAt): elsewhere every record is bulk, and reading ahead
 // would cost each of them a dozen cache misses for nothing.
@@ -347,11 +342,9 @@ func (st *state) takeAhead(p *partition.Partition, self *Conn, b []byte, headID 
 //
 // A Read smaller than a record (bufio's 4 KiB, io.Copy's 32 KiB) thus
 // copies it once, straight from the ring, as a Read of a whole record
-// does. Queueing the rest, as before, held a 64 KiB stream read 32 KiB at
-// a time to 11.3 GB/s against 13.1 now (4 KiB at a time: 8.8 against
-// 9.2, where the calls themselves cost most). The rest waits at the head,
-// holding up the records behind it, while its reader is about to come
-// back: a bulk reader's poll leaves it as it leaves any record
+// does, rather than copy the rest twice through the queue. The rest waits
+// at the head, holding up the records behind it, while its reader is
+// about to come back: a bulk reader's poll leaves it as it leaves any record
 // (leaveForReader, checked before), and every other poll takes it.
 func (st *state) takeRest(p *partition.Partition, self *Conn, b []byte, id uint32, payload []byte) int {
 	part := p.Index

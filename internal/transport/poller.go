@@ -32,17 +32,15 @@ func (st *state) drainLocked(p *partition.Partition) bool {
 // only once they stop. Counted as a parked caller, it made every endpoint
 // with a listener — each of ntproxy's memory links and rack links, any
 // server — ring a doorbell for nearly every record it received: a futex
-// wake-up at the sender and a poller thread woken at the receiver (a
-// proxied 64 KiB stream ran at 0.5-0.6 GB/s with that, 0.8-1.0 without, on
-// the 2-vCPU VM before the proxy's copies were cut).
+// wake-up at the sender and a poller thread woken at the receiver.
 const idleGrace = 2 * time.Millisecond
 
 // announceIdle tells the device, if it listens (ntb.Idler), that this end
 // sleeps with nothing to send — no loose frame, no writer queued or
 // parked for credit or room — so that it may check the link less often:
-// an idle pair's CPU was mostly the fabric's heartbeats. A sender waiting
-// for room keeps them frequent, so that a peer that dies or a link pulled
-// mid-transfer is seen as soon as before. The poller or the last worker
+// an idle pair's CPU goes mostly to the fabric's heartbeats. A sender
+// waiting for room keeps them frequent, so that a peer that dies or a link
+// pulled mid-transfer is seen at the device's full rate. The poller or the last worker
 // to sleep calls it; Endpoint.busy ends it.
 func (st *state) announceIdle() {
 	ep := st.ep
@@ -156,8 +154,8 @@ func (st *state) runPoller() {
 			// about to take the record left for it (one asleep on the
 			// doorbell would not take it over after headWaitMax); look
 			// again soon. Not with a timer: one under a millisecond
-			// sleeps ~1.1 ms here, and a large record's copy holds the
-			// ring that long only for microseconds.
+			// sleeps a millisecond or more, and a large record's copy
+			// holds the ring only for microseconds.
 			runtime.Gosched()
 			continue
 		}

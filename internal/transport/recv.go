@@ -87,7 +87,8 @@ func (c *Conn) Read(b []byte) (int, error) {
 
 // readerRecent reports whether c's reader, outside Read, left it within
 // readerBack before now (see state.leaveForReader). Read marks its return
-// rather than read the clock (8 % of a 4 KiB reader's CPU): the first look
+// rather than read the clock (a clock read a call is a noticeable share of
+// a small reader's CPU): the first look
 // after it turns the mark into now. A mark can be old — nobody looked
 // while the reader was away — and then one look counts the reader as
 // just gone and a record waits for it readerBack longer at most.
@@ -105,13 +106,11 @@ func (c *Conn) readerRecent(now int64) bool {
 // for 10 ms, and a bulk flow that calls Write again the moment it returns
 // would hold a P that long while a request/response flow of the same
 // process waits to run; small transfers, whose latency it is, never pay
-// the ~100 ns. A Read yields only while the link carries such a flow
+// the yield. A Read yields only while the link carries such a flow
 // (state.smallLately), or in a process whose goroutines hand messages on
-// (Config.HandOff): a bulk reader otherwise handed its processor to
-// the other bulk readers once per record, and runs of its own records
-// went with it (16 KiB reads, 5 alternating runs: one connection 20.7 ->
-// 22.2 GB/s, 8 connections 18.0 -> 18.6, 16 17.8 -> 18.2; 3 runs: 64
-// connections 17.3 -> 19.1).
+// (Config.HandOff): a bulk reader otherwise hands its processor to the
+// other bulk readers once per record, and runs of its own records go with
+// it.
 const yieldAbove = 4 << 10
 
 func (c *Conn) readLoop(b []byte, sp *spinner) (int, error) {
@@ -193,10 +192,9 @@ func (c *Conn) unpost() int {
 // large one marks the partition as carrying latency traffic. A bulk
 // connection's own small records do not count — neither the headers
 // between its bodies nor the one before its first body, or its first after
-// a pause: marked by that, a stream that paused 30 ms then sent a header
-// and 8 MiB had its own window cut to SharedWindow for 10 ms (256 CREDITs
-// for the 8 MiB against 16 after a 1 ms pause; ntbench's slices lost half
-// of each).
+// a pause: marked by that, a stream that paused and then sent a header
+// and a body would have its own window cut to SharedWindow for smallFor,
+// and its body sent in many small credits.
 func (c *Conn) noteData(part, n int, now int64) {
 	now++ // never 0
 	pt := &c.st.traffic[part]
@@ -220,9 +218,9 @@ func (c *Conn) noteData(part, n int, now int64) {
 // smallWrite, however long ago (a small one after smallFor without a large
 // one, noteData's smallAt, makes c a small-message reader again). Asking
 // for a large record within smallFor instead, a stream whose writer had
-// waited that long in the turns' line counted as a small-message reader:
-// at 64 connections 1-7 % of the records were copied twice, into their
-// readers' queues, all by such readers (see leaveForReader).
+// waited that long in the turns' line would count as a small-message
+// reader, and its records be copied twice, into its queue (see
+// leaveForReader).
 func (c *Conn) bulkReader() bool {
 	big := c.bigAt.Load()
 	return big != 0 && big >= c.smallAt.Load()
@@ -293,13 +291,10 @@ func (c *Conn) actLocked(kind uint32, payload []byte) error {
 			if len(payload) > smallWrite && int64(len(payload))*4 >= c.st.share() {
 				// A share of a few records stalls its writer on every
 				// record's credit: the record counts as read now, not
-				// when the reader next runs, which with 64 readers on
-				// a P is a long while (64 connections, 256 KiB reads:
-				// 4.9 GB/s with Read-time credit, 10.3 with this).
-				// Otherwise Read-time credit is soon enough, in fewer
-				// frames, and lets less bulk data in ahead of a small
-				// message (a 64 B flow's p99 beside a bulk one: 7 µs
-				// against 13 µs with credit on every delivery).
+				// when the reader next runs, which with many readers
+				// on a P is a long while. Otherwise Read-time credit is
+				// soon enough, in fewer frames, and lets less bulk data
+				// in ahead of a small message.
 				c.consumed(c.rn - c.rcount)
 				c.rcount = c.rn
 			}

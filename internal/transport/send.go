@@ -294,10 +294,8 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wa
 // queue.
 //
 // The schedule's queue, pass and hand-back cost a small write more than
-// its copy: without them a 64 B round trip's p50 went from 1.28 to 0.84
-// µs, beside a bulk flow from 1.30 to 0.84 (its unit is mostly idle: the
-// shared window keeps the bulk writer waiting on credit), 64 B streams
-// from 3.9 to 4.5 M msg/s (alternating runs on the 2-vCPU VM).
+// its copy, beside a bulk flow too: its unit is mostly idle, the shared
+// window keeping the bulk writer waiting on credit.
 func (c *Conn) sendNow(b []byte) bool {
 	c.smu.Lock()
 	defer c.smu.Unlock()

@@ -33,12 +33,10 @@ type spinner struct {
 // busy) at both ends of the gap: an endpoint that moved records within the
 // last busyWindow spins for up to busySpin instead of SpinBudget. An idle
 // endpoint keeps the short budget, and so does a connection whose last
-// park outlasted busySpin (Conn.sporadic): a request a millisecond parks
-// whether its server spun 50 or 500 µs, and the longer spin cost 0.45 ms
-// of CPU per message (ntbench -gap 1ms: the pair's CPU 64 %, 2.8x TCP's
-// per message).
-// (Shared-pool connections, socklike/pool.go, and ntproxy's side of them
-// wait the same way, pool.Spin.)
+// park outlasted busySpin (Conn.sporadic): a request every millisecond
+// parks whether its server spins briefly or long, and the longer spin
+// costs its CPU for nothing. (Shared-pool connections, socklike's
+// poolConn, and ntproxy's side of them wait the same way, pool.Spin.)
 const (
 	busyWindow = pool.BusyWindow
 	busySpin   = pool.BusySpin
@@ -79,7 +77,7 @@ func (s *spinner) spin() bool {
 		// process waiting for this CPU — typically the one we wait for.
 		// Without it a spinner sharing its CPU with its peer (an application
 		// and its ntproxy, four processes on two cores) holds the CPU until
-		// the scheduler tick: proxied round trips took ~1 ms, with it ~70 µs.
+		// the scheduler tick, and every proxied round trip waits for it.
 		runtime.Gosched()
 		proc.Yield()
 	}

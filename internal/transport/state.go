@@ -92,9 +92,7 @@ func (st *state) newConn(c *Conn) error {
 // together would fill the rings. A full ring stalls every connection
 // behind it (their writers spin or park on ring space, the reader copies
 // into queues that outgrow the caches); a withheld credit stalls only its
-// own connection. Measured with 64 KiB streams on one partition (8 MiB
-// ring), this took 32 connections from 2.7 to 7.5 GB/s and 64 from 2.2
-// to 7.0. With Config.QoS the connections of a class share one partition
+// own connection. With Config.QoS the connections of a class share one partition
 // per unit, so only those rings count: two class-7 streams over 8 QoS
 // partitions (1 MiB rings) otherwise kept their partition's ring full.
 //
@@ -102,9 +100,9 @@ func (st *state) newConn(c *Conn) error {
 // smallWrite lately (st.bulk, two periods of smallRecent), and those
 // waiting in line for a turn, which receive nothing meanwhile; at most
 // the live ones, at least one. Idle connections, and those carrying small
-// messages only, hold no share: split over every live connection, as
-// until 85874a3, a stream beside three or seven idle ones moved 15-16
-// GB/s against 21-23 alone (Intel VM, one run each). The credit an idle connection was granted before stays granted
+// messages only, hold no share: split over every live connection, a
+// stream beside idle ones would get a fraction of the rings it could use.
+// The credit an idle connection was granted before stays granted
 // (credit is never recalled): should it and the others all send at once,
 // the rings hold more than half for a while, and writers wait for room,
 // as beyond the turns' pool (see turns.go).

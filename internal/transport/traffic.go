@@ -85,8 +85,8 @@ func (st *state) sharedShare(c *Conn) int64 {
 	}
 	pt := &st.traffic[part]
 	// consumed asks on every Read: once a small message is old news, 0
-	// says so without reading the clock (4 KiB reads spent 16 % of the
-	// reader's CPU in clock reads).
+	// says so without reading the clock, which small reads would pay for
+	// on every call.
 	small := pt.smallAt.Load()
 	if small == 0 {
 		return 0
@@ -111,8 +111,8 @@ func (st *state) smallTraffic(part int) bool {
 // yields of the processor, on a partition that carries small messages
 // (smallTraffic): the record a writer sends and the part of a record a
 // Read takes. A process with one P runs nothing else during a copy, and
-// a small message that arrives meanwhile waits for its end: 64 KiB takes
-// 2-3 µs to copy on the AMD VM, beside the ~1 µs round trip of 64 B.
+// a small message that arrives meanwhile waits for its end, and a whole
+// 64 KiB record's copy takes longer than a small message's round trip.
 const smallPiece = 16 << 10
 
 // piece is the part of b that a Read by self takes of a record's n bytes

@@ -88,7 +88,7 @@ func (c *Conn) smallLocked() bool { return len(c.out)-c.outOff <= smallWrite && 
 // requeues (connections with more to send, or blocked on a full ring) do
 // not count: looping on them kept the caller from polling its rings and
 // from yielding for as long as the ring stayed full, so a goroutine of the
-// same process waiting for a response waited for the scheduler's 10 ms
+// same process waiting for a response waited for the scheduler's
 // preemption.
 //
 // self, if not nil, is the caller's own connection with a small write
@@ -284,16 +284,13 @@ func (u *unit) runWorker(tx, rx bool, cpu int) {
 // are looked at for it; each look that finds nothing doubles the next, up
 // to workerRecheckMax. The worker models lose a wake-up now and then (seen
 // as nettest's PingPong hanging in CoreShared, rarely and on a loaded
-// machine, at least since partitions and workers were built; with the
-// look off, once in ~1200 suite runs on the AMD VM on 2026-11-24, at a
-// commit of the day before, and in none of ~120 at 7673609; the cause is
-// not found). The look turns such a loss into milliseconds after work, at
-// most workerRecheckMax after a long idle spell, instead of a hang. It is
-// a timer's, and wakes the worker only when it finds work: a worker that
-// woke to look itself re-entered its blocking wait each time, which keeps
-// the runtime's sysmon polling for ~10 ms, and an idle CoreSplit pair
-// spent ~0.4 % of a core on it (looking every 10 ms, as until e0292a9:
-// 44 %). The default CoreInline does not use workers.
+// machine; the cause is not found). The look turns such a loss into
+// milliseconds after work, at most workerRecheckMax after a long idle
+// spell, instead of a hang. It is a timer's, and wakes the worker only
+// when it finds work: a worker that woke to look itself would re-enter its
+// blocking wait each time, which keeps the runtime's sysmon polling, and
+// an idle pair would spend CPU on it. The default CoreInline does not use
+// workers.
 const (
 	workerRecheck    = 10 * time.Millisecond
 	workerRecheckMax = 1280 * time.Millisecond
