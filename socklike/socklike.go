@@ -49,9 +49,9 @@ import (
 
 // Defaults for Config.
 const (
-	DefaultSpinBudget = transport.DefaultSpinBudget
-	DefaultWindow     = transport.DefaultWindow
-	DefaultMTU        = transport.DefaultMTU
+	DefaultSpinBudget = 50 * time.Microsecond
+	DefaultWindow     = 4 << 20
+	DefaultMTU        = 64 << 10
 )
 
 // Config configures this process's side of a link: an Endpoint's, or in
@@ -120,11 +120,11 @@ const (
 	// CoreInline: no worker threads. The program's own Read and Write calls
 	// send and receive, whoever finds a partition free serving everybody
 	// queued on it. Best when cores are scarce.
-	CoreInline = CoreModel(transport.CoreInline)
+	CoreInline CoreModel = iota
 	// CoreShared: one worker thread per partition sends and receives.
-	CoreShared = CoreModel(transport.CoreShared)
+	CoreShared
 	// CoreSplit: a sending and a receiving worker thread per partition.
-	CoreSplit = CoreModel(transport.CoreSplit)
+	CoreSplit
 )
 
 func (m CoreModel) String() string { return transport.CoreModel(m).String() }

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/net/nettest"
 
+	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/ntb/ntbtest"
 )
 
@@ -85,6 +86,18 @@ func TestEcho(t *testing.T) {
 	require.Equal(t, 7, c1.RemoteAddr().(Addr).Port)
 	require.Equal(t, 7, c2.LocalAddr().(Addr).Port)
 	require.Equal(t, "ntb", c1.LocalAddr().Network())
+}
+
+// The public defaults and core models are the engine's.
+func TestMatchesEngine(t *testing.T) {
+	require.Equal(t, transport.DefaultSpinBudget, DefaultSpinBudget)
+	require.Equal(t, transport.DefaultWindow, DefaultWindow)
+	require.Equal(t, transport.DefaultMTU, DefaultMTU)
+	for _, m := range []CoreModel{CoreInline, CoreShared, CoreSplit} {
+		require.Equal(t, m.String(), transport.CoreModel(m).String())
+	}
+	require.Equal(t, "inline", CoreInline.String())
+	require.Equal(t, "split", CoreSplit.String())
 }
 
 // Errors speak the standard library's language and carry the Conn's own

@@ -223,7 +223,7 @@ type options struct {
 	priority   int           // ntb: class of the bulk flows (mixed) or of every connection
 	cpuprofile string        // CPU profile of the client; each server's gets ".server.<transport>.<mode>.<n>c.r<round>", proxy daemons the server's and ".proxy-a"/".proxy-b"
 	trace      string        // execution trace of the client; each server's named as its CPU profile
-	stats      bool          // ntb: print socklike's event counters
+	stats      bool          // ntb: print the engine's event counters
 	svg        string        // draw the results as an SVG chart into this file
 	plot       string        // draw the chart from these JSON lines instead of measuring
 
