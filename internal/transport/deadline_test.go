@@ -28,7 +28,3 @@ func TestRateWaitTimeoutLeaksNothing(t *testing.T) {
 	}
 	goleak.VerifyNone(t, before)
 }
-
-// Every test leaves no goroutine behind: pollers, workers and parked calls
-// end with their Endpoint.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
