@@ -111,7 +111,7 @@ bench: ## the full benchmark: JSON (out/bench.jsonl), a chart (out/bench.svg), t
 	$(GO) run ./cmd/ntbench -transports ntb,direct,pool,proxy,ring,tcp,unix -modes pingpong,stream,rate -size 64,4096,65536 -rounds 3 -json -q | tee out/bench.jsonl
 	$(GO) run ./cmd/ntbench -plot out/bench.jsonl -svg out/bench.svg
 	$(GO) run ./cmd/ntbench -transports ntb,ring,tcp,unix -modes pingpong,stream -size 64,4096,65536
-	$(GO) test -run '^$$' -bench . -benchtime 2s ./socklike/
+	$(GO) test -run '^$$' -bench . -benchtime 2s ./internal/transport/
 
 # Issue 3's concurrency check: aggregate stream throughput at 1 to 64
 # connections, each count against the peak, beside the copy bound and TCP

@@ -15,8 +15,9 @@ import (
 // the server serves a socklike Listener, the client dials through a
 // Dialer plugged into http.Transport.
 func TestHTTP(t *testing.T) {
-	a, b := endpoints(t, "shm", Config{})
-	ln, err := b.Listen(80)
+	a, b := endpoints(t, Config{})
+	lc := ListenConfig{Endpoint: b}
+	ln, err := lc.Listen(context.Background(), "ntb", ":80")
 	require.NoError(t, err)
 	body := bytes.Repeat([]byte("ntstack "), 1<<17) // 1 MiB
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

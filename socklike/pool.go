@@ -34,7 +34,7 @@ type sharedPool struct {
 	mu sync.Mutex
 	// mu protects the following fields.
 	refs  int // open connections, and one for the attachment
-	conns map[*PoolConn]struct{}
+	conns map[*poolConn]struct{}
 	dead  error // why the attachment ended: no new connections
 }
 
@@ -50,11 +50,11 @@ func mapPool(f *os.File, slots, ring int) (*sharedPool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shared pool: %w", err)
 	}
-	return &sharedPool{mem: mem, ring: ring, slots: slots, refs: 1, conns: map[*PoolConn]struct{}{}}, nil
+	return &sharedPool{mem: mem, ring: ring, slots: slots, refs: 1, conns: map[*poolConn]struct{}{}}, nil
 }
 
 // open returns the connection of slot i.
-func (sp *sharedPool) open(i int, spin time.Duration) (*PoolConn, error) {
+func (sp *sharedPool) open(i int, spin time.Duration, local, remote Addr) (*poolConn, error) {
 	if i < 0 || i >= sp.slots {
 		return nil, fmt.Errorf("%w: pool slot %d of %d", ErrProxy, i, sp.slots)
 	}
@@ -63,7 +63,7 @@ func (sp *sharedPool) open(i int, spin time.Duration) (*PoolConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrProxy, err)
 	}
-	c := &PoolConn{slot: s, sp: sp, spin: spin}
+	c := &poolConn{slot: s, sp: sp, spin: spin, local: local, remote: remote}
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	if sp.dead != nil { // and perhaps unmapped
@@ -76,7 +76,7 @@ func (sp *sharedPool) open(i int, spin time.Duration) (*PoolConn, error) {
 
 // release drops a reference (c's, or the attachment's when c is nil) and
 // unmaps the pool after the last.
-func (sp *sharedPool) release(c *PoolConn) {
+func (sp *sharedPool) release(c *poolConn) {
 	sp.mu.Lock()
 	if c != nil {
 		delete(sp.conns, c)
@@ -102,7 +102,7 @@ func (sp *sharedPool) failAll(err error) {
 	}
 }
 
-// PoolConn is a connection in shared-pool mode: its bytes go through a
+// poolConn is the stream of a Conn in shared-pool mode: its bytes go through a
 // slot of the pool this process shares with ntproxy (internal/prim/pool). A
 // Write copies into the slot's out ring, from which ntproxy sends onto the
 // rack link; a Read copies out of the in ring, into which ntproxy reads
@@ -112,12 +112,11 @@ func (sp *sharedPool) failAll(err error) {
 // Concurrency: as net.Conn, one Read and one Write may run at once with
 // any other method. A call that waits spins for Config.SpinBudget, then
 // sleeps on a futex in the slot, holding its thread.
-type PoolConn struct {
+type poolConn struct {
 	slot          *pool.Slot
 	sp            *sharedPool
 	spin          time.Duration
 	local, remote Addr
-	route         Route
 
 	rmu    sync.Mutex // one Read at a time
 	inTail uint64     // bytes read (rmu)
@@ -134,24 +133,21 @@ type PoolConn struct {
 	fmu      sync.Mutex            // serialises this side's flag stores
 }
 
-var _ net.Conn = (*PoolConn)(nil)
+var _ net.Conn = (*poolConn)(nil)
 
-func (c *PoolConn) LocalAddr() net.Addr  { return c.local }
-func (c *PoolConn) RemoteAddr() net.Addr { return c.remote }
+func (c *poolConn) LocalAddr() net.Addr  { return c.local }
+func (c *poolConn) RemoteAddr() net.Addr { return c.remote }
 
-// Route returns the connection's path and the reason it was chosen.
-func (c *PoolConn) Route() Route { return c.route }
-
-func (c *PoolConn) opErr(op string, err error) error {
+func (c *poolConn) opErr(op string, err error) error {
 	return &net.OpError{Op: op, Net: "ntb", Source: c.local, Addr: c.remote, Err: err}
 }
 
-func (c *PoolConn) fail(err error) {
+func (c *poolConn) fail(err error) {
 	c.err.CompareAndSwap(nil, &err)
 	c.slot.Kick(pool.App)
 }
 
-func (c *PoolConn) failure() error {
+func (c *poolConn) failure() error {
 	if p := c.err.Load(); p != nil {
 		return *p
 	}
@@ -163,7 +159,7 @@ var errPoolCorrupt = errors.New("shared pool slot indices out of range")
 // corrupt is the error of indices out of range: the connection's failure,
 // if ntproxy went away meanwhile (and may have taken the slot back), else
 // errPoolCorrupt.
-func (c *PoolConn) corrupt() error {
+func (c *poolConn) corrupt() error {
 	if err := c.failure(); err != nil {
 		return err
 	}
@@ -173,7 +169,7 @@ func (c *PoolConn) corrupt() error {
 // Read reads what the peer wrote, blocking until at least one byte is
 // there, the peer finished (io.EOF), the deadline passed or the connection
 // failed. What arrived before a reset is still read first.
-func (c *PoolConn) Read(b []byte) (int, error) {
+func (c *poolConn) Read(b []byte) (int, error) {
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	for {
@@ -219,7 +215,7 @@ func (c *PoolConn) Read(b []byte) (int, error) {
 // Write writes b, blocking while the out ring is full (the peer has not
 // acknowledged enough), until all is written, the deadline passes or the
 // connection fails.
-func (c *PoolConn) Write(b []byte) (int, error) {
+func (c *poolConn) Write(b []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	n := 0
@@ -291,7 +287,7 @@ func unixTime(ns int64) time.Time {
 	return time.Unix(0, ns)
 }
 
-func (c *PoolConn) setDeadline(d *atomic.Int64, t time.Time) {
+func (c *poolConn) setDeadline(d *atomic.Int64, t time.Time) {
 	if t.IsZero() {
 		d.Store(0)
 	} else {
@@ -300,18 +296,18 @@ func (c *PoolConn) setDeadline(d *atomic.Int64, t time.Time) {
 	c.slot.Kick(pool.App) // a waiting call takes the new deadline
 }
 
-func (c *PoolConn) SetDeadline(t time.Time) error {
+func (c *poolConn) SetDeadline(t time.Time) error {
 	c.setDeadline(&c.rdl, t)
 	c.setDeadline(&c.wdl, t)
 	return nil
 }
 
-func (c *PoolConn) SetReadDeadline(t time.Time) error  { c.setDeadline(&c.rdl, t); return nil }
-func (c *PoolConn) SetWriteDeadline(t time.Time) error { c.setDeadline(&c.wdl, t); return nil }
+func (c *poolConn) SetReadDeadline(t time.Time) error  { c.setDeadline(&c.rdl, t); return nil }
+func (c *poolConn) SetWriteDeadline(t time.Time) error { c.setDeadline(&c.wdl, t); return nil }
 
 // CloseWrite finishes this side's stream: the peer reads io.EOF after
 // everything written before.
-func (c *PoolConn) CloseWrite() error {
+func (c *poolConn) CloseWrite() error {
 	if c.closed.Load() {
 		return c.opErr("close", net.ErrClosed)
 	}
@@ -329,7 +325,7 @@ func (c *PoolConn) CloseWrite() error {
 // Close closes the connection: what was written is still delivered (then
 // the peer reads io.EOF), what arrives from now on is dropped. Blocked
 // calls return net.ErrClosed.
-func (c *PoolConn) Close() error {
+func (c *poolConn) Close() error {
 	if c.closed.Swap(true) {
 		return c.opErr("close", net.ErrClosed)
 	}

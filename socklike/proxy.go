@@ -13,8 +13,9 @@ import (
 	"time"
 
 	"github.com/ntstack/ntstack/internal/prim/proc"
+	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/appproto"
-	"github.com/ntstack/ntstack/internal/wire/ctlapi"
+	"github.com/ntstack/ntstack/internal/wire/errcode"
 	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/qos"
 )
@@ -24,43 +25,31 @@ import (
 // ntproxy.sock). A Dialer without an Endpoint, and Listen, use it.
 const EnvProxy = "NTSTACK_PROXY"
 
-// Errors of attached mode, wrapped (with the daemon's explanation) in the
-// *net.OpError a Dial or Listen returns. A refused connection wraps
-// syscall.ECONNREFUSED and a taken port syscall.EADDRINUSE, as with TCP.
-var (
-	ErrDenied      = errors.New("denied by access control")
-	ErrNoPath      = errors.New("no path to host")
-	ErrUnknownHost = errors.New("unknown host")
-	ErrVersion     = errors.New("protocol version mismatch")
-	ErrProxy       = errors.New("ntproxy failure")
-	ErrProxyGone   = errors.New("ntproxy went away")
-)
-
 // errNoDirectPath: direct mode was asked for a host reachable only off
 // the NTB fabric (it wraps ErrNoPath).
 var errNoDirectPath = fmt.Errorf("direct mode impossible: %w", ErrNoPath)
 
 // codeErr turns a daemon's coded answer into an error of this package.
-func codeErr(code ctlapi.Code, msg string) error {
+func codeErr(code errcode.Code, msg string) error {
 	var base error
 	switch code {
-	case ctlapi.CodeDenied:
+	case errcode.CodeDenied:
 		base = ErrDenied
-	case ctlapi.CodeNoPath:
+	case errcode.CodeNoPath:
 		base = ErrNoPath
-	case ctlapi.CodeUnknown:
+	case errcode.CodeUnknown:
 		base = ErrUnknownHost
-	case ctlapi.CodeRefused:
+	case errcode.CodeRefused:
 		base = syscall.ECONNREFUSED
-	case ctlapi.CodePortInUse:
+	case errcode.CodePortInUse:
 		base = syscall.EADDRINUSE
-	case ctlapi.CodeQuota:
+	case errcode.CodeQuota:
 		base = qos.ErrQuota
-	case ctlapi.CodeNoDirect:
+	case errcode.CodeNoDirect:
 		base = errNoDirectPath
-	case ctlapi.CodeVersion:
+	case errcode.CodeVersion:
 		base = ErrVersion
-	case ctlapi.CodeTimeout:
+	case errcode.CodeTimeout:
 		base = os.ErrDeadlineExceeded
 	default:
 		base = ErrProxy
@@ -79,7 +68,7 @@ func codeErr(code ctlapi.Code, msg string) error {
 // re-register by themselves once ntproxy is back.
 type Proxy struct {
 	path string
-	cfg  Config
+	cfg  transport.Config
 	name string
 	pool bool // Listen and Dialers without Pool ask for shared-pool mode ($NTSTACK_POOL)
 
@@ -93,7 +82,7 @@ type Proxy struct {
 // attachment is one Hello/Welcome session with ntproxy.
 type attachment struct {
 	unix *net.UnixConn
-	ep   *Endpoint
+	ep   *transport.Endpoint
 	pool *sharedPool // nil: ntproxy has shared-pool mode off
 	id   uint64
 	done chan struct{} // closed when ntproxy goes or the Proxy closes
@@ -116,7 +105,7 @@ func AttachProxy(path string, cfg Config) (*Proxy, error) {
 	if len(os.Args) > 0 {
 		name = fmt.Sprintf("%s[%d]", baseName(os.Args[0]), os.Getpid())
 	}
-	p := &Proxy{path: path, cfg: cfg, name: name, nextPort: 1024}
+	p := &Proxy{path: path, cfg: cfg.engine(), name: name, nextPort: 1024}
 	if _, err := p.attachment(); err != nil {
 		return nil, err
 	}
@@ -205,7 +194,7 @@ func (p *Proxy) attachLocked() (_ *attachment, err error) {
 	if err != nil {
 		return nil, fail(err)
 	}
-	if w.Code != ctlapi.OK {
+	if w.Code != errcode.OK {
 		return nil, fail(codeErr(w.Code, w.Message))
 	}
 	if f == nil {
@@ -215,12 +204,12 @@ func (p *Proxy) attachLocked() (_ *attachment, err error) {
 	if err != nil {
 		return nil, fail(err)
 	}
-	ep, err := Attach(dev, p.cfg)
+	ep, err := transport.Attach(dev, p.cfg)
 	if err != nil {
 		dev.Close()
 		return nil, fail(err)
 	}
-	ep.ownsDev = true
+	ep.TakeDevice()
 	a := &attachment{unix: uc, ep: ep, id: w.AppID, done: make(chan struct{})}
 	if w.PoolSlots > 0 {
 		if len(files) < 2 {
@@ -244,22 +233,11 @@ func (a *attachment) runWatch() {
 	a.unix.Read(b[:])
 	close(a.done)
 	a.unix.Close()
-	a.ep.closeWith(ErrProxyGone)
+	a.ep.CloseWith(ErrProxyGone)
 	if a.pool != nil {
 		a.pool.failAll(ErrProxyGone)
 		a.pool.release(nil)
 	}
-}
-
-// Stats returns the counters of the current attachment's memory link.
-func (p *Proxy) Stats() Stats {
-	p.mu.Lock()
-	a := p.cur
-	p.mu.Unlock()
-	if a == nil {
-		return Stats{}
-	}
-	return a.ep.Stats()
 }
 
 // Close detaches: every connection and listener of the Proxy ends.
@@ -283,72 +261,19 @@ func (p *Proxy) Close() error {
 	return nil
 }
 
-// Dial connects to address ("host:port", host a rack host name or virtual
-// address) through ntproxy.
-func (p *Proxy) Dial(network, address string) (net.Conn, error) {
-	return p.DialContext(context.Background(), network, address)
-}
-
-// DialContext is Dial with a context.
-func (p *Proxy) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
-	c, err := p.DialClass(ctx, address, qos.Default)
-	if err != nil {
-		return nil, err
-	}
-	return c, nil
-}
-
-// DialClass dials address for a connection of priority class.
-func (p *Proxy) DialClass(ctx context.Context, address string, class qos.Class) (*Conn, error) {
-	return p.dial(ctx, address, dialOpts{class: class})
-}
-
-// DialDirect dials address in direct mode: the proxies grant the
-// connection a window slice (a link) of its own and leave the data path,
-// so its bytes move between the two applications with no copy in either
-// proxy. It costs window memory (ntproxy's direct_quota) and, in this
-// process, an endpoint per connection; it needs an NTB link or both ends
-// on this host.
-func (p *Proxy) DialDirect(ctx context.Context, address string, class qos.Class) (*Conn, error) {
-	return p.dial(ctx, address, dialOpts{class: class, direct: true})
-}
-
-// DialPreferDirect is DialDirect that settles for a proxied connection
-// when a direct one cannot be had — the application's direct quota is used
-// up, or the host is reachable only off the NTB fabric — rather than
-// failing; the connection's Route says which it got and why. Dialer.Direct
-// dials this way.
-func (p *Proxy) DialPreferDirect(ctx context.Context, address string, class qos.Class) (*Conn, error) {
-	return p.dial(ctx, address, dialOpts{class: class, direct: true, settle: true})
-}
-
 // dialOpts are a Dialer's per-connection choices.
 type dialOpts struct {
 	class      qos.Class
 	direct     bool
-	settle     bool // direct: fall back to proxy mode (DialPreferDirect)
-	pool       bool // shared-pool mode, where ntproxy can (DialPool)
+	settle     bool // direct: fall back to proxy mode when refused for want of quota or of a direct path
+	pool       bool // shared-pool mode, where ntproxy can
 	transports []string
 }
 
-// DialPool dials address in shared-pool mode: the connection's bytes go
-// through a slot of the pool this process shares with ntproxy, written
-// and read in place (a *PoolConn), two copies fewer than proxy mode. When
-// no slot is free, or address is on this host (whose connections never
-// leave shared memory anyway), ntproxy settles for proxy mode (a *Conn);
-// the Route says which and why.
-func (p *Proxy) DialPool(ctx context.Context, address string, class qos.Class) (net.Conn, error) {
-	return p.dialAny(ctx, address, dialOpts{class: class, pool: true})
-}
-
 // dialAny is dial, in shared-pool mode if o.pool.
-func (p *Proxy) dialAny(ctx context.Context, address string, o dialOpts) (net.Conn, error) {
+func (p *Proxy) dialAny(ctx context.Context, address string, o dialOpts) (*Conn, error) {
 	if !o.pool || o.direct {
-		c, err := p.dial(ctx, address, o)
-		if err != nil {
-			return nil, err
-		}
-		return c, nil
+		return p.dial(ctx, address, o)
 	}
 	return p.dialOnce(ctx, address, o)
 }
@@ -357,12 +282,12 @@ func (p *Proxy) dialAny(ctx context.Context, address string, o dialOpts) (net.Co
 // quota or of a direct path is dialed again in proxy mode.
 func (p *Proxy) dial(ctx context.Context, address string, o dialOpts) (*Conn, error) {
 	o.pool = false
-	c, err := p.dialConn(ctx, address, o)
+	c, err := p.dialOnce(ctx, address, o)
 	if err == nil || !o.direct || !o.settle || !(errors.Is(err, qos.ErrQuota) || errors.Is(err, errNoDirectPath)) {
 		return c, err
 	}
 	o.direct = false
-	c, perr := p.dialConn(ctx, address, o)
+	c, perr := p.dialOnce(ctx, address, o)
 	if perr != nil {
 		return nil, perr
 	}
@@ -375,16 +300,8 @@ func (p *Proxy) dial(ctx context.Context, address string, o dialOpts) (*Conn, er
 	return c, nil
 }
 
-// dialConn is dialOnce for a mode that yields a *Conn (not shared-pool).
-func (p *Proxy) dialConn(ctx context.Context, address string, o dialOpts) (*Conn, error) {
-	c, err := p.dialOnce(ctx, address, o)
-	if err != nil {
-		return nil, err
-	}
-	return c.(*Conn), nil
-}
-
-func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (net.Conn, error) {
+// dialOnce asks ntproxy for a connection to address in o's mode.
+func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (*Conn, error) {
 	class, direct := o.class, o.direct
 	opErr := func(err error) error { return &net.OpError{Op: "dial", Net: "ntb", Addr: strAddr(address), Err: err} }
 	host, ps, err := net.SplitHostPort(address)
@@ -402,7 +319,7 @@ func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (net.C
 	}
 	var reply appproto.DialReply
 	err = exchange(ctx, c, appproto.DialRequest{Target: host, Port: port, Priority: int(class), Direct: direct, Pool: o.pool && a.pool != nil, Transports: o.transports}, &reply)
-	if err == nil && reply.Code != ctlapi.OK {
+	if err == nil && reply.Code != errcode.OK {
 		err = codeErr(reply.Code, reply.Error)
 	}
 	if err == nil && direct != (reply.Direct != nil) {
@@ -416,7 +333,7 @@ func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (net.C
 		return nil, opErr(err)
 	}
 	if reply.Pool != nil {
-		pc, err := p.openPool(a, reply.Pool, c, reply.Local, reply.Remote, Route{Path: reply.Path, Reason: reply.Reason})
+		pc, err := p.openPool(a, reply.Pool, c, reply.Local, reply.Remote, Route{Path: reply.Path, Mode: "proxy", Reason: reply.Reason})
 		if err != nil {
 			return nil, opErr(err)
 		}
@@ -425,53 +342,55 @@ func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (net.C
 	if o.pool && a.pool == nil {
 		reply.Reason = "shared pool refused (ntproxy has shared-pool mode off); through the memory link: " + reply.Reason
 	}
-	if direct {
-		// c stays open as the lease on the link until dc closes.
-		dc, err := p.openDirect(ctx, reply.Direct, 0, c)
-		if err != nil {
-			c.Close()
-			return nil, opErr(err)
-		}
-		c = dc
+	local, remote, route := parseAddr(reply.Local), parseAddr(reply.Remote), Route{Path: reply.Path, Mode: "proxy", Reason: reply.Reason}
+	if !direct {
+		return newConn(c, local, remote, route), nil
 	}
-	c.local, c.remote = parseAddr(reply.Local), parseAddr(reply.Remote)
-	c.route = Route{Path: reply.Path, Reason: reply.Reason}
-	return c, nil
+	// c stays open as the lease on the link until dc closes.
+	dc, err := p.openDirect(ctx, reply.Direct, 0, c)
+	if err != nil {
+		c.Close()
+		return nil, opErr(err)
+	}
+	route.Mode = "direct"
+	dc.local, dc.remote, dc.route = local, remote, route
+	return dc, nil
 }
 
 // openPool returns the connection of a granted pool slot; req, the
 // request's connection on the memory link, has done its part.
-func (p *Proxy) openPool(a *attachment, g *appproto.PoolGrant, req *Conn, local, remote string, route Route) (*PoolConn, error) {
+func (p *Proxy) openPool(a *attachment, g *appproto.PoolGrant, req *transport.Conn, local, remote string, route Route) (*Conn, error) {
 	req.Close()
 	if a.pool == nil {
 		return nil, fmt.Errorf("%w: a pool slot granted without a pool", ErrProxy)
 	}
-	pc, err := a.pool.open(g.Slot, cmp.Or(p.cfg.SpinBudget, DefaultSpinBudget))
+	l, r := parseAddr(local), parseAddr(remote)
+	pc, err := a.pool.open(g.Slot, cmp.Or(p.cfg.SpinBudget, DefaultSpinBudget), l, r)
 	if err != nil {
 		return nil, err
 	}
-	pc.local, pc.remote, pc.route = parseAddr(local), parseAddr(remote), route
-	return pc, nil
+	route.Mode = "pool"
+	return &Conn{pc: pc, local: l, remote: r, route: route}, nil
 }
 
 // openDirect attaches side (0: dial, 1: listen) of a direct link and
 // returns its connection; closing that connection closes the link's
 // endpoint and the lease once the peer has closed too.
-func (p *Proxy) openDirect(ctx context.Context, dl *appproto.DirectLink, side int, lease *Conn) (*Conn, error) {
+func (p *Proxy) openDirect(ctx context.Context, dl *appproto.DirectLink, side int, lease *transport.Conn) (*Conn, error) {
 	if dl.Window <= 0 || dl.Name == "" {
 		return nil, fmt.Errorf("%w: direct link %+v", ErrProxy, *dl)
 	}
-	ep, err := Open(dl.Name, Config{SpinBudget: p.cfg.SpinBudget, Window: p.cfg.Window, MTU: p.cfg.MTU,
+	ep, err := transport.Open(dl.Name, transport.Config{SpinBudget: p.cfg.SpinBudget, Window: p.cfg.Window, MTU: p.cfg.MTU,
 		Fabric: shm.Options{Dir: dl.Dir, WindowSize: dl.Window, Side: shm.Side0 + shm.Side(side), HeartbeatTimeout: appproto.LinkHeartbeatTimeout}})
 	if err != nil {
 		return nil, fmt.Errorf("direct link %s: %w", dl.Name, err)
 	}
-	var dc *Conn
+	var dc *transport.Conn
 	if side == 0 {
 		dc, err = ep.DialContext(ctx, appproto.DirectPort)
 		shm.Remove(dl.Dir, dl.Name) // both ends hold it now
 	} else {
-		var ln *Listener
+		var ln *transport.Listener
 		if ln, err = ep.Listen(appproto.DirectPort); err == nil {
 			if _, err = lease.Write([]byte{appproto.DirectReady}); err == nil {
 				dc, err = acceptWithin(ln, 10*time.Second)
@@ -483,11 +402,12 @@ func (p *Proxy) openDirect(ctx context.Context, dl *appproto.DirectLink, side in
 		ep.Close()
 		return nil, fmt.Errorf("direct link %s: %w", dl.Name, err)
 	}
-	dc.onClose = func() { go dc.linger(ep, lease) }
-	return dc, nil
+	w := &Conn{c: dc}
+	w.onClose = func() { go linger(dc, ep, lease) }
+	return w, nil
 }
 
-func acceptWithin(ln *Listener, d time.Duration) (*Conn, error) {
+func acceptWithin(ln *transport.Listener, d time.Duration) (*transport.Conn, error) {
 	t := time.AfterFunc(d, func() { ln.Close() })
 	defer t.Stop()
 	return ln.AcceptConn()
@@ -496,12 +416,9 @@ func acceptWithin(ln *Listener, d time.Duration) (*Conn, error) {
 // linger waits until the peer has closed its end too (or the link died),
 // so that what was written before Close is delivered, then closes the
 // direct link's endpoint and the lease.
-func (c *Conn) linger(ep *Endpoint, lease *Conn) {
+func linger(c *transport.Conn, ep *transport.Endpoint, lease *transport.Conn) {
 	for range 60 * 100 { // 60 s at most for the peer to close
-		c.mu.Lock()
-		done := c.closeRecv || c.err != nil
-		c.mu.Unlock()
-		if done {
+		if c.Ended() {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -511,7 +428,7 @@ func (c *Conn) linger(ep *Endpoint, lease *Conn) {
 }
 
 // exchange writes one request frame on c and reads the reply, within ctx.
-func exchange(ctx context.Context, c *Conn, req, reply any) error {
+func exchange(ctx context.Context, c *transport.Conn, req, reply any) error {
 	if dl, ok := ctx.Deadline(); ok {
 		c.SetDeadline(dl)
 	}
@@ -525,6 +442,14 @@ func exchange(ctx context.Context, c *Conn, req, reply any) error {
 		err = dialErr(ctx.Err())
 	}
 	c.SetDeadline(time.Time{})
+	return err
+}
+
+// dialErr maps a context error as the standard library's dialer does.
+func dialErr(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return os.ErrDeadlineExceeded
+	}
 	return err
 }
 
@@ -542,40 +467,11 @@ func parseAddr(s string) Addr {
 	return Addr{Host: host, Port: port}
 }
 
-// Listen listens, through the ntproxy named by $NTSTACK_PROXY, on
-// address's port ("host:port" or ":port"; port 0 picks a free one) of this
-// host, for connections from this host and every rack peer.
-func Listen(network, address string) (net.Listener, error) {
-	p, err := DefaultProxy()
-	if err != nil {
-		return nil, &net.OpError{Op: "listen", Net: "ntb", Addr: strAddr(address), Err: err}
-	}
-	return p.Listen(network, address)
-}
-
-// Listen listens on address's port of this host through ntproxy (in
-// shared-pool mode if $NTSTACK_POOL asked for it).
-func (p *Proxy) Listen(network, address string) (net.Listener, error) {
-	ln, err := p.listen(address, 0, p.pool)
-	if err != nil {
-		return nil, err
-	}
-	return ln, nil
-}
-
-// ListenPool is ListenProxy whose connections from rack peers come in
-// shared-pool mode (*PoolConn; see DialPool), where ntproxy has a slot
-// free; the others, and those from this host, in proxy mode (*Conn).
-func (p *Proxy) ListenPool(address string, backlog int) (*ProxyListener, error) {
-	return p.listen(address, backlog, true)
-}
-
-// ProxyListener is a listener held by ntproxy on the application's behalf.
-type ProxyListener struct {
+// proxyListener is a listener held by ntproxy on the application's behalf.
+type proxyListener struct {
 	p       *Proxy
-	backlog int
 	pool    bool
-	acceptq chan net.Conn
+	acceptq chan *Conn
 	done    chan struct{}
 	once    sync.Once
 
@@ -583,26 +479,20 @@ type ProxyListener struct {
 	// mu protects the following fields.
 	addr Addr
 	a    *attachment
-	ln   *Listener // on this side of the memory link
-	req  *Conn     // the listen request; closing it ends the listen
+	ln   *transport.Listener // on this side of the memory link
+	req  *transport.Conn     // the listen request; closing it ends the listen
 }
 
-var _ net.Listener = (*ProxyListener)(nil)
-
-// ListenProxy is Listen with a backlog (0: ntproxy's default), in proxy
-// mode.
-func (p *Proxy) ListenProxy(address string, backlog int) (*ProxyListener, error) {
-	return p.listen(address, backlog, false)
-}
-
-func (p *Proxy) listen(address string, backlog int, pool bool) (*ProxyListener, error) {
+// listen listens on address's port through ntproxy, in shared-pool mode
+// if pool.
+func (p *Proxy) listen(address string, pool bool) (*proxyListener, error) {
 	opErr := func(err error) error { return &net.OpError{Op: "listen", Net: "ntb", Addr: strAddr(address), Err: err} }
 	_, ps, err := net.SplitHostPort(address)
 	port, perr := strconv.Atoi(ps)
 	if err != nil || perr != nil || port < 0 || port > 65535 {
 		return nil, opErr(fmt.Errorf("address %q: want host:port with port 0..65535", address))
 	}
-	l := &ProxyListener{p: p, backlog: backlog, pool: pool, acceptq: make(chan net.Conn, 64), done: make(chan struct{}), addr: Addr{Port: port}}
+	l := &proxyListener{p: p, pool: pool, acceptq: make(chan *Conn, 64), done: make(chan struct{}), addr: Addr{Port: port}}
 	if err := l.register(); err != nil {
 		return nil, opErr(err)
 	}
@@ -611,7 +501,7 @@ func (p *Proxy) listen(address string, backlog int, pool bool) (*ProxyListener, 
 }
 
 // register asks ntproxy for the listen on the current attachment.
-func (l *ProxyListener) register() (err error) {
+func (l *proxyListener) register() (err error) {
 	a, err := l.p.attachment()
 	if err != nil {
 		return err
@@ -642,8 +532,8 @@ func (l *ProxyListener) register() (err error) {
 	port := l.addr.Port
 	l.mu.Unlock()
 	var reply appproto.ListenReply
-	err = exchange(ctx, req, appproto.ListenRequest{Port: port, AppPort: appPort, Backlog: l.backlog, Pool: l.pool && a.pool != nil}, &reply)
-	if err == nil && reply.Code != ctlapi.OK {
+	err = exchange(ctx, req, appproto.ListenRequest{Port: port, AppPort: appPort, Pool: l.pool && a.pool != nil}, &reply)
+	if err == nil && reply.Code != errcode.OK {
 		err = codeErr(reply.Code, reply.Error)
 	}
 	if err != nil {
@@ -665,7 +555,7 @@ func (l *ProxyListener) register() (err error) {
 
 // runAccept takes connections ntproxy hands over and, if ntproxy goes
 // away, registers the listen again once it is back.
-func (l *ProxyListener) runAccept() {
+func (l *proxyListener) runAccept() {
 	for {
 		l.mu.Lock()
 		ln, a := l.ln, l.a
@@ -691,7 +581,7 @@ func (l *ProxyListener) runAccept() {
 }
 
 // introduce reads the Incoming frame ntproxy sends first and queues c.
-func (l *ProxyListener) introduce(a *attachment, c *Conn) {
+func (l *proxyListener) introduce(a *attachment, c *transport.Conn) {
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	var in appproto.Incoming
 	if err := appproto.ReadFrame(c, &in); err != nil {
@@ -700,7 +590,7 @@ func (l *ProxyListener) introduce(a *attachment, c *Conn) {
 	}
 	c.SetReadDeadline(time.Time{})
 	if in.Pool != nil {
-		pc, err := l.p.openPool(a, in.Pool, c, in.Local, in.Remote, Route{Path: in.Path, Reason: in.Reason})
+		pc, err := l.p.openPool(a, in.Pool, c, in.Local, in.Remote, Route{Path: in.Path, Mode: "proxy", Reason: in.Reason})
 		if err != nil {
 			return
 		}
@@ -711,6 +601,8 @@ func (l *ProxyListener) introduce(a *attachment, c *Conn) {
 		}
 		return
 	}
+	local, remote, route := parseAddr(in.Local), parseAddr(in.Remote), Route{Path: in.Path, Mode: "proxy", Reason: in.Reason}
+	conn := newConn(c, local, remote, route)
 	if in.Direct != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		dc, err := l.p.openDirect(ctx, in.Direct, 1, c)
@@ -719,30 +611,29 @@ func (l *ProxyListener) introduce(a *attachment, c *Conn) {
 			c.Close()
 			return
 		}
-		c = dc
+		route.Mode = "direct"
+		dc.local, dc.remote, dc.route = local, remote, route
+		conn = dc
 	}
-	c.local, c.remote = parseAddr(in.Local), parseAddr(in.Remote)
-	c.route = Route{Path: in.Path, Reason: in.Reason}
 	select {
-	case l.acceptq <- c:
+	case l.acceptq <- conn:
 	case <-l.done:
-		c.Close()
+		conn.Close()
 	}
 }
 
-// Accept waits for the next connection: a *Conn, or in shared-pool mode
-// a *PoolConn.
-func (l *ProxyListener) Accept() (net.Conn, error) {
+// accept waits for the next connection.
+func (l *proxyListener) accept() (net.Conn, error) {
 	select {
 	case c := <-l.acceptq:
 		return c, nil
 	case <-l.done:
-		return nil, &net.OpError{Op: "accept", Net: "ntb", Addr: l.Addr(), Err: net.ErrClosed}
+		return nil, &net.OpError{Op: "accept", Net: "ntb", Addr: l.addrNow(), Err: net.ErrClosed}
 	}
 }
 
-// Close stops listening; accepted connections carry on.
-func (l *ProxyListener) Close() error {
+// close stops listening; accepted connections carry on.
+func (l *proxyListener) close() error {
 	first := false
 	l.once.Do(func() {
 		first = true
@@ -754,7 +645,7 @@ func (l *ProxyListener) Close() error {
 		ln.Close()
 	})
 	if !first {
-		return &net.OpError{Op: "close", Net: "ntb", Addr: l.Addr(), Err: net.ErrClosed}
+		return &net.OpError{Op: "close", Net: "ntb", Addr: l.addrNow(), Err: net.ErrClosed}
 	}
 	for {
 		select {
@@ -766,9 +657,9 @@ func (l *ProxyListener) Close() error {
 	}
 }
 
-// Addr is the listened address (its port is the one ntproxy allocated for
-// a listen on port 0).
-func (l *ProxyListener) Addr() net.Addr {
+// addrNow is the listened address (its port is the one ntproxy allocated
+// for a listen on port 0).
+func (l *proxyListener) addrNow() net.Addr {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.addr

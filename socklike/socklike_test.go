@@ -1,327 +1,176 @@
 package socklike
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"os"
-	"path/filepath"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 	"golang.org/x/net/nettest"
 
-	"github.com/ntstack/ntstack/ntb"
+	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/ntb/ntbtest"
-	"github.com/ntstack/ntstack/ntb/shm"
 )
 
-var linkSeq atomic.Int64
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// fabricDir is a fresh directory under /dev/shm for one test's links.
-func fabricDir(t testing.TB) string {
+// endpoints attaches an Endpoint to each end of an in-memory link.
+func endpoints(t testing.TB, cfg Config) (*Endpoint, *Endpoint) {
 	t.Helper()
-	dir := filepath.Join("/dev/shm", fmt.Sprintf("ntstack-test-%d-%d", os.Getpid(), linkSeq.Add(1)))
-	require.NoError(t, os.MkdirAll(dir, 0o700))
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
-// backends run a test over the in-memory pair and the emulated fabric.
-var backends = map[string]func(t testing.TB) (ntb.Device, ntb.Device){
-	"ntbtest": func(t testing.TB) (ntb.Device, ntb.Device) {
-		a, b := ntbtest.NewPair(1 << 20)
-		t.Cleanup(func() { a.Close(); b.Close() })
-		return a, b
-	},
-	"shm": func(t testing.TB) (ntb.Device, ntb.Device) {
-		o := shm.Options{Dir: fabricDir(t), WindowSize: 1 << 20}
-		a, err := shm.Open("l", o)
-		require.NoError(t, err)
-		b, err := shm.Open("l", o)
-		require.NoError(t, err)
-		t.Cleanup(func() { a.Close(); b.Close() })
-		return a, b
-	},
-}
-
-func endpoints(t testing.TB, backend string, cfg Config) (*Endpoint, *Endpoint) {
-	t.Helper()
-	da, db := backends[backend](t)
-	return attachPair(t, da, db, cfg)
-}
-
-// attachPair attaches an endpoint to each of da and db with cfg, logging
-// to t unless cfg says otherwise, and closes them when t ends.
-func attachPair(t testing.TB, da, db ntb.Device, cfg Config) (*Endpoint, *Endpoint) {
-	t.Helper()
-	if cfg.Logf == nil {
-		cfg.Logf = t.Logf
-	}
+	da, db := ntbtest.NewPair(1 << 20)
+	cfg.Logf = t.Logf
 	a, err := Attach(da, cfg)
 	require.NoError(t, err)
 	b, err := Attach(db, cfg)
 	require.NoError(t, err)
-	t.Cleanup(func() { a.Close(); b.Close() })
+	t.Cleanup(func() {
+		a.Close()
+		b.Close()
+		da.Close()
+		db.Close()
+	})
 	return a, b
 }
 
-// connPair dials b's listener from a.
-func connPair(t testing.TB, a, b *Endpoint, port int) (*Conn, *Conn) {
+// pair dials b's listener on port from a through the public API.
+func pair(t testing.TB, a, b *Endpoint, port string) (net.Conn, net.Conn) {
 	t.Helper()
-	ln, err := b.Listen(port)
+	lc := ListenConfig{Endpoint: b}
+	ln, err := lc.Listen(context.Background(), "ntb", ":"+port)
 	require.NoError(t, err)
 	defer ln.Close()
-	accepted := make(chan *Conn, 1)
+	accepted := make(chan net.Conn, 1)
 	go func() {
-		c, err := ln.AcceptConn()
+		c, err := ln.Accept()
 		if err != nil {
 			t.Error(err)
 		}
 		accepted <- c
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c1, err := a.DialContext(ctx, port)
+	d := Dialer{Endpoint: a, Timeout: 10 * time.Second}
+	c, err := d.Dial("tcp", "peer:"+port)
 	require.NoError(t, err)
-	return c1, <-accepted
-}
-
-func forEachBackend(t *testing.T, f func(t *testing.T, backend string)) {
-	for _, name := range []string{"ntbtest", "shm"} {
-		t.Run(name, func(t *testing.T) { f(t, name) })
-	}
+	return c, <-accepted
 }
 
 func TestEcho(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, backend string) {
-		a, b := endpoints(t, backend, Config{})
-		c1, c2 := connPair(t, a, b, 7)
-		defer c1.Close()
-		defer c2.Close()
-		msg := []byte("hello over the bridge")
-		_, err := c1.Write(msg)
-		require.NoError(t, err)
-		got := make([]byte, len(msg))
-		_, err = io.ReadFull(c2, got)
-		require.NoError(t, err)
-		require.Equal(t, msg, got)
-
-		// Larger than the MTU and the window: segmented and flow-controlled.
-		big := bytes.Repeat([]byte("0123456789abcdef"), 300000)
-		go func() {
-			_, err := c2.Write(big)
-			if err == nil {
-				err = c2.CloseWrite()
-			}
-			if err != nil {
-				t.Error(err)
-			}
-		}()
-		all, err := io.ReadAll(c1)
-		require.NoError(t, err)
-		require.True(t, bytes.Equal(big, all), "got %d bytes, want %d", len(all), len(big))
-	})
-}
-
-func TestRefused(t *testing.T) {
-	a, _ := endpoints(t, "ntbtest", Config{})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, err := a.DialContext(ctx, 99)
-	require.ErrorIs(t, err, syscall.ECONNREFUSED)
-	var op *net.OpError
-	require.ErrorAs(t, err, &op)
-}
-
-func TestCloseSemantics(t *testing.T) {
-	a, b := endpoints(t, "ntbtest", Config{})
-	c1, c2 := connPair(t, a, b, 8)
-	_, err := c1.Write([]byte("last words"))
-	require.NoError(t, err)
-	require.NoError(t, c1.Close())
-	require.ErrorIs(t, c1.Close(), net.ErrClosed)
-	_, err = c1.Read(make([]byte, 1))
-	require.ErrorIs(t, err, net.ErrClosed)
-	got, err := io.ReadAll(c2)
-	require.NoError(t, err, "data written before Close arrives, then EOF")
-	require.Equal(t, "last words", string(got))
-	_, err = c2.Write([]byte("x"))
-	require.ErrorIs(t, err, syscall.EPIPE)
-	require.NoError(t, c2.Close())
-}
-
-func TestLinkDownFailsConns(t *testing.T) {
-	da, db := ntbtest.NewPair(1 << 20)
-	a, err := Attach(da, Config{})
-	require.NoError(t, err)
-	b, err := Attach(db, Config{})
-	require.NoError(t, err)
-	defer a.Close()
-	defer b.Close()
-	c1, c2 := connPair(t, a, b, 9)
-	errc := make(chan error, 1)
+	a, b := endpoints(t, Config{})
+	c1, c2 := pair(t, a, b, "7")
+	defer c1.Close()
+	defer c2.Close()
+	msg := []byte("hello over the fabric")
 	go func() {
-		_, err := c2.Read(make([]byte, 10))
-		errc <- err
+		buf := make([]byte, 64)
+		n, _ := c2.Read(buf)
+		c2.Write(buf[:n])
 	}()
-	time.Sleep(20 * time.Millisecond)
-	da.SetLink(ntb.LinkDown, "test")
-	select {
-	case err := <-errc:
-		require.ErrorIs(t, err, ErrLinkDown)
-	case <-time.After(time.Second):
-		t.Fatal("read did not fail after link down")
+	_, err := c1.Write(msg)
+	require.NoError(t, err)
+	got := make([]byte, len(msg))
+	_, err = io.ReadFull(c1, got)
+	require.NoError(t, err)
+	require.Equal(t, msg, got)
+
+	for _, c := range []net.Conn{c1, c2} {
+		r := c.(*Conn).Route()
+		require.Equal(t, "ntb", r.Path)
+		require.Equal(t, "embedded", r.Mode)
+		require.NotEmpty(t, r.Reason)
 	}
-	// a's side learns of the link down at its session's next look (a
-	// write may land in the ring before that, as a TCP write lands in the
-	// send buffer of a connection about to fail); then writes fail.
-	require.Eventually(t, func() bool {
-		_, err := c1.Write([]byte("x"))
-		return errors.Is(err, ErrLinkDown)
-	}, time.Second, time.Millisecond)
-
-	// The link comes back: a new session, new connections.
-	da.SetLink(ntb.LinkUp, "test")
-	c3, c4 := connPair(t, a, b, 10)
-	_, err = c3.Write([]byte("again"))
-	require.NoError(t, err)
-	buf := make([]byte, 5)
-	_, err = io.ReadFull(c4, buf)
-	require.NoError(t, err)
-	require.Equal(t, "again", string(buf))
+	require.Equal(t, 7, c1.RemoteAddr().(Addr).Port)
+	require.Equal(t, 7, c2.LocalAddr().(Addr).Port)
+	require.Equal(t, "ntb", c1.LocalAddr().Network())
 }
 
-func TestNettest(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, backend string) {
-		a, b := endpoints(t, backend, Config{})
-		port := 1000
-		nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) {
-			port++
-			c1, c2 := connPair(t, a, b, port)
-			return c1, c2, func() { c1.Close(); c2.Close() }, nil
-		})
-	})
+// The public defaults and core models are the engine's.
+func TestMatchesEngine(t *testing.T) {
+	require.Equal(t, transport.DefaultSpinBudget, DefaultSpinBudget)
+	require.Equal(t, transport.DefaultWindow, DefaultWindow)
+	require.Equal(t, transport.DefaultMTU, DefaultMTU)
+	for _, m := range []CoreModel{CoreInline, CoreShared, CoreSplit} {
+		require.Equal(t, m.String(), transport.CoreModel(m).String())
+	}
+	require.Equal(t, "inline", CoreInline.String())
+	require.Equal(t, "split", CoreSplit.String())
 }
 
-func TestDeadlineError(t *testing.T) {
-	a, b := endpoints(t, "ntbtest", Config{})
-	c1, _ := connPair(t, a, b, 11)
-	c1.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
-	_, err := c1.Read(make([]byte, 1))
+// Errors speak the standard library's language and carry the Conn's own
+// addresses.
+func TestErrors(t *testing.T) {
+	a, b := endpoints(t, Config{})
+	d := Dialer{Endpoint: a, Timeout: 10 * time.Second}
+	_, err := d.Dial("tcp", "peer:9")
+	require.ErrorIs(t, err, syscall.ECONNREFUSED)
+	_, err = d.Dial("tcp", "peer")
+	var oe *net.OpError
+	require.ErrorAs(t, err, &oe)
+
+	c1, c2 := pair(t, a, b, "8")
+	require.NoError(t, c1.SetReadDeadline(time.Now().Add(time.Millisecond)))
+	_, err = c1.Read(make([]byte, 1))
 	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
 	var ne net.Error
 	require.True(t, errors.As(err, &ne) && ne.Timeout())
-}
+	require.ErrorAs(t, err, &oe)
+	require.Equal(t, c1.LocalAddr(), oe.Source)
+	require.Equal(t, c1.RemoteAddr(), oe.Addr)
 
-// A Read parked with no deadline waits on its notify channel alone (see
-// park): Close, and a deadline set while it waits, must still wake it.
-func TestParkedReadWakes(t *testing.T) {
-	a, b := endpoints(t, "ntbtest", Config{SpinBudget: -1}) // park at once
-	c1, _ := connPair(t, a, b, 12)
-	c3, _ := connPair(t, a, b, 13)
-	readErr := func(c *Conn) <-chan error {
-		ch := make(chan error, 1)
-		go func() {
-			_, err := c.Read(make([]byte, 1))
-			ch <- err
-		}()
-		require.Eventually(t, func() bool { return c.sleepers.Load() > 0 }, 5*time.Second, time.Millisecond, "the Read should park")
-		return ch
-	}
-	wait := func(ch <-chan error) error {
-		select {
-		case err := <-ch:
-			return err
-		case <-time.After(5 * time.Second):
-			t.Fatal("the parked Read was not woken")
-			return nil
-		}
-	}
-
-	closed := readErr(c1)
+	require.NoError(t, c2.(*Conn).CloseWrite())
+	require.NoError(t, c1.SetReadDeadline(time.Time{}))
+	_, err = c1.Read(make([]byte, 1))
+	require.ErrorIs(t, err, io.EOF)
 	require.NoError(t, c1.Close())
-	require.ErrorIs(t, wait(closed), net.ErrClosed)
+	require.ErrorIs(t, c1.Close(), net.ErrClosed)
+	require.NoError(t, c2.Close())
 
-	timedOut := readErr(c3)
-	require.NoError(t, c3.SetReadDeadline(time.Now().Add(10*time.Millisecond)))
-	require.ErrorIs(t, wait(timedOut), os.ErrDeadlineExceeded)
-}
-
-func TestSpinYieldConfig(t *testing.T) {
-	var cfg Config
-	require.NoError(t, cfg.setDefaults())
-	require.Equal(t, DefaultSpinYield, cfg.SpinYield)
-	cfg = Config{SpinYield: -1}
-	require.ErrorContains(t, cfg.setDefaults(), "spin yield")
-}
-
-// idlerDevice counts the Idle calls an endpoint makes on its device.
-type idlerDevice struct {
-	ntb.Device
-	idle atomic.Int32
-}
-
-func (d *idlerDevice) Idle(on bool) {
-	if on {
-		d.idle.Add(1)
-	} else {
-		d.idle.Add(-1)
-	}
-}
-
-// TestPollerTellsDeviceIdle checks that the poller, asleep on the doorbell,
-// tells the device it is idle only while it has nothing to send: the
-// fabric then checks the link less often (shm.Device.Idle), which must
-// not slow its noticing a dead peer mid-transfer.
-func TestPollerTellsDeviceIdle(t *testing.T) {
-	da, db := ntbtest.NewPair(1 << 20)
-	t.Cleanup(func() { da.Close(); db.Close() })
-	dev := &idlerDevice{Device: da}
-	a, b := attachPair(t, dev, db, Config{})
-	ca, cb := connPair(t, a, b, 1)
-	go ca.Read(make([]byte, 1)) // a blocked Read: waiting, not sending
-	require.Eventually(t, func() bool { return dev.idle.Load() == 1 }, 10*time.Second, time.Millisecond,
-		"an endpoint with nothing to send, asleep on the doorbell, is idle")
-
-	// A writer with more than the window to send, to a reader that does
-	// not read: it parks for credit, and the poller sleeps on.
-	wrote := make(chan error, 1)
-	go func() { _, err := ca.Write(make([]byte, 4<<20)); wrote <- err }()
-	time.Sleep(time.Second)
-	for range 50 {
-		require.Zero(t, dev.idle.Load(), "an endpoint with bytes to send is not idle")
-		time.Sleep(time.Millisecond)
-	}
-	go io.Copy(io.Discard, cb)
-	require.NoError(t, <-wrote)
-}
-
-// TestSporadicWaitsSpinShort checks that a connection whose Read waited
-// longer than busySpin keeps the short spin budget for its next waits (a
-// longer spin would not have bridged the gap), while a fresh one may spin
-// long.
-func TestSporadicWaitsSpinShort(t *testing.T) {
-	da, db := ntbtest.NewPair(1 << 20)
-	t.Cleanup(func() { da.Close(); db.Close() })
-	a, b := attachPair(t, da, db, Config{})
-	ca, cb := connPair(t, a, b, 1)
-	require.False(t, cb.sporadic.Load(), "a fresh connection")
-	go func() {
-		time.Sleep(10 * busySpin)
-		ca.Write([]byte{1})
-	}()
-	_, err := io.ReadFull(cb, make([]byte, 1))
+	lc := ListenConfig{Endpoint: b}
+	ln, err := lc.Listen(context.Background(), "ntb", ":8")
 	require.NoError(t, err)
-	require.True(t, cb.sporadic.Load(), "a Read that waited %v parked past busySpin", 10*busySpin)
-	sp := spinner{ep: b, short: cb.sporadic.Load()}
-	require.True(t, sp.spin())
-	require.Equal(t, int64(b.cfg.SpinBudget), sp.budget, "its next wait spins SpinBudget, not busySpin")
-	sp.stop()
+	_, err = lc.Listen(context.Background(), "ntb", ":8")
+	require.ErrorIs(t, err, syscall.EADDRINUSE)
+	require.NoError(t, ln.Close())
+	_, err = ln.Accept()
+	require.ErrorIs(t, err, net.ErrClosed)
+}
+
+// Priority classes, with Config.QoS, each take their own partition.
+func TestSetPriority(t *testing.T) {
+	a, b := endpoints(t, Config{QoS: true, Partitions: 8, Window: 64 << 10})
+	c1, c2 := pair(t, a, b, "5")
+	defer c1.Close()
+	defer c2.Close()
+	require.NoError(t, c1.(*Conn).SetPriority(3))
+	require.Error(t, c1.(*Conn).SetPriority(8))
+	go c2.Write([]byte("x"))
+	_, err := io.ReadFull(c1, make([]byte, 1))
+	require.NoError(t, err)
+}
+
+// The standard library's net.Conn conformance suite, through the public
+// types.
+func TestNettest(t *testing.T) {
+	a, b := endpoints(t, Config{})
+	nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) {
+		c1, c2 := pair(t, a, b, "80")
+		return c1, c2, func() { c1.Close(); c2.Close() }, nil
+	})
+}
+
+// Attached mode without $NTSTACK_PROXY fails with an explanation, not a
+// panic.
+func TestNoProxy(t *testing.T) {
+	if os.Getenv(EnvProxy) != "" {
+		t.Skipf("$%s is set in this environment: the default proxy would be dialed", EnvProxy)
+	}
+	var d Dialer
+	_, err := d.Dial("tcp", "b:80")
+	require.ErrorContains(t, err, EnvProxy)
+	_, err = Listen("tcp", ":80")
+	require.ErrorContains(t, err, EnvProxy)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/tools/rack"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
+	"github.com/ntstack/ntstack/socklike"
 )
 
 // TestRackFailover streams 1 GiB from an application on host a to one on
@@ -29,7 +30,7 @@ func TestRackFailover(t *testing.T) {
 	a := r.Host("a")
 	link := a.Config.Peers[0].Link
 	srv := attachTo(t, r.Host("b"))
-	ln, err := srv.Listen("tcp", ":7100")
+	ln, err := (&socklike.ListenConfig{Proxy: srv}).Listen(context.Background(), "tcp", ":7100")
 	require.NoError(t, err)
 	defer ln.Close()
 
@@ -74,7 +75,7 @@ func TestRackFailover(t *testing.T) {
 
 	const total = 1 << 30
 	cli := attachTo(t, a)
-	c, err := cli.Dial("tcp", "b:7100")
+	c, err := (&socklike.Dialer{Proxy: cli}).Dial("tcp", "b:7100")
 	require.NoError(t, err)
 	admin := ctlapi.NewClient(a.Config.Path(config.AdminSocket))
 	defer admin.Close()

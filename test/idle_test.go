@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ntstack/ntstack/internal/prim/proc"
+	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/ntb/shm"
-	"github.com/ntstack/ntstack/socklike"
 )
 
 const (
@@ -44,12 +44,12 @@ const (
 // 2.6-3.0 % under CI's load. (Their workers had looked every 10 ms and
 // kept a pair at 21 % (CoreShared) and 44 % (CoreSplit) before that.)
 func TestIdleCPU(t *testing.T) {
-	for _, core := range []socklike.CoreModel{socklike.CoreInline, socklike.CoreShared, socklike.CoreSplit} {
+	for _, core := range []transport.CoreModel{transport.CoreInline, transport.CoreShared, transport.CoreSplit} {
 		t.Run(core.String(), func(t *testing.T) { testIdleCPU(t, core) })
 	}
 }
 
-func testIdleCPU(t *testing.T, core socklike.CoreModel) {
+func testIdleCPU(t *testing.T, core transport.CoreModel) {
 	dir := fabricDir(t)
 	ep := openEndCore(t, dir, shm.Side0, core)
 	ch := startChild(t, "idle", childParams{Dir: dir, Side: shm.Side1, Listen: true, BasePort: idlePort, Conns: idleConns, Core: core})

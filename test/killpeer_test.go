@@ -15,8 +15,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/ntb/shm"
-	"github.com/ntstack/ntstack/socklike"
 )
 
 const (
@@ -138,7 +138,7 @@ func testKillPeer(t *testing.T, childListens bool) {
 			took := res.at.Sub(killedAt)
 			last = max(last, took)
 			t.Logf("%s failed %v after the kill (%d messages verified before): %v", res.what, took.Round(time.Microsecond), res.msgs, res.err)
-			require.ErrorIs(t, res.err, socklike.ErrLinkDown, res.what)
+			require.ErrorIs(t, res.err, transport.ErrLinkDown, res.what)
 		case <-time.After(10 * time.Second):
 			t.Fatalf("a Read or Write still blocked 10s after the peer was killed")
 		}
@@ -153,12 +153,12 @@ func testKillPeer(t *testing.T, childListens bool) {
 	// New calls on the dead connections fail at once, the same way.
 	for i, c := range conns {
 		_, err := c.Write([]byte("x"))
-		require.ErrorIs(t, err, socklike.ErrLinkDown, "write on dead connection %d", i)
+		require.ErrorIs(t, err, transport.ErrLinkDown, "write on dead connection %d", i)
 		_, err = c.Read(make([]byte, maxMsg))
 		for err == nil { // data that arrived before the kill comes first
 			_, err = c.Read(make([]byte, maxMsg))
 		}
-		require.ErrorIs(t, err, socklike.ErrLinkDown, "read on dead connection %d", i)
+		require.ErrorIs(t, err, transport.ErrLinkDown, "read on dead connection %d", i)
 		require.NoError(t, c.Close())
 	}
 
@@ -222,7 +222,7 @@ func roleKill(ctl *childCtl, p childParams) error {
 		c.Close()
 	}
 	wg.Wait()
-	if errors.Is(result, socklike.ErrLinkDown) {
+	if errors.Is(result, transport.ErrLinkDown) {
 		return nil // the test went away first
 	}
 	return result

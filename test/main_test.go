@@ -23,8 +23,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ntstack/ntstack/internal/prim/proc"
+	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/ntb/shm"
-	"github.com/ntstack/ntstack/socklike"
 )
 
 // The environment of a child process.
@@ -66,7 +66,7 @@ type childParams struct {
 	Proxy    string // ntproxy socket to attach to (roleProxyStream)
 	Target   string // host:port to dial through it
 	Pool     bool   // dial it in shared-pool mode
-	Core     socklike.CoreModel
+	Core     transport.CoreModel
 }
 
 // report is one line a child writes on stdout.
@@ -160,16 +160,16 @@ func fabricDir(t *testing.T) string {
 }
 
 // openEnd attaches the test process to side of the link in dir.
-func openEnd(t *testing.T, dir string, side shm.Side) *socklike.Endpoint {
+func openEnd(t *testing.T, dir string, side shm.Side) *transport.Endpoint {
 	t.Helper()
-	return openEndCore(t, dir, side, socklike.CoreInline)
+	return openEndCore(t, dir, side, transport.CoreInline)
 }
 
 // openEndCore is openEnd with the given core model.
-func openEndCore(t *testing.T, dir string, side shm.Side, core socklike.CoreModel) *socklike.Endpoint {
+func openEndCore(t *testing.T, dir string, side shm.Side, core transport.CoreModel) *transport.Endpoint {
 	t.Helper()
 	logf := func(format string, args ...any) { t.Logf("parent: "+format, args...) }
-	ep, err := socklike.Open(linkName, endpointConfig(dir, side, core, logf))
+	ep, err := transport.Open(linkName, endpointConfig(dir, side, core, logf))
 	require.NoError(t, err)
 	logged := logLinkEvents(ep, logf)
 	t.Cleanup(func() { <-logged }) // after Close: no logging once the test is over
@@ -180,7 +180,7 @@ func openEndCore(t *testing.T, dir string, side shm.Side, core socklike.CoreMode
 // logLinkEvents logs the device's link changes with their reasons (nothing
 // else reads them; the session layer only logs "link down"). The returned
 // channel is closed when the device has closed and every event is logged.
-func logLinkEvents(ep *socklike.Endpoint, logf func(string, ...any)) <-chan struct{} {
+func logLinkEvents(ep *transport.Endpoint, logf func(string, ...any)) <-chan struct{} {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -191,22 +191,22 @@ func logLinkEvents(ep *socklike.Endpoint, logf func(string, ...any)) <-chan stru
 	return done
 }
 
-func endpointConfig(dir string, side shm.Side, core socklike.CoreModel, logf func(string, ...any)) socklike.Config {
-	return socklike.Config{Fabric: shm.Options{Dir: dir, Side: side}, CoreModel: core, Logf: logf}
+func endpointConfig(dir string, side shm.Side, core transport.CoreModel, logf func(string, ...any)) transport.Config {
+	return transport.Config{Fabric: shm.Options{Dir: dir, Side: side}, CoreModel: core, Logf: logf}
 }
 
 // linkEnd is one process's end of the test's connections: connection i is
 // made to port base+i, so both ends know which is which.
 type linkEnd struct {
-	ep     *socklike.Endpoint
+	ep     *transport.Endpoint
 	listen bool
 	base   int
-	lns    []*socklike.Listener // listen: one per connection
+	lns    []*transport.Listener // listen: one per connection
 }
 
 // newLinkEnd prepares an end; a listening end listens at once, so a dialer
 // is refused only until then.
-func newLinkEnd(ep *socklike.Endpoint, listen bool, base, conns int) (*linkEnd, error) {
+func newLinkEnd(ep *transport.Endpoint, listen bool, base, conns int) (*linkEnd, error) {
 	e := &linkEnd{ep: ep, listen: listen, base: base}
 	if listen {
 		for i := range conns {
@@ -229,16 +229,16 @@ func (e *linkEnd) close() {
 
 // connect makes n connections (accepts them when listening, dials them
 // otherwise) and returns them in port order.
-func (e *linkEnd) connect(ctx context.Context, n int) ([]*socklike.Conn, error) {
-	conns := make([]*socklike.Conn, 0, n)
-	fail := func(err error) ([]*socklike.Conn, error) {
+func (e *linkEnd) connect(ctx context.Context, n int) ([]*transport.Conn, error) {
+	conns := make([]*transport.Conn, 0, n)
+	fail := func(err error) ([]*transport.Conn, error) {
 		for _, c := range conns {
 			c.Close()
 		}
 		return nil, err
 	}
 	for i := range n {
-		var c *socklike.Conn
+		var c *transport.Conn
 		var err error
 		if e.listen {
 			c, err = accept(ctx, e.lns[i])
@@ -254,7 +254,7 @@ func (e *linkEnd) connect(ctx context.Context, n int) ([]*socklike.Conn, error) 
 }
 
 // dial dials port, trying again while the peer is not listening yet.
-func dial(ctx context.Context, ep *socklike.Endpoint, port int) (*socklike.Conn, error) {
+func dial(ctx context.Context, ep *transport.Endpoint, port int) (*transport.Conn, error) {
 	for {
 		c, err := ep.DialContext(ctx, port)
 		if !errors.Is(err, syscall.ECONNREFUSED) {
@@ -269,9 +269,9 @@ func dial(ctx context.Context, ep *socklike.Endpoint, port int) (*socklike.Conn,
 }
 
 // accept accepts one connection on ln, until ctx ends (which closes ln).
-func accept(ctx context.Context, ln *socklike.Listener) (*socklike.Conn, error) {
+func accept(ctx context.Context, ln *transport.Listener) (*transport.Conn, error) {
 	type result struct {
-		c   *socklike.Conn
+		c   *transport.Conn
 		err error
 	}
 	ch := make(chan result, 1)
@@ -292,8 +292,8 @@ func accept(ctx context.Context, ln *socklike.Listener) (*socklike.Conn, error) 
 }
 
 // childConnect opens a child's endpoint and connections as p says.
-func childConnect(ctl *childCtl, p childParams) (*socklike.Endpoint, []*socklike.Conn, error) {
-	ep, err := socklike.Open(linkName, endpointConfig(p.Dir, p.Side, p.Core, ctl.logf))
+func childConnect(ctl *childCtl, p childParams) (*transport.Endpoint, []*transport.Conn, error) {
+	ep, err := transport.Open(linkName, endpointConfig(p.Dir, p.Side, p.Core, ctl.logf))
 	if err != nil {
 		return nil, nil, err
 	}

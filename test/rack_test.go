@@ -187,7 +187,7 @@ func TestRack3(t *testing.T) {
 	apps := map[string]*socklike.Proxy{}
 	for _, h := range hosts {
 		apps[h] = attachTo(t, r.Host(h))
-		ln, err := apps[h].Listen("tcp", ":7000")
+		ln, err := (&socklike.ListenConfig{Proxy: apps[h]}).Listen(context.Background(), "tcp", ":7000")
 		require.NoError(t, err)
 		t.Cleanup(func() { ln.Close() })
 		go serveEcho(ln)
@@ -201,7 +201,7 @@ func TestRack3(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				c, err := apps[from].Dial("tcp", r.Host(to).Address+":7000")
+				c, err := (&socklike.Dialer{Proxy: apps[from]}).Dial("tcp", r.Host(to).Address+":7000")
 				if err != nil {
 					if from == "c" && to == "b" {
 						return // b denies c, checked below
@@ -233,7 +233,7 @@ func TestRack3(t *testing.T) {
 	second := attachTo(t, r.Host("a"))
 	var conns []net.Conn
 	for _, p := range []*socklike.Proxy{apps["a"], second} {
-		c, err := p.Dial("tcp", "b:7000")
+		c, err := (&socklike.Dialer{Proxy: p}).Dial("tcp", "b:7000")
 		require.NoError(t, err)
 		conns = append(conns, c)
 	}
@@ -270,14 +270,14 @@ func TestRack3(t *testing.T) {
 	}
 
 	// ACL: a's outbound rule for root to c:6379, b's inbound rule for c.
-	ln, err := apps["c"].Listen("tcp", ":6379")
+	ln, err := (&socklike.ListenConfig{Proxy: apps["c"]}).Listen(context.Background(), "tcp", ":6379")
 	require.NoError(t, err)
 	defer ln.Close()
-	_, err = apps["a"].Dial("tcp", "c:6379")
+	_, err = (&socklike.Dialer{Proxy: apps["a"]}).Dial("tcp", "c:6379")
 	require.ErrorIs(t, err, socklike.ErrDenied)
 	require.ErrorContains(t, err, "acl rule 0")
 	t.Logf("denied as expected: %v", err)
-	_, err = apps["c"].Dial("tcp", "b:7000")
+	_, err = (&socklike.Dialer{Proxy: apps["c"]}).Dial("tcp", "b:7000")
 	require.ErrorIs(t, err, socklike.ErrDenied)
 	t.Logf("denied as expected: %v", err)
 }
@@ -288,12 +288,12 @@ func TestRack3(t *testing.T) {
 func TestRackOffRack(t *testing.T) {
 	r := startRack(t, rack.Spec{Hosts: []string{"a", "b", "c"}, OffRack: []string{"c"}})
 	srv := attachTo(t, r.Host("c"))
-	ln, err := srv.Listen("tcp", ":7000")
+	ln, err := (&socklike.ListenConfig{Proxy: srv}).Listen(context.Background(), "tcp", ":7000")
 	require.NoError(t, err)
 	defer ln.Close()
 	go serveEcho(ln)
 	cli := attachTo(t, r.Host("a"))
-	c, err := cli.Dial("tcp", r.Host("c").Address+":7000")
+	c, err := (&socklike.Dialer{Proxy: cli}).Dial("tcp", r.Host("c").Address+":7000")
 	require.NoError(t, err)
 	route := c.(*socklike.Conn).Route()
 	t.Logf("a -> c: path %s: %s", route.Path, route.Reason)
@@ -312,7 +312,7 @@ func TestRackOffRack(t *testing.T) {
 	require.ErrorContains(t, err, "; tcp not asked for by the connection")
 	t.Logf("restricted dial: %v", err)
 
-	conf, err := srv.Listen("tcp", ":7001")
+	conf, err := (&socklike.ListenConfig{Proxy: srv}).Listen(context.Background(), "tcp", ":7001")
 	require.NoError(t, err)
 	defer conf.Close()
 	nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) {
@@ -322,7 +322,7 @@ func TestRackOffRack(t *testing.T) {
 				accepted <- c
 			}
 		}()
-		c1, err := cli.Dial("tcp", "c:7001")
+		c1, err := (&socklike.Dialer{Proxy: cli}).Dial("tcp", "c:7001")
 		if err != nil {
 			return nil, nil, nil, err
 		}

@@ -15,7 +15,6 @@ import (
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/tools/rack"
-	"github.com/ntstack/ntstack/qos"
 	"github.com/ntstack/ntstack/socklike"
 )
 
@@ -28,12 +27,12 @@ func roleProxyStream(ctl *childCtl, p childParams) error {
 	}
 	var c net.Conn
 	if p.Pool {
-		c, err = px.DialPool(context.Background(), p.Target, qos.Default)
-		if _, ok := c.(*socklike.PoolConn); err == nil && !ok {
-			return fmt.Errorf("dialed a %T, not a shared-pool connection", c)
+		c, err = (&socklike.Dialer{Proxy: px, Pool: true}).DialContext(context.Background(), "tcp", p.Target)
+		if err == nil && c.(*socklike.Conn).Route().Mode != "pool" {
+			return fmt.Errorf("dialed a %s connection, not a shared-pool one", c.(*socklike.Conn).Route().Mode)
 		}
 	} else {
-		c, err = px.Dial("tcp", p.Target)
+		c, err = (&socklike.Dialer{Proxy: px}).Dial("tcp", p.Target)
 	}
 	if err != nil {
 		return err
@@ -74,11 +73,11 @@ func TestRackKill(t *testing.T) {
 	r := startRack(t, rack.Spec{Hosts: []string{"a", "b"}})
 	a, b := r.Host("a"), r.Host("b")
 	srv := attachTo(t, b)
-	ln, err := srv.Listen("tcp", ":7001")
+	ln, err := (&socklike.ListenConfig{Proxy: srv}).Listen(context.Background(), "tcp", ":7001")
 	require.NoError(t, err)
 	defer ln.Close()
 	go discard(ln)
-	lnPool, err := srv.ListenPool(":7004", 0)
+	lnPool, err := (&socklike.ListenConfig{Proxy: srv, Pool: true}).Listen(context.Background(), "tcp", ":7004")
 	require.NoError(t, err)
 	defer lnPool.Close()
 	go discard(lnPool)
@@ -122,23 +121,23 @@ func TestRackKill(t *testing.T) {
 	// An application of a's, with a read blocked on a connection to b and
 	// a listener of its own.
 	app := attachTo(t, a)
-	echo, err := srv.Listen("tcp", ":7002")
+	echo, err := (&socklike.ListenConfig{Proxy: srv}).Listen(context.Background(), "tcp", ":7002")
 	require.NoError(t, err)
 	defer echo.Close()
 	go serveEcho(echo)
-	c, err := app.Dial("tcp", "b:7002")
+	c, err := (&socklike.Dialer{Proxy: app}).Dial("tcp", "b:7002")
 	require.NoError(t, err)
-	lnA, err := app.Listen("tcp", ":7003")
+	lnA, err := (&socklike.ListenConfig{Proxy: app}).Listen(context.Background(), "tcp", ":7003")
 	require.NoError(t, err)
 	defer lnA.Close()
 	go serveEcho(lnA)
-	echoPool, err := srv.ListenPool(":7005", 0)
+	echoPool, err := (&socklike.ListenConfig{Proxy: srv, Pool: true}).Listen(context.Background(), "tcp", ":7005")
 	require.NoError(t, err)
 	defer echoPool.Close()
 	go serveEcho(echoPool)
-	pc, err := app.DialPool(context.Background(), "b:7005", qos.Default)
+	pc, err := (&socklike.Dialer{Proxy: app, Pool: true}).DialContext(context.Background(), "tcp", "b:7005")
 	require.NoError(t, err)
-	require.IsType(t, &socklike.PoolConn{}, pc)
+	require.Equal(t, "pool", pc.(*socklike.Conn).Route().Mode)
 	readErr := make(chan error, 2)
 	for _, c := range []net.Conn{c, pc} {
 		go func() {
@@ -159,7 +158,7 @@ func TestRackKill(t *testing.T) {
 			t.Fatal("a read blocked through a killed ntproxy did not fail within 1s")
 		}
 	}
-	_, err = app.Dial("tcp", "b:7002")
+	_, err = (&socklike.Dialer{Proxy: app}).Dial("tcp", "b:7002")
 	require.Error(t, err, "no ntproxy, no dial")
 	require.Less(t, time.Since(killed), 2*time.Second)
 
@@ -167,7 +166,7 @@ func TestRackKill(t *testing.T) {
 	require.Eventually(t, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		c, err := app.DialContext(ctx, "tcp", "b:7002")
+		c, err := (&socklike.Dialer{Proxy: app}).DialContext(ctx, "tcp", "b:7002")
 		if err != nil {
 			t.Logf("dial after restart: %v", err)
 			return false
@@ -178,7 +177,7 @@ func TestRackKill(t *testing.T) {
 	require.Eventually(t, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		c, err := srv.DialContext(ctx, "tcp", "a:7003")
+		c, err := (&socklike.Dialer{Proxy: srv}).DialContext(ctx, "tcp", "a:7003")
 		if err != nil {
 			t.Logf("dial the restarted listener: %v", err)
 			return false

@@ -15,7 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ntstack/ntstack/socklike"
+	"github.com/ntstack/ntstack/internal/transport"
 )
 
 // Verified message streams, used by every test. A stream is the sequence
@@ -121,14 +121,14 @@ func putHeader(b []byte, seq uint64, payload []byte) {
 
 // sender writes a stream on a connection.
 type sender struct {
-	c     *socklike.Conn
+	c     *transport.Conn
 	s     *stream
 	st    stats
 	buf   []byte
 	count atomic.Int64 // messages written, for observers
 }
 
-func newSender(c *socklike.Conn, s *stream) *sender {
+func newSender(c *transport.Conn, s *stream) *sender {
 	return &sender{c: c, s: s, buf: make([]byte, hdrLen+coalesceMax)}
 }
 
@@ -162,7 +162,7 @@ func (w *sender) run(n int) error {
 // It stalls at random (a slow application) and now and then reads a message
 // a few bytes at a time (partial reads).
 type receiver struct {
-	c     *socklike.Conn
+	c     *transport.Conn
 	s     *stream
 	rng   *rand.Rand // stalls and tiny reads
 	st    stats
@@ -175,7 +175,7 @@ type receiver struct {
 	tinyEvery  int           // 1 in tinyEvery messages, read the first bytes in pieces of 1-7
 }
 
-func newReceiver(c *socklike.Conn, s *stream, rng *rand.Rand) *receiver {
+func newReceiver(c *transport.Conn, s *stream, rng *rand.Rand) *receiver {
 	return &receiver{c: c, s: s, rng: rng, buf: make([]byte, maxMsg),
 		stallEvery: 500, maxStall: 3 * time.Millisecond, tinyEvery: 200}
 }
@@ -281,7 +281,7 @@ func receiverRand(seed uint64, conn, dir int) *rand.Rand {
 // Each connection is closed once both of its halves are done. The first
 // error closes every connection, so that nothing waits for a peer that
 // will never answer.
-func exchange(conns []*socklike.Conn, seed uint64, pool []byte, self, n int) ([]connSummary, error) {
+func exchange(conns []*transport.Conn, seed uint64, pool []byte, self, n int) ([]connSummary, error) {
 	var (
 		wg      sync.WaitGroup
 		errMu   sync.Mutex

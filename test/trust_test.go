@@ -165,7 +165,7 @@ func roleLocalUser(ctl *childCtl, _ childParams) error {
 
 	if p.Privileged {
 		// CAP_NET_BIND_SERVICE without root: the kernel's rule lets it in.
-		ln, err := px.Listen("tcp", ":24")
+		ln, err := (&socklike.ListenConfig{Proxy: px}).Listen(context.Background(), "tcp", ":24")
 		if err != nil {
 			return fmt.Errorf("listen on port 24 with CAP_NET_BIND_SERVICE: %w", err)
 		}
@@ -195,19 +195,19 @@ func roleLocalUser(ctl *childCtl, _ childParams) error {
 		return fmt.Errorf("reserve port 7301: %w", err)
 	}
 	// Through ntproxy: no port below 1024, its own above.
-	if ln, err := px.Listen("tcp", ":23"); err == nil {
+	if ln, err := (&socklike.ListenConfig{Proxy: px}).Listen(context.Background(), "tcp", ":23"); err == nil {
 		ln.Close()
 		return errors.New("listened on port 23 through ntproxy as uid 65534")
 	} else if !strings.Contains(err.Error(), "CAP_NET_BIND_SERVICE") {
 		return fmt.Errorf("listen on port 23: %v, want a refusal naming CAP_NET_BIND_SERVICE", err)
 	}
-	ln, err := px.Listen("tcp", ":7300")
+	ln, err := (&socklike.ListenConfig{Proxy: px}).Listen(context.Background(), "tcp", ":7300")
 	if err != nil {
 		return fmt.Errorf("listen on port 7300: %w", err)
 	}
 	defer ln.Close()
 	// Traffic of its own.
-	c, err := px.Dial("tcp", p.Echo)
+	c, err := (&socklike.Dialer{Proxy: px}).Dial("tcp", p.Echo)
 	if err != nil {
 		return fmt.Errorf("dial %s: %w", p.Echo, err)
 	}
@@ -313,21 +313,21 @@ func TestLocalTrust(t *testing.T) {
 	r := startRack(t, rack.Spec{Hosts: []string{"a", "b"}})
 	a, b := r.Host("a"), r.Host("b")
 	srvB := attachTo(t, b)
-	lnB, err := srvB.Listen("tcp", ":7200")
+	lnB, err := (&socklike.ListenConfig{Proxy: srvB}).Listen(context.Background(), "tcp", ":7200")
 	require.NoError(t, err)
 	defer lnB.Close()
 	go serveEcho(lnB)
 
 	// Root: a reservation, a port below 1024, traffic.
 	root := attachTo(t, a)
-	ln, err := root.Listen("tcp", ":7100")
+	ln, err := (&socklike.ListenConfig{Proxy: root}).Listen(context.Background(), "tcp", ":7100")
 	require.NoError(t, err)
 	defer ln.Close()
 	go serveEcho(ln)
-	ln80, err := root.Listen("tcp", ":80")
+	ln80, err := (&socklike.ListenConfig{Proxy: root}).Listen(context.Background(), "tcp", ":80")
 	require.NoError(t, err, "root takes a port below 1024")
 	defer ln80.Close()
-	c, err := root.Dial("tcp", "b:7200")
+	c, err := (&socklike.Dialer{Proxy: root}).Dial("tcp", "b:7200")
 	require.NoError(t, err)
 	defer c.Close()
 	require.NoError(t, echoCheck(c, 1, 8192))
@@ -421,12 +421,12 @@ func TestFloodSurvives(t *testing.T) {
 	require.Regexp(t, fmt.Sprintf(`Max open files\s+%d\s+%d`, floodLimit, floodLimit), string(limits))
 
 	srvA := attachTo(t, a)
-	lnA, err := srvA.Listen("tcp", ":7400")
+	lnA, err := (&socklike.ListenConfig{Proxy: srvA}).Listen(context.Background(), "tcp", ":7400")
 	require.NoError(t, err)
 	defer lnA.Close()
 	go serveEcho(lnA)
 	srvB := attachTo(t, b)
-	lnB, err := srvB.Listen("tcp", ":7500")
+	lnB, err := (&socklike.ListenConfig{Proxy: srvB}).Listen(context.Background(), "tcp", ":7500")
 	require.NoError(t, err)
 	defer lnB.Close()
 	go serveEcho(lnB)
@@ -451,7 +451,7 @@ func TestFloodSurvives(t *testing.T) {
 			return err
 		}
 		defer p.Close()
-		c, err := p.Dial("tcp", "b:7500")
+		c, err := (&socklike.Dialer{Proxy: p}).Dial("tcp", "b:7500")
 		if err != nil {
 			return err
 		}

@@ -3,6 +3,7 @@
 package test
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -50,7 +51,7 @@ func TestRackUntrustedHost(t *testing.T) {
 
 	// The victim: a's application to b's echo, over the TCP fallback.
 	srv := attachTo(t, b)
-	ln, err := srv.Listen("tcp", ":7000")
+	ln, err := (&socklike.ListenConfig{Proxy: srv}).Listen(context.Background(), "tcp", ":7000")
 	require.NoError(t, err)
 	defer ln.Close()
 	go serveEcho(ln)

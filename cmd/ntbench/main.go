@@ -171,6 +171,7 @@ package main
 import (
 	"github.com/ntstack/ntstack/internal/prim/proc"
 	"github.com/ntstack/ntstack/internal/tools/cli"
+	engine "github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/socklike"
 
 	"errors"
@@ -223,7 +224,7 @@ type options struct {
 	priority   int           // ntb: class of the bulk flows (mixed) or of every connection
 	cpuprofile string        // CPU profile of the client; each server's gets ".server.<transport>.<mode>.<n>c.r<round>", proxy daemons the server's and ".proxy-a"/".proxy-b"
 	trace      string        // execution trace of the client; each server's named as its CPU profile
-	stats      bool          // ntb: print socklike's event counters
+	stats      bool          // ntb: print the engine's event counters
 	svg        string        // draw the results as an SVG chart into this file
 	plot       string        // draw the chart from these JSON lines instead of measuring
 
@@ -322,7 +323,7 @@ Flags:
 	fs.BoolVar(&o.qos, "qos", false, "ntb: one partition per priority class (socklike Config.QoS)")
 	fs.StringVar(&o.core, "core", "inline", "ntb: core model: inline (callers drive the rings), shared (a worker per partition) or split (TX and RX workers)")
 	fs.IntVar(&o.recvWindow, "recvwindow", socklike.DefaultWindow, "ntb: each connection's receive window in bytes (socklike Config.Window)")
-	fs.IntVar(&o.sharedWin, "sharedwindow", socklike.DefaultSharedWindow, "ntb: receive window of a bulk connection while a small-message connection shares its partition (socklike Config.SharedWindow; negative: none)")
+	fs.IntVar(&o.sharedWin, "sharedwindow", engine.DefaultSharedWindow, "ntb: receive window of a bulk connection while a small-message connection shares its partition (the engine's Config.SharedWindow; negative: none)")
 	fs.IntVar(&o.mtu, "mtu", socklike.DefaultMTU, "ntb: largest record; larger writes are segmented (a write-sized MTU switches segmentation off)")
 	fs.IntVar(&o.priority, "priority", 0, "ntb: priority class 0-7 of the bulk flows in mixed mode, of every connection otherwise")
 	fs.BoolVar(&o.stats, "stats", false, "ntb: print both endpoints' event counters (parks, poller sleeps, ring full, credit waits) to stderr")

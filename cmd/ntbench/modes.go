@@ -52,7 +52,7 @@ func mixedServe(c net.Conn, o *options) error {
 		class = o.priority
 	}
 	if p, ok := c.(interface{ SetPriority(qos.Class) error }); ok {
-		if err := p.SetPriority(qos.Class(class)); err != nil {
+		if err := p.SetPriority(qos.Class(class)); err != nil && !errors.Is(err, errors.ErrUnsupported) { // shared-pool mode: class fixed at the dial
 			return err
 		}
 	}
@@ -82,7 +82,7 @@ func mixedClients(conns []net.Conn, size int, o *options) ([]client, error) {
 		if i == 0 {
 			kind = flowLatency
 			if p, ok := c.(interface{ SetPriority(qos.Class) error }); ok {
-				if err := p.SetPriority(0); err != nil {
+				if err := p.SetPriority(0); err != nil && !errors.Is(err, errors.ErrUnsupported) {
 					return nil, err
 				}
 			}

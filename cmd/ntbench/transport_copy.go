@@ -71,7 +71,7 @@ func copyBound(o *options, size int, cpus [2]int) ([]sample, error) {
 	pat := newPattern(size)
 	// Each connection's run is its receive share, or beyond
 	// credit.TurnSlots connections its turn, as ntb divides the rings
-	// (socklike's state.share and turns), with the shares' half of the
+	// (the transport engine's state.share and turns), with the shares' half of the
 	// rings in flight or the turns' pool.
 	window := min(o.recvWindow, max(l.RingSize/2, credit.MinShare))
 	rings := int64(l.RingSize * o.partitions)

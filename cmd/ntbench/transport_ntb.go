@@ -6,20 +6,22 @@ import (
 	"os"
 	"sync"
 
+	engine "github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/qos"
-	"github.com/ntstack/ntstack/socklike"
 )
 
 // ntb is ntstack itself in embedded mode: each process attaches its end of
-// an emulated link (shared memory under /dev/shm) and talks through
-// socklike connections. The server names the link after its pid.
+// an emulated link (shared memory under /dev/shm) and talks through the
+// transport engine's connections (socklike's, without the wrapper, so that
+// the engine's knobs and counters are at hand). The server names the link
+// after its pid.
 func init() {
 	register(transport{
 		name: "ntb",
 		listen: func(o *options) (net.Listener, string, error) {
 			name := fmt.Sprintf("ntbench-%d", os.Getpid())
-			ep, err := socklike.Open(name, endpointConfig(o))
+			ep, err := engine.Open(name, endpointConfig(o))
 			if err != nil {
 				return nil, "", err
 			}
@@ -44,17 +46,17 @@ func init() {
 	})
 }
 
-// endpointConfig is the socklike configuration the flags ask for.
-func endpointConfig(o *options) socklike.Config {
-	core, _ := socklike.ParseCoreModel(o.core) // checked with the flags
-	return socklike.Config{SpinBudget: o.spin, Partitions: o.partitions, QoS: o.qos, CoreModel: core, MTU: o.mtu, Window: o.recvWindow, SharedWindow: o.sharedWin}
+// endpointConfig is the engine configuration the flags ask for.
+func endpointConfig(o *options) engine.Config {
+	core, _ := engine.ParseCoreModel(o.core) // checked with the flags
+	return engine.Config{SpinBudget: o.spin, Partitions: o.partitions, QoS: o.qos, CoreModel: core, MTU: o.mtu, Window: o.recvWindow, SharedWindow: o.sharedWin}
 }
 
 // endpointListener closes the server's endpoint and removes the link file
 // with the listener.
 type endpointListener struct {
-	*socklike.Listener
-	ep    *socklike.Endpoint
+	*engine.Listener
+	ep    *engine.Endpoint
 	link  string
 	stats bool
 }
@@ -73,17 +75,17 @@ func (l *endpointListener) Close() error {
 // it lives until the process exits.
 var (
 	clientMu   sync.Mutex
-	clientEps  = map[string]*socklike.Endpoint{}
+	clientEps  = map[string]*engine.Endpoint{}
 	statsHooks []func() // print client counters when a measurement ends
 )
 
-func clientEndpoint(link string, o *options) (*socklike.Endpoint, error) {
+func clientEndpoint(link string, o *options) (*engine.Endpoint, error) {
 	clientMu.Lock()
 	defer clientMu.Unlock()
 	if ep := clientEps[link]; ep != nil {
 		return ep, nil
 	}
-	ep, err := socklike.Open(link, endpointConfig(o))
+	ep, err := engine.Open(link, endpointConfig(o))
 	if err != nil {
 		return nil, err
 	}

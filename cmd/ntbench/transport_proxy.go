@@ -38,7 +38,7 @@ import (
 // proxies grant each connection a link of its own and leave the data path,
 // so its bytes go from application to application.
 //
-// pool is the same rack in shared-pool mode (Proxy.DialPool, ListenPool):
+// pool is the same rack in shared-pool mode (Dialer.Pool, ListenConfig.Pool):
 // each application writes and reads a slot of a pool it shares with its
 // proxy, which sends from and receives into it.
 func init() {
@@ -55,6 +55,9 @@ const (
 	modePool
 )
 
+// String is the mode as socklike's Route names it.
+func (m proxyMode) String() string { return [...]string{"proxy", "direct", "pool"}[m] }
+
 func dialProxy(mode proxyMode) func(o *options, addr string) (net.Conn, error) {
 	return func(o *options, addr string) (net.Conn, error) {
 		sock, target, ok := strings.Cut(addr, " ")
@@ -67,20 +70,16 @@ func dialProxy(mode proxyMode) func(o *options, addr string) (net.Conn, error) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		switch mode {
-		case modeDirect:
-			return p.DialDirect(ctx, target, qos.Class(o.priority))
-		case modePool:
-			c, err := p.DialPool(ctx, target, qos.Class(o.priority))
-			if err == nil {
-				if _, ok := c.(*socklike.PoolConn); !ok {
-					c.Close()
-					return nil, fmt.Errorf("pool: got a proxied connection: %s", c.(*socklike.Conn).Route().Reason)
-				}
-			}
-			return c, err
+		d := socklike.Dialer{Proxy: p, Priority: qos.Class(o.priority), Direct: mode == modeDirect, Pool: mode == modePool}
+		c, err := d.DialContext(ctx, "ntb", target)
+		if err != nil {
+			return nil, err
 		}
-		return p.DialClass(ctx, target, qos.Class(o.priority))
+		if r := c.(*socklike.Conn).Route(); r.Mode != mode.String() {
+			c.Close()
+			return nil, fmt.Errorf("%s: got a %s connection: %s", mode, r.Mode, r.Reason)
+		}
+		return c, nil
 	}
 }
 
@@ -93,9 +92,10 @@ const (
 
 // appConfig is socklike's configuration for an application's memory link:
 // the spin budget and segment sizes of the flags; the partition layout is
-// ntproxy's.
+// ntproxy's, and the shared window the engine's default (applications do
+// not tune it).
 func appConfig(o *options) socklike.Config {
-	return socklike.Config{SpinBudget: o.spin, MTU: o.mtu, Window: o.recvWindow, SharedWindow: o.sharedWin}
+	return socklike.Config{SpinBudget: o.spin, MTU: o.mtu, Window: o.recvWindow}
 }
 
 var (
@@ -114,9 +114,6 @@ func clientProxy(sock string, o *options) (*socklike.Proxy, error) {
 		return nil, err
 	}
 	proxyClients[sock] = p
-	if o.stats {
-		statsHooks = append(statsHooks, func() { fmt.Fprintf(os.Stderr, "proxy client app: %+v\n", p.Stats()) })
-	}
 	return p, nil
 }
 
@@ -126,7 +123,6 @@ type proxyRack struct {
 	app    *socklike.Proxy
 	dirs   []string
 	daemon []*exec.Cmd
-	stats  bool
 }
 
 func listenProxy(pool bool) func(o *options) (net.Listener, string, error) {
@@ -134,7 +130,7 @@ func listenProxy(pool bool) func(o *options) (net.Listener, string, error) {
 }
 
 func listenRack(o *options, pool bool) (_ net.Listener, _ string, err error) {
-	r := &proxyRack{stats: o.stats}
+	r := &proxyRack{}
 	defer func() {
 		if err != nil {
 			r.Close()
@@ -195,11 +191,8 @@ func listenRack(o *options, pool bool) (_ net.Listener, _ string, err error) {
 	if r.app, err = socklike.AttachProxy(cfgs[1].Path(config.ProxySocket), appConfig(o)); err != nil {
 		return nil, "", err
 	}
-	listen := r.app.ListenProxy
-	if pool {
-		listen = r.app.ListenPool
-	}
-	ln, err := listen(":0", 0)
+	lc := socklike.ListenConfig{Proxy: r.app, Pool: pool}
+	ln, err := lc.Listen(context.Background(), "ntb", ":0")
 	if err != nil {
 		return nil, "", err
 	}
@@ -211,9 +204,6 @@ func listenRack(o *options, pool bool) (_ net.Listener, _ string, err error) {
 // files.
 func (r *proxyRack) Close() error {
 	var errs []error
-	if r.app != nil && r.stats {
-		fmt.Fprintf(os.Stderr, "proxy server app: %+v\n", r.app.Stats())
-	}
 	if r.Listener != nil {
 		errs = append(errs, r.Listener.Close())
 	}

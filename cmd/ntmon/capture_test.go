@@ -14,8 +14,8 @@ import (
 
 	"github.com/ntstack/ntstack/internal/daemon/capture"
 	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
-	"github.com/ntstack/ntstack/socklike"
 )
 
 // fakeCapture serves capture.Path as ntproxy would: three frames of link
@@ -34,7 +34,7 @@ func fakeCapture(t *testing.T, path string) {
 		}
 		w.Header().Set("Content-Type", capture.ContentType)
 		cw, err := capture.NewWriter(w, "ab", capture.DefaultSnap, "")
-		for i, k := range []socklike.FrameKind{socklike.FrameOpen, socklike.FrameAccept, socklike.FrameClose} {
+		for i, k := range []transport.FrameKind{transport.FrameOpen, transport.FrameAccept, transport.FrameClose} {
 			p := make([]byte, 12*(1-i/2))
 			if err == nil {
 				err = cw.Write(&capture.Record{Time: time.Now(), Kind: k, Conn: 1, Local: 1, Link: "ab", Length: len(p), Payload: p}, 0)

@@ -14,9 +14,9 @@ import (
 
 	"github.com/ntstack/ntstack/internal/prim/shmem"
 	"github.com/ntstack/ntstack/internal/prim/waitfor"
+	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/ntb"
 	"github.com/ntstack/ntstack/ntb/ntbtest"
-	"github.com/ntstack/ntstack/socklike"
 )
 
 // deviceRegion is the region size of most device tests: 64 KiB windows.
@@ -427,13 +427,13 @@ func TestDeviceCloseReleases(t *testing.T) {
 func TestDeviceSocklikeEcho(t *testing.T) {
 	const msgs = 10000
 	_, da, db := upPair(t, 4<<20, DeviceConfig{})
-	cfg := socklike.Config{Logf: t.Logf}
-	ea, err := socklike.Attach(da, cfg)
+	cfg := transport.Config{Logf: t.Logf}
+	ea, err := transport.Attach(da, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ea.Close()
-	eb, err := socklike.Attach(db, cfg)
+	eb, err := transport.Attach(db, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/pcapgo"
-	"github.com/ntstack/ntstack/socklike"
+	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/stretchr/testify/require"
 )
 
@@ -34,23 +34,23 @@ func legFrame(typ byte, seq uint64, payload string) []byte {
 // sample is one record of every kind, as a KV exchange over a proxy link
 // would produce them.
 func sample(t0 time.Time) []Record {
-	rec := func(i int, dir socklike.TapDir, ring int, kind socklike.FrameKind, conn, local uint32, p []byte) Record {
+	rec := func(i int, dir transport.TapDir, ring int, kind transport.FrameKind, conn, local uint32, p []byte) Record {
 		return Record{Time: t0.Add(time.Duration(i) * time.Microsecond), Dir: dir, Ring: ring, Kind: kind,
 			Leg: true, Conn: conn, Local: local, Link: "ntb0", Length: len(p), Payload: p}
 	}
 	set := legFrame(1, 0, "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n")
 	return []Record{
-		rec(0, socklike.TapTX, 0, socklike.FrameOpen, 3, 3, le(uint16(6379), uint16(0), uint32(1<<20), uint32(7))),
-		rec(1, socklike.TapRX, 0, socklike.FrameAccept, 3, 3, le(uint32(9), uint32(1<<20), uint32(2), uint32(7))),
-		rec(2, socklike.TapTX, 0, socklike.FrameData, 9, 3, set),
-		rec(3, socklike.TapRX, 0, socklike.FrameData, 3, 3, legFrame(1, 0, "+OK\r\n")),
-		rec(4, socklike.TapRX, socklike.TapControl, socklike.FrameCredit, 3, 3, le(uint64(len(set)), uint32(2), uint32(64<<10))),
-		rec(5, socklike.TapTX, 1, socklike.FrameMove, 9, 3, le(uint32(1))),
-		rec(6, socklike.TapRX, 0, socklike.FrameRefuse, 4, 4, le(uint32(1))),
-		rec(7, socklike.TapTX, 1, socklike.FrameFin, 9, 3, nil),
-		rec(8, socklike.TapTX, 1, socklike.FrameClose, 9, 3, nil),
-		rec(9, socklike.TapRX, 0, socklike.FrameClose, 3, 3, nil),
-		rec(10, socklike.TapTX, socklike.TapControl, socklike.FrameWant, 9, 3, le(uint64(len(set)), uint32(2), uint32(64<<10))),
+		rec(0, transport.TapTX, 0, transport.FrameOpen, 3, 3, le(uint16(6379), uint16(0), uint32(1<<20), uint32(7))),
+		rec(1, transport.TapRX, 0, transport.FrameAccept, 3, 3, le(uint32(9), uint32(1<<20), uint32(2), uint32(7))),
+		rec(2, transport.TapTX, 0, transport.FrameData, 9, 3, set),
+		rec(3, transport.TapRX, 0, transport.FrameData, 3, 3, legFrame(1, 0, "+OK\r\n")),
+		rec(4, transport.TapRX, transport.TapControl, transport.FrameCredit, 3, 3, le(uint64(len(set)), uint32(2), uint32(64<<10))),
+		rec(5, transport.TapTX, 1, transport.FrameMove, 9, 3, le(uint32(1))),
+		rec(6, transport.TapRX, 0, transport.FrameRefuse, 4, 4, le(uint32(1))),
+		rec(7, transport.TapTX, 1, transport.FrameFin, 9, 3, nil),
+		rec(8, transport.TapTX, 1, transport.FrameClose, 9, 3, nil),
+		rec(9, transport.TapRX, 0, transport.FrameClose, 3, 3, nil),
+		rec(10, transport.TapTX, transport.TapControl, transport.FrameWant, 9, 3, le(uint64(len(set)), uint32(2), uint32(64<<10))),
 	}
 }
 
@@ -100,34 +100,34 @@ func TestWriteRead(t *testing.T) {
 		require.Equal(t, uint32(want.Length), n.Length)
 		require.Equal(t, LinkID("ntb0"), n.Link)
 		require.False(t, n.Truncated || n.Malformed, "packet %d", i)
-		if want.Ring == socklike.TapControl {
+		if want.Ring == transport.TapControl {
 			require.Equal(t, uint8(RingControl), n.Ring)
 		} else {
 			require.Equal(t, uint8(want.Ring), n.Ring)
 		}
 		switch want.Kind {
-		case socklike.FrameOpen:
+		case transport.FrameOpen:
 			require.Equal(t, uint16(6379), n.Port)
 			require.Equal(t, uint32(1<<20), n.Window)
 			require.Equal(t, uint32(7), n.Gen)
-		case socklike.FrameAccept:
+		case transport.FrameAccept:
 			require.Equal(t, uint32(9), n.AcceptID)
 			require.Equal(t, uint32(2), n.Gen)
 			require.True(t, n.HasDialGen)
 			require.Equal(t, uint32(7), n.DialGen)
-		case socklike.FrameCredit:
+		case transport.FrameCredit:
 			require.Equal(t, uint64(len(recs[2].Payload)), n.Consumed)
 			require.Equal(t, uint32(2), n.Gen)
 			require.Equal(t, uint32(64<<10), n.Floor)
-		case socklike.FrameWant:
+		case transport.FrameWant:
 			require.Equal(t, uint64(len(recs[2].Payload)), n.Consumed)
 			require.Equal(t, uint32(2), n.Gen)
 			require.Equal(t, uint32(64<<10), n.InFlight)
-		case socklike.FrameMove:
+		case transport.FrameMove:
 			require.Equal(t, uint32(1), n.Partition)
-		case socklike.FrameRefuse:
+		case transport.FrameRefuse:
 			require.Equal(t, uint32(1), n.Code)
-		case socklike.FrameData:
+		case transport.FrameData:
 			require.Equal(t, want.Payload, n.Payload)
 			leg, ok := pkt.Layer(LayerTypeNTStackLeg).(*NTStackLeg)
 			require.True(t, ok, "packet %d: no leg layer", i)
@@ -184,7 +184,7 @@ func TestNotLeg(t *testing.T) {
 		legFrame(1, 0, "abcdef")[:10+LegHeaderLen/2],
 		legFrame(2, 5, "x"), // an ack with a length
 	} {
-		b, err := AppendPacket(nil, &Record{Kind: socklike.FrameData, Leg: true, Length: len(p), Payload: p})
+		b, err := AppendPacket(nil, &Record{Kind: transport.FrameData, Leg: true, Length: len(p), Payload: p})
 		require.NoError(t, err)
 		pkt := gopacket.NewPacket(b, LinkType, gopacket.Default)
 		require.Nil(t, pkt.Layer(LayerTypeNTStackLeg), "%q", p)
@@ -196,7 +196,7 @@ func TestNotLeg(t *testing.T) {
 // (a leg frame of more than 8 KiB) decodes as a leg header, whole.
 func TestLegHeaderApart(t *testing.T) {
 	p := le(byte(LegData), uint64(1<<20), uint32(64<<10))
-	b, err := AppendPacket(nil, &Record{Kind: socklike.FrameData, Leg: true, Length: len(p), Payload: p})
+	b, err := AppendPacket(nil, &Record{Kind: transport.FrameData, Leg: true, Length: len(p), Payload: p})
 	require.NoError(t, err)
 	pkt := gopacket.NewPacket(b, LinkType, gopacket.Default)
 	require.Nil(t, pkt.ErrorLayer())

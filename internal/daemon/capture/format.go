@@ -1,7 +1,7 @@
 // Package capture records the frames crossing an ntstack link to pcapng
 // files that Wireshark, tshark and gopacket read.
 //
-// A socklike.Endpoint tap (Endpoint.AddTap) sees every frame the endpoint
+// A transport.Endpoint tap (Endpoint.AddTap) sees every frame the endpoint
 // writes into or takes off a ring; StartTap copies them (snapped to a few
 // hundred bytes by default) into a bounded queue, and a Writer writes each as
 // one packet of link type LINKTYPE_USER0: the 24-byte pseudo-header drawn
@@ -40,7 +40,7 @@ import (
 	"time"
 
 	"github.com/gopacket/gopacket/layers"
-	"github.com/ntstack/ntstack/socklike"
+	"github.com/ntstack/ntstack/internal/transport"
 )
 
 // LinkType is the pcap link type of ntstack captures: LINKTYPE_USER0.
@@ -65,7 +65,7 @@ const LinkType = layers.LinkType(147)
 //	 24        payload   the first min(length, snap) bytes of the frame's payload
 //
 // So a packet's original length is 24+length and its captured length
-// 24+min(length, snap). The payload of each kind is as in socklike/frame.go:
+// 24+min(length, snap). The payload of each kind is as in internal/transport/frame.go:
 //
 //	OPEN    port u16, 0 u16, window u32, gen u32     (12 bytes)
 //	ACCEPT  id u32, window u32, gen u32[, dialgen u32] (12 or 16)
@@ -110,9 +110,9 @@ const (
 // Record is one captured frame.
 type Record struct {
 	Time time.Time
-	Dir  socklike.TapDir
-	Ring int // data partition, or socklike.TapControl
-	Kind socklike.FrameKind
+	Dir  transport.TapDir
+	Ring int // data partition, or transport.TapControl
+	Kind transport.FrameKind
 	Leg  bool   // FlagLeg
 	Conn uint32 // see the pseudo-header
 	// Local is the capturing end's connection id, 0: none.
@@ -139,7 +139,7 @@ func AppendPacket(b []byte, r *Record) ([]byte, error) {
 		return b, fmt.Errorf("encode record: %d payload bytes of %d", len(r.Payload), r.Length)
 	}
 	ring := RingControl
-	if r.Ring != socklike.TapControl {
+	if r.Ring != transport.TapControl {
 		if r.Ring < 0 || r.Ring >= RingControl {
 			return b, fmt.Errorf("encode record: ring %d", r.Ring)
 		}

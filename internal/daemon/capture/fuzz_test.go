@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/gopacket/gopacket"
-	"github.com/ntstack/ntstack/socklike"
+	"github.com/ntstack/ntstack/internal/transport"
 )
 
 // FuzzDecodeNTStack feeds the layer decoders any bytes: a capture's frames
@@ -45,7 +45,7 @@ func FuzzDecodeNTStack(f *testing.F) {
 		}
 		ring := int(n.Ring)
 		if n.Ring == RingControl {
-			ring = socklike.TapControl
+			ring = transport.TapControl
 		}
 		r := Record{Dir: n.Dir, Ring: ring, Kind: n.Kind, Leg: n.Flags&FlagLeg != 0, Conn: n.Conn, Local: n.Local,
 			Length: int(n.Length), Payload: data[HeaderLen:]}

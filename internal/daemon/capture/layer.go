@@ -7,7 +7,7 @@ import (
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
-	"github.com/ntstack/ntstack/socklike"
+	"github.com/ntstack/ntstack/internal/transport"
 )
 
 // Layer types, registered with gopacket (application numbers are
@@ -39,9 +39,9 @@ type NTStack struct {
 	layers.BaseLayer
 	Version   uint8
 	HeaderLen uint8
-	Dir       socklike.TapDir
+	Dir       transport.TapDir
 	Ring      uint8 // RingControl: the control ring
-	Kind      socklike.FrameKind
+	Kind      transport.FrameKind
 	Flags     uint8
 	Conn      uint32
 	Local     uint32
@@ -76,7 +76,7 @@ func (n *NTStack) CanDecode() gopacket.LayerClass { return LayerTypeNTStack }
 // DATA, and none for the other kinds.
 func (n *NTStack) NextLayerType() gopacket.LayerType {
 	switch {
-	case n.Kind != socklike.FrameData || len(n.Payload) == 0:
+	case n.Kind != transport.FrameData || len(n.Payload) == 0:
 		return gopacket.LayerTypeZero
 	case n.Flags&FlagLeg != 0 && isLegFrame(n.Payload, n.Length):
 		return LayerTypeNTStackLeg
@@ -86,17 +86,17 @@ func (n *NTStack) NextLayerType() gopacket.LayerType {
 
 // bodyLen is the payload length of each control kind (ACCEPT: 12 or 16),
 // -1 for DATA's any length.
-func bodyLen(k socklike.FrameKind) (int, bool) {
+func bodyLen(k transport.FrameKind) (int, bool) {
 	switch k {
-	case socklike.FrameOpen, socklike.FrameAccept:
+	case transport.FrameOpen, transport.FrameAccept:
 		return 12, true
-	case socklike.FrameCredit, socklike.FrameWant:
+	case transport.FrameCredit, transport.FrameWant:
 		return 16, true
-	case socklike.FrameRefuse, socklike.FrameMove:
+	case transport.FrameRefuse, transport.FrameMove:
 		return 4, true
-	case socklike.FrameFin, socklike.FrameClose:
+	case transport.FrameFin, transport.FrameClose:
 		return 0, true
-	case socklike.FrameData:
+	case transport.FrameData:
 		return -1, true
 	}
 	return 0, false
@@ -118,9 +118,9 @@ func (n *NTStack) DecodeFromBytes(data []byte, df gopacket.DecodeFeedback) error
 	if hl < HeaderLen || hl > len(data) {
 		return fmt.Errorf("decode ntstack header: header length %d outside [%d, %d]", hl, HeaderLen, len(data))
 	}
-	n.Dir = socklike.TapDir(data[offDir])
+	n.Dir = transport.TapDir(data[offDir])
 	n.Ring = data[offRing]
-	n.Kind = socklike.FrameKind(data[offKind])
+	n.Kind = transport.FrameKind(data[offKind])
 	n.Flags = data[offFlags]
 	n.Conn = binary.LittleEndian.Uint32(data[offConn:])
 	n.Local = binary.LittleEndian.Uint32(data[offLocal:])
@@ -138,13 +138,13 @@ func (n *NTStack) DecodeFromBytes(data []byte, df gopacket.DecodeFeedback) error
 	switch {
 	case !known:
 		n.Malformed = true
-	case want >= 0 && int64(n.Length) != int64(want) && !(n.Kind == socklike.FrameAccept && n.Length == 16):
+	case want >= 0 && int64(n.Length) != int64(want) && !(n.Kind == transport.FrameAccept && n.Length == 16):
 		n.Malformed = true
 	}
 	le := binary.LittleEndian
 	has := func(end int) bool { return len(body) >= end }
 	switch n.Kind {
-	case socklike.FrameOpen:
+	case transport.FrameOpen:
 		if has(2) {
 			n.Port = le.Uint16(body)
 		}
@@ -154,7 +154,7 @@ func (n *NTStack) DecodeFromBytes(data []byte, df gopacket.DecodeFeedback) error
 		if has(12) {
 			n.Gen = le.Uint32(body[8:])
 		}
-	case socklike.FrameAccept:
+	case transport.FrameAccept:
 		if has(4) {
 			n.AcceptID = le.Uint32(body)
 		}
@@ -167,28 +167,28 @@ func (n *NTStack) DecodeFromBytes(data []byte, df gopacket.DecodeFeedback) error
 		if has(16) && n.Length == 16 {
 			n.DialGen, n.HasDialGen = le.Uint32(body[12:]), true
 		}
-	case socklike.FrameRefuse:
+	case transport.FrameRefuse:
 		if has(4) {
 			n.Code = le.Uint32(body)
 		}
-	case socklike.FrameCredit, socklike.FrameWant: // the same layout
+	case transport.FrameCredit, transport.FrameWant: // the same layout
 		if has(8) {
 			n.Consumed = le.Uint64(body)
 		}
 		if has(12) {
 			n.Gen = le.Uint32(body[8:])
 		}
-		if has(16) && n.Kind == socklike.FrameCredit {
+		if has(16) && n.Kind == transport.FrameCredit {
 			n.Floor = le.Uint32(body[12:])
 		} else if has(16) {
 			n.InFlight = le.Uint32(body[12:])
 		}
-	case socklike.FrameMove:
+	case transport.FrameMove:
 		if has(4) {
 			n.Partition = le.Uint32(body)
 		}
 	}
-	if n.Kind == socklike.FrameData {
+	if n.Kind == transport.FrameData {
 		n.Contents, n.Payload = data[:hl], body
 	} else {
 		n.Contents, n.Payload = data, nil

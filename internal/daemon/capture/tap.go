@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ntstack/ntstack/socklike"
+	"github.com/ntstack/ntstack/internal/transport"
 )
 
 // QueueBytes bounds the payload bytes a Tap's queue holds: the queue has
@@ -26,7 +26,7 @@ type TapOptions struct {
 	// Leg marks the link as one between two ntproxies (FlagLeg).
 	Leg bool
 	// Conn, if not 0, keeps only the frames of the capturing endpoint's
-	// connection with this id (socklike.Conn.ID; TapRecord.Local). A
+	// connection with this id (transport.Conn.ID; TapRecord.Local). A
 	// received OPEN belongs to no connection yet: an accepted
 	// connection's capture starts at its ACCEPT.
 	Conn uint32
@@ -46,7 +46,7 @@ type Tap struct {
 }
 
 // StartTap taps ep until Stop.
-func StartTap(ep *socklike.Endpoint, o TapOptions) (*Tap, error) {
+func StartTap(ep *transport.Endpoint, o TapOptions) (*Tap, error) {
 	if o.Snap == 0 {
 		o.Snap = DefaultSnap
 	}
@@ -59,7 +59,7 @@ func StartTap(ep *socklike.Endpoint, o TapOptions) (*Tap, error) {
 }
 
 // tap runs on the data path: filter, copy, queue or drop.
-func (t *Tap) tap(r socklike.TapRecord) {
+func (t *Tap) tap(r transport.TapRecord) {
 	if t.stopped.Load() || (t.o.Conn != 0 && r.Local != t.o.Conn) {
 		return
 	}

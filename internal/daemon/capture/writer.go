@@ -7,7 +7,7 @@ import (
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/pcapgo"
-	"github.com/ntstack/ntstack/socklike"
+	"github.com/ntstack/ntstack/internal/transport"
 )
 
 // SectionComment is the comment of every capture's pcapng section header:
@@ -76,7 +76,7 @@ func (w *Writer) Write(r *Record, dropped uint64) error {
 		return err
 	}
 	dir := pcapgo.NgEpbFlagDirectionOutbound
-	if r.Dir == socklike.TapRX {
+	if r.Dir == transport.TapRX {
 		dir = pcapgo.NgEpbFlagDirectionInbound
 	}
 	opts := pcapgo.NgPacketOptions{Flags: &pcapgo.NgEpbFlags{Direction: dir}}

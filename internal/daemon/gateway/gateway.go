@@ -45,7 +45,6 @@ import (
 	"github.com/ntstack/ntstack/internal/daemon/redirect"
 	"github.com/ntstack/ntstack/internal/prim/accept"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
-	"github.com/ntstack/ntstack/qos"
 	"github.com/ntstack/ntstack/socklike"
 )
 
@@ -142,7 +141,8 @@ func (g *Gateway) Run(ctx context.Context) (err error) {
 		if svc.stat.Kind == "forward" {
 			ln, err = net.Listen("tcp", svc.stat.Listen)
 		} else {
-			ln, err = g.proxy.Listen("ntb", svc.stat.Listen)
+			lc := socklike.ListenConfig{Proxy: g.proxy}
+			ln, err = lc.Listen(context.Background(), "ntb", svc.stat.Listen)
 		}
 		if err != nil {
 			return fmt.Errorf("gateway %s %s: %w", svc.stat.Kind, svc.stat.Listen, err)
@@ -316,9 +316,11 @@ func (g *Gateway) dial(ctx context.Context, svc *service) (net.Conn, error) {
 		return d.DialContext(ctx, "tcp", svc.stat.To)
 	}
 	if g.cfg.Gateway.Mode != config.GatewayProxy { // "" is the default, direct
-		return g.proxy.DialPreferDirect(ctx, svc.stat.To, qos.Default)
+		d := socklike.Dialer{Proxy: g.proxy, Direct: true}
+		return d.DialContext(ctx, "ntb", svc.stat.To)
 	}
-	return g.proxy.DialContext(ctx, "ntb", svc.stat.To)
+	d := socklike.Dialer{Proxy: g.proxy}
+	return d.DialContext(ctx, "ntb", svc.stat.To)
 }
 
 // pipe copies src to dst until src ends; it passes EOF on as a half close

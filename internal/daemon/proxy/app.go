@@ -15,10 +15,10 @@ import (
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/prim/proc"
+	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/appproto"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 	"github.com/ntstack/ntstack/ntb/shm"
-	"github.com/ntstack/ntstack/socklike"
 )
 
 // app is an attached application.
@@ -29,7 +29,7 @@ type app struct {
 	unix   *net.UnixConn
 	memfd  *os.File
 	dev    *shm.Device
-	ep     *socklike.Endpoint
+	ep     *transport.Endpoint
 	pool   *appPool       // its shared buffer pool (nil: shared-pool mode off)
 	memory int64          // bytes of shared memory granted: its link and direct links
 	direct int64          // bytes of direct links, against proxy.direct_quota
@@ -138,7 +138,7 @@ func (s *Server) attach(c *net.UnixConn) (_ *app, err error) {
 	if err := proc.SealSize(a.memfd); err != nil {
 		return nil, refuse(ctlapi.CodeInternal, "%v", err)
 	}
-	if a.ep, err = socklike.Attach(a.dev, s.appCfg); err != nil {
+	if a.ep, err = transport.Attach(a.dev, s.appCfg); err != nil {
 		return nil, refuse(ctlapi.CodeInternal, "%v", err)
 	}
 	files := []*os.File{a.memfd}
@@ -263,7 +263,7 @@ func (s *Server) detach(a *app) {
 }
 
 // runService accepts requests on one of the proxy's service ports.
-func (s *Server) runService(a *app, ln *socklike.Listener, port int) {
+func (s *Server) runService(a *app, ln *transport.Listener, port int) {
 	defer a.wg.Done()
 	for {
 		c, err := ln.AcceptConn()
@@ -284,7 +284,7 @@ func (s *Server) runService(a *app, ln *socklike.Listener, port int) {
 }
 
 // serveDial carries out one DialRequest and then the connection.
-func (s *Server) serveDial(a *app, c *socklike.Conn) {
+func (s *Server) serveDial(a *app, c *transport.Conn) {
 	c.SetDeadline(time.Now().Add(requestTimeout))
 	var req appproto.DialRequest
 	if err := appproto.ReadFrame(c, &req); err != nil {
@@ -386,7 +386,7 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (_ 
 			fc.Close()
 			return nil, nil, err
 		}
-		pc.local = hostPort(s.cfg.Host, fc.LocalAddr().(socklike.Addr).Port)
+		pc.local = hostPort(s.cfg.Host, fc.LocalAddr().(transport.Addr).Port)
 		return pc, fc, nil
 	case ctlapi.PathRDMA, ctlapi.PathTCP:
 		c, err := s.dialOffRack(ctx, route, pc)
@@ -495,7 +495,7 @@ func fabricErr(host string, port int, err error) error {
 		return ctlapi.Errorf(ctlapi.CodeRefused, "nobody listens on %s: %v", hostPort(host, port), err)
 	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
 		return ctlapi.Errorf(ctlapi.CodeTimeout, "connect to %s: %v", hostPort(host, port), err)
-	case errors.Is(err, socklike.ErrLinkDown):
+	case errors.Is(err, transport.ErrLinkDown):
 		return ctlapi.Errorf(ctlapi.CodeNoPath, "connect to %s: %v", hostPort(host, port), err)
 	}
 	return ctlapi.Errorf(ctlapi.CodeInternal, "connect to %s: %v", hostPort(host, port), err)

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"io"
 	"slices"
 	"testing"
@@ -31,7 +32,7 @@ func BenchmarkOffRackTCP(b *testing.B) {
 				}
 			})
 			srv, client := echoRack(b, r)
-			sink, err := srv.Listen("tcp", ":81")
+			sink, err := (&socklike.ListenConfig{Proxy: srv}).Listen(context.Background(), "tcp", ":81")
 			if err != nil {
 				b.Fatal(err)
 			}

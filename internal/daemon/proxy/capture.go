@@ -12,7 +12,7 @@ import (
 )
 
 // Packet capture of rack links (internal/daemon/capture). A capture taps one
-// link's socklike.Endpoint — every frame of every connection on it, or one
+// link's transport.Endpoint — every frame of every connection on it, or one
 // connection's — and streams pcapng from the admin socket (capture.Path)
 // to `ntmon capture`. Up to capture.MaxCaptures run at once in a process,
 // each with its own tap and bounded queue: a capture whose reader falls

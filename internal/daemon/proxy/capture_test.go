@@ -23,6 +23,7 @@ import (
 	"github.com/ntstack/ntstack/internal/daemon/capture"
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/tools/workload"
+	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 	"github.com/ntstack/ntstack/socklike"
 )
@@ -69,7 +70,7 @@ func packets(t *testing.T, file []byte) []gopacket.Packet {
 // go-redis client on host a that reaches it over the NTB link.
 func kvRack(t *testing.T) (*rack, *redis.Client) {
 	r := newRack(t, "")
-	ln, err := attach(t, r.cb).Listen("tcp", ":6379")
+	ln, err := (&socklike.ListenConfig{Proxy: attach(t, r.cb)}).Listen(context.Background(), "tcp", ":6379")
 	require.NoError(t, err)
 	kv := workload.NewKV()
 	done := make(chan error, 1)
@@ -81,7 +82,9 @@ func kvRack(t *testing.T) (*rack, *redis.Client) {
 	pa := attach(t, r.ca)
 	rc := redis.NewClient(&redis.Options{
 		Addr: "b:6379", Protocol: 2, PoolSize: 1, MaxRetries: -1, DialerRetries: 1,
-		Dialer: func(ctx context.Context, _, addr string) (net.Conn, error) { return pa.DialContext(ctx, "tcp", addr) },
+		Dialer: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			return (&socklike.Dialer{Proxy: pa}).DialContext(ctx, "tcp", addr)
+		},
 	})
 	t.Cleanup(func() { rc.Close() })
 	return r, rc
@@ -149,9 +152,9 @@ func TestCaptureKV(t *testing.T) {
 	// The CLOSE of both ends, then stop the capture as ntmon's ^C would.
 	closes := func() (tx, rx bool) {
 		for _, p := range packets(t, buf.Bytes()) {
-			if n := p.Layer(capture.LayerTypeNTStack).(*capture.NTStack); n.Kind == socklike.FrameClose && n.Local != 0 {
-				tx = tx || n.Dir == socklike.TapTX
-				rx = rx || n.Dir == socklike.TapRX
+			if n := p.Layer(capture.LayerTypeNTStack).(*capture.NTStack); n.Kind == transport.FrameClose && n.Local != 0 {
+				tx = tx || n.Dir == transport.TapTX
+				rx = rx || n.Dir == transport.TapRX
 			}
 		}
 		return tx, rx
@@ -165,7 +168,7 @@ func TestCaptureKV(t *testing.T) {
 	// gopacket: every frame decodes; the leg layer exposes the RESP bytes.
 	pkts := packets(t, file)
 	require.Equal(t, int(sum.Packets), len(pkts))
-	kinds := map[socklike.FrameKind]int{}
+	kinds := map[transport.FrameKind]int{}
 	var resp bytes.Buffer
 	for _, p := range pkts {
 		require.Nil(t, p.ErrorLayer(), "%v", p)
@@ -178,7 +181,7 @@ func TestCaptureKV(t *testing.T) {
 			resp.Write(leg.Payload)
 		}
 	}
-	for _, k := range []socklike.FrameKind{socklike.FrameOpen, socklike.FrameAccept, socklike.FrameData, socklike.FrameCredit, socklike.FrameClose} {
+	for _, k := range []transport.FrameKind{transport.FrameOpen, transport.FrameAccept, transport.FrameData, transport.FrameCredit, transport.FrameClose} {
 		require.NotZero(t, kinds[k], "no %v frame in %v", k, kinds)
 	}
 	for _, want := range []string{
@@ -244,7 +247,7 @@ func TestCaptureConnCount(t *testing.T) {
 	require.NotZero(t, id)
 	// Another connection's traffic must stay out of the capture.
 	other := attach(t, r.ca)
-	oc, err := other.Dial("tcp", "b:6379")
+	oc, err := (&socklike.Dialer{Proxy: other}).Dial("tcp", "b:6379")
 	require.NoError(t, err)
 	defer oc.Close()
 

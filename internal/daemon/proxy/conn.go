@@ -7,13 +7,13 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
-	"github.com/ntstack/ntstack/socklike"
 )
 
 // spliceBuf is the copy buffer of one direction: one MTU record of
 // socklike, so a bulk stream moves a record per call.
-const spliceBuf = socklike.DefaultMTU
+const spliceBuf = transport.DefaultMTU
 
 // pconn is one proxied connection: an application's connection on its
 // memory link, joined to the far side (another application's memory

@@ -7,10 +7,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/appproto"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 	"github.com/ntstack/ntstack/ntb/shm"
-	"github.com/ntstack/ntstack/socklike"
 )
 
 // Direct mode. The two applications of a connection get a link of their
@@ -29,7 +29,7 @@ const directPrefix = "direct-"
 
 // serveDirect carries out a DialRequest with Direct set: c is the
 // request's connection, kept as the lease.
-func (s *Server) serveDirect(a *app, c *socklike.Conn, req appproto.DialRequest) {
+func (s *Server) serveDirect(a *app, c *transport.Conn, req appproto.DialRequest) {
 	ctx, cancel := context.WithTimeout(s.ctx, dialTimeout)
 	pc, dl, err := s.dialDirect(ctx, a, req)
 	cancel()
@@ -80,7 +80,7 @@ func (s *Server) dialDirect(ctx context.Context, a *app, req appproto.DialReques
 			break
 		}
 		in := appproto.Incoming{Local: pc.remote, Remote: pc.local, Path: pc.path, Reason: pc.reason, Direct: dl}
-		var ac *socklike.Conn
+		var ac *transport.Conn
 		if ac, err = s.handoffDirect(ctx, l, in, pc); err == nil {
 			q := &pconn{id: s.nextID.Add(1), app: l.app.id, dir: "in", path: pc.path, reason: pc.reason, partition: -1, direct: true,
 				local: pc.remote, remote: pc.local}
@@ -92,7 +92,7 @@ func (s *Server) dialDirect(ctx context.Context, a *app, req appproto.DialReques
 			err = ctlapi.Errorf(ctlapi.CodeNoPath, "ntmon routes %s over NTB link %s, which this ntproxy does not have", route.Host, route.Link)
 			break
 		}
-		var fc *socklike.Conn
+		var fc *transport.Conn
 		if fc, err = link.ep.DialContext(ctx, req.Port); err != nil {
 			err = fabricErr(route.Host, req.Port, err)
 			break
@@ -109,7 +109,7 @@ func (s *Server) dialDirect(ctx context.Context, a *app, req appproto.DialReques
 
 // handoffDirect introduces a direct connection to l's application and
 // waits until it listens on the link.
-func (s *Server) handoffDirect(ctx context.Context, l *listener, in appproto.Incoming, pc *pconn) (*socklike.Conn, error) {
+func (s *Server) handoffDirect(ctx context.Context, l *listener, in appproto.Incoming, pc *pconn) (*transport.Conn, error) {
 	ac, err := s.handoff(ctx, l, in, pc)
 	if err != nil {
 		return nil, err
@@ -192,7 +192,7 @@ func (s *Server) releaseDirect(a *app, dl *appproto.DirectLink) {
 
 // holdLease registers pc and waits until the application closes the lease
 // c (or goes), then releases the grant.
-func (s *Server) holdLease(a *app, pc *pconn, c *socklike.Conn, dl *appproto.DirectLink) {
+func (s *Server) holdLease(a *app, pc *pconn, c *transport.Conn, dl *appproto.DirectLink) {
 	pc.ends = [2]net.Conn{c, nil}
 	s.mu.Lock()
 	if s.closed || a.gone {

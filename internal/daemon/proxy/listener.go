@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/ntstack/ntstack/internal/prim/accept"
+	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/appproto"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
-	"github.com/ntstack/ntstack/socklike"
 )
 
 // Listen backlogs: the default and the most an application may ask for.
@@ -31,14 +31,14 @@ type listener struct {
 	backlog int
 	pool    bool          // hand rack connections over in shared-pool mode
 	slots   chan struct{} // handoffs in progress, at most backlog
-	req     *socklike.Conn
+	req     *transport.Conn
 	rack    []rackListener
 	once    sync.Once
 }
 
 // serveListen carries out one ListenRequest and holds the listen until the
 // application closes the request's connection.
-func (s *Server) serveListen(a *app, c *socklike.Conn) {
+func (s *Server) serveListen(a *app, c *transport.Conn) {
 	c.SetDeadline(time.Now().Add(requestTimeout))
 	var req appproto.ListenRequest
 	if err := appproto.ReadFrame(c, &req); err != nil {
@@ -64,7 +64,7 @@ func (s *Server) serveListen(a *app, c *socklike.Conn) {
 	s.unlisten(l)
 }
 
-func (s *Server) listen(a *app, c *socklike.Conn, req appproto.ListenRequest) (_ *listener, err error) {
+func (s *Server) listen(a *app, c *transport.Conn, req appproto.ListenRequest) (_ *listener, err error) {
 	if req.AppPort < 1 || req.AppPort > 65535 {
 		return nil, ctlapi.Errorf(ctlapi.CodeBadRequest, "app port %d outside 1..65535", req.AppPort)
 	}
@@ -114,7 +114,7 @@ func (s *Server) listen(a *app, c *socklike.Conn, req appproto.ListenRequest) (_
 // rackListener is a listener's socket on one rack link.
 type rackListener struct {
 	link *rackLink
-	ln   *socklike.Listener
+	ln   *transport.Listener
 }
 
 func (l *listener) closeRack() {
@@ -147,7 +147,7 @@ func (s *Server) listenerOn(port int) *listener {
 }
 
 // handoff opens a connection to l's application and introduces it.
-func (s *Server) handoff(ctx context.Context, l *listener, in appproto.Incoming, pc *pconn) (*socklike.Conn, error) {
+func (s *Server) handoff(ctx context.Context, l *listener, in appproto.Incoming, pc *pconn) (*transport.Conn, error) {
 	select {
 	case l.slots <- struct{}{}:
 	default:
@@ -173,7 +173,7 @@ type errIntroduce struct{ error }
 func (e errIntroduce) Unwrap() error { return e.error }
 
 // runRackAccept takes l's connections from one rack peer.
-func (s *Server) runRackAccept(l *listener, link *rackLink, ln *socklike.Listener) {
+func (s *Server) runRackAccept(l *listener, link *rackLink, ln *transport.Listener) {
 	defer s.wg.Done()
 	for {
 		fc, err := ln.AcceptConn()
@@ -190,10 +190,10 @@ func (s *Server) runRackAccept(l *listener, link *rackLink, ln *socklike.Listene
 
 // serveRack admits a connection from a rack peer's proxy over the NTB link
 // and hands it to the listening application.
-func (s *Server) serveRack(l *listener, link *rackLink, fc *socklike.Conn) {
+func (s *Server) serveRack(l *listener, link *rackLink, fc *transport.Conn) {
 	s.serveInbound(fc, inbound{
 		from: link.peer.Host, listener: l, path: ctlapi.PathNTB, link: link.peer.Link,
-		partition: fc.Partition(), remotePort: fc.RemoteAddr().(socklike.Addr).Port,
+		partition: fc.Partition(), remotePort: fc.RemoteAddr().(transport.Addr).Port,
 		via: "over NTB link " + link.peer.Link,
 	})
 }

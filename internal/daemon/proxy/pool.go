@@ -10,8 +10,8 @@ import (
 
 	"github.com/ntstack/ntstack/internal/prim/pool"
 	"github.com/ntstack/ntstack/internal/prim/proc"
+	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
-	"github.com/ntstack/ntstack/socklike"
 )
 
 // appPool is an application's shared buffer pool (shared-pool mode): a
@@ -203,7 +203,7 @@ func (l *leg) rxAddedLocked() {
 // while nothing moves, and returns when the leg ends.
 func (l *leg) runPool() {
 	s := l.slot
-	spin := cmp.Or(l.s.appCfg.SpinBudget, socklike.DefaultSpinBudget)
+	spin := cmp.Or(l.s.appCfg.SpinBudget, transport.DefaultSpinBudget)
 	var moved int64
 	var sporadic bool // the last wait outlasted pool.BusySpin (see pool.Spin)
 	var lastHead, lastTail uint64

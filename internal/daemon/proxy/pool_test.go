@@ -15,7 +15,6 @@ import (
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/prim/pool"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
-	"github.com/ntstack/ntstack/qos"
 	"github.com/ntstack/ntstack/socklike"
 )
 
@@ -23,7 +22,7 @@ import (
 // receives each connection's type.
 func poolEcho(t *testing.T, r *rack) (accepted chan net.Conn) {
 	srv := attach(t, r.cb)
-	ln, err := srv.ListenPool(":80", 0)
+	ln, err := (&socklike.ListenConfig{Proxy: srv, Pool: true}).Listen(context.Background(), "tcp", ":80")
 	require.NoError(t, err)
 	t.Cleanup(func() { ln.Close() })
 	accepted = make(chan net.Conn, 64)
@@ -61,13 +60,13 @@ func TestPool(t *testing.T) {
 	base := appMemory(r.a)
 	ctx := context.Background()
 
-	c, err := client.DialPool(ctx, "b:80", qos.Default)
+	c, err := (&socklike.Dialer{Proxy: client, Pool: true}).DialContext(ctx, "tcp", "b:80")
 	require.NoError(t, err)
-	pc, ok := c.(*socklike.PoolConn)
-	require.True(t, ok, "a pool connection, got %T", c)
+	pc := c.(*socklike.Conn)
+	require.Equal(t, "pool", pc.Route().Mode, "a pool connection")
 	require.Equal(t, ctlapi.PathNTB, pc.Route().Path)
 	require.Contains(t, pc.Route().Reason, "shared pool")
-	require.IsType(t, &socklike.PoolConn{}, <-accepted, "b's end is in shared-pool mode too")
+	require.Equal(t, "pool", (<-accepted).(*socklike.Conn).Route().Mode, "b's end is in shared-pool mode too")
 	for i, size := range []int{1, 64, 4096, 65536, 1 << 20, 3<<20 + 17} {
 		roundTrip(t, c, uint64(i), size) // up to 48 times a ring
 	}
@@ -77,22 +76,22 @@ func TestPool(t *testing.T) {
 	require.Equal(t, uint64(1<<20+3<<20+17+65536+4096+64+1), snap.Conns[0].BytesTX)
 
 	// Two slots: the third connection goes through the memory link.
-	c2, err := client.DialPool(ctx, "b:80", qos.Default)
+	c2, err := (&socklike.Dialer{Proxy: client, Pool: true}).DialContext(ctx, "tcp", "b:80")
 	require.NoError(t, err)
-	c3, err := client.DialPool(ctx, "b:80", qos.Default)
+	c3, err := (&socklike.Dialer{Proxy: client, Pool: true}).DialContext(ctx, "tcp", "b:80")
 	require.NoError(t, err)
-	require.IsType(t, &socklike.Conn{}, c3)
+	require.Equal(t, "proxy", c3.(*socklike.Conn).Route().Mode)
 	require.Contains(t, c3.(*socklike.Conn).Route().Reason, "shared pool refused (all 2 shared-pool slots are in use")
 	for _, x := range []net.Conn{c2, c3} {
 		roundTrip(t, x, 9, 100000)
 	}
 
 	// A connection on this host never leaves shared memory.
-	lnA, err := client.Listen("tcp", ":0")
+	lnA, err := (&socklike.ListenConfig{Proxy: client}).Listen(context.Background(), "tcp", ":0")
 	require.NoError(t, err)
 	defer lnA.Close()
 	go echo(lnA)
-	c4, err := client.DialPool(ctx, fmt.Sprintf("a:%d", lnA.Addr().(socklike.Addr).Port), qos.Default)
+	c4, err := (&socklike.Dialer{Proxy: client, Pool: true}).DialContext(ctx, "tcp", fmt.Sprintf("a:%d", lnA.Addr().(socklike.Addr).Port))
 	require.NoError(t, err)
 	require.Contains(t, c4.(*socklike.Conn).Route().Reason, "shared pool refused (a connection on this host never leaves shared memory)")
 	roundTrip(t, c4, 3, 1000)
@@ -104,9 +103,9 @@ func TestPool(t *testing.T) {
 		return len(r.a.Snapshot().Conns) == 0 && len(r.b.Snapshot().Conns) == 0 && appMemory(r.a) == base
 	}, 5*time.Second, 10*time.Millisecond, "connections end, slots come back")
 	// And are granted again.
-	c5, err := client.DialPool(ctx, "b:80", qos.Default)
+	c5, err := (&socklike.Dialer{Proxy: client, Pool: true}).DialContext(ctx, "tcp", "b:80")
 	require.NoError(t, err)
-	require.IsType(t, &socklike.PoolConn{}, c5)
+	require.Equal(t, "pool", c5.(*socklike.Conn).Route().Mode)
 	roundTrip(t, c5, 5, 200000)
 	require.NoError(t, c5.Close())
 }
@@ -117,16 +116,16 @@ func TestPoolNettest(t *testing.T) {
 	r := newRack(t, "", "pool_ring = 65536")
 	srv := attach(t, r.cb)
 	client := attach(t, r.ca)
-	ln, err := srv.ListenPool(":0", 0)
+	ln, err := (&socklike.ListenConfig{Proxy: srv, Pool: true}).Listen(context.Background(), "tcp", ":0")
 	require.NoError(t, err)
 	defer ln.Close()
 	addr := fmt.Sprintf("b:%d", ln.Addr().(socklike.Addr).Port)
 	conformance(t, ln, func(ctx context.Context) (net.Conn, error) {
-		c, err := client.DialPool(ctx, addr, qos.Default)
+		c, err := (&socklike.Dialer{Proxy: client, Pool: true}).DialContext(ctx, "tcp", addr)
 		if err == nil {
-			if _, ok := c.(*socklike.PoolConn); !ok {
+			if r := c.(*socklike.Conn).Route(); r.Mode != "pool" {
 				c.Close()
-				return nil, fmt.Errorf("dialed a %T", c)
+				return nil, fmt.Errorf("dialed a %s connection: %s", r.Mode, r.Reason)
 			}
 		}
 		return c, err
@@ -140,9 +139,9 @@ func TestPoolFailover(t *testing.T) {
 	r := newRack(t, fmt.Sprintf(`fallback = "{peer}:%d"`, port), fmt.Sprintf(`fallback = "{self}:%d"`, port), "pool_ring = 262144")
 	poolEcho(t, r)
 	client := attach(t, r.ca)
-	c, err := client.DialPool(context.Background(), "b:80", qos.Default)
+	c, err := (&socklike.Dialer{Proxy: client, Pool: true}).DialContext(context.Background(), "tcp", "b:80")
 	require.NoError(t, err)
-	require.IsType(t, &socklike.PoolConn{}, c)
+	require.Equal(t, "pool", c.(*socklike.Conn).Route().Mode)
 	defer c.Close()
 	streamThroughOutage(t, r, c, 32<<20, ctlapi.PathTCP)
 }
@@ -156,7 +155,7 @@ func TestPoolDetach(t *testing.T) {
 	require.NoError(t, err)
 	var conns []net.Conn
 	for range 3 {
-		c, err := client.DialPool(context.Background(), "b:80", qos.Default)
+		c, err := (&socklike.Dialer{Proxy: client, Pool: true}).DialContext(context.Background(), "tcp", "b:80")
 		require.NoError(t, err)
 		roundTrip(t, c, 1, 300000)
 		conns = append(conns, c)
@@ -182,9 +181,9 @@ func TestPoolCorruptIndices(t *testing.T) {
 	poolEcho(t, r)
 	client := attach(t, r.ca)
 	ctx := context.Background()
-	bad, err := client.DialPool(ctx, "b:80", qos.Default)
+	bad, err := (&socklike.Dialer{Proxy: client, Pool: true}).DialContext(ctx, "tcp", "b:80")
 	require.NoError(t, err)
-	good, err := client.DialPool(ctx, "b:80", qos.Default)
+	good, err := (&socklike.Dialer{Proxy: client, Pool: true}).DialContext(ctx, "tcp", "b:80")
 	require.NoError(t, err)
 	roundTrip(t, bad, 1, 1000)
 

@@ -1,6 +1,6 @@
 // Package proxy is ntproxy, the data-plane daemon of a host, as a library.
 //
-// A Server owns the host's NTB links (one socklike.Endpoint per rack peer)
+// A Server owns the host's NTB links (one transport.Endpoint per rack peer)
 // and serves every local application. An application attaches over a Unix
 // socket (internal/wire/appproto): the Server checks its credentials, gives it a
 // private memory link (an emulated NTB link in a memfd) and from then on
@@ -37,12 +37,12 @@ import (
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/prim/accept"
 	"github.com/ntstack/ntstack/internal/prim/proc"
+	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 	"github.com/ntstack/ntstack/internal/wire/hostauth"
 	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/qos"
 	"github.com/ntstack/ntstack/rdma"
-	"github.com/ntstack/ntstack/socklike"
 )
 
 // Timeouts of the setup steps; data transfer has none.
@@ -84,7 +84,7 @@ type Server struct {
 	gwStat func() []ctlapi.GatewayStat
 	rdma   rdma.Provider  // nil: none
 	auth   *hostauth.Auth // nil: auth.insecure, peers not authenticated
-	appCfg socklike.Config
+	appCfg transport.Config
 	links  map[string]*rackLink // by peer host; fixed after New
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -106,10 +106,10 @@ type Server struct {
 // rackLink is the NTB link to one rack peer.
 type rackLink struct {
 	peer config.Peer
-	ep   *socklike.Endpoint
+	ep   *transport.Endpoint
 }
 
-// forwarderSpinYield is the spin yield (socklike.Config.SpinYield) of
+// forwarderSpinYield is the spin yield (transport.Config.SpinYield) of
 // ntproxy's endpoints: its goroutines hand every message on to each other
 // (a leg's receiver to the deliverer, the pump to the sender), so a spinner
 // must let them in often, and so must a bulk Read on a link
@@ -147,7 +147,7 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 		s.logf("%s", cfg.InsecureWarning())
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.appCfg = socklike.Config{SpinBudget: cfg.Proxy.SpinBudget.Duration, SpinYield: forwarderSpinYield}
+	s.appCfg = transport.Config{SpinBudget: cfg.Proxy.SpinBudget.Duration, SpinYield: forwarderSpinYield}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -157,11 +157,11 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 		if p.Link == "" {
 			continue
 		}
-		ep, err := socklike.Open(p.Link, socklike.Config{
+		ep, err := transport.Open(p.Link, transport.Config{
 			SpinBudget: cfg.Proxy.SpinBudget.Duration,
 			SpinYield:  forwarderSpinYield,
 			HandOff:    true,
-			MTU:        socklike.DefaultMTU + legHdr, // a leg frame of a full record is one record
+			MTU:        transport.DefaultMTU + legHdr, // a leg frame of a full record is one record
 			Partitions: cfg.Proxy.Partitions,
 			// FutexWait: the pool legs spin runnable while they wait, and a
 			// FIFO read through the runtime's poller would be seen only
@@ -347,7 +347,7 @@ func validClass(p int) (qos.Class, error) {
 }
 
 // runResumeAccept takes legs moving onto a rack link.
-func (s *Server) runResumeAccept(link *rackLink, ln *socklike.Listener) {
+func (s *Server) runResumeAccept(link *rackLink, ln *transport.Listener) {
 	defer s.wg.Done()
 	go func() {
 		<-s.ctx.Done()

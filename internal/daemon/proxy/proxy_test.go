@@ -23,11 +23,11 @@ import (
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/prim/proc"
 	"github.com/ntstack/ntstack/internal/prim/waitfor"
+	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/appproto"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 	"github.com/ntstack/ntstack/internal/wire/hostauth/hostauthtest"
 	"github.com/ntstack/ntstack/ntb/shm"
-	"github.com/ntstack/ntstack/qos"
 	"github.com/ntstack/ntstack/socklike"
 )
 
@@ -151,12 +151,12 @@ func roundTrip(t *testing.T, c net.Conn, seed uint64, size int) {
 func TestRackAndSameHost(t *testing.T) {
 	r := newRack(t, "")
 	srvB := attach(t, r.cb)
-	ln, err := srvB.Listen("tcp", ":80")
+	ln, err := (&socklike.ListenConfig{Proxy: srvB}).Listen(context.Background(), "tcp", ":80")
 	require.NoError(t, err)
 	defer ln.Close()
 	go echo(ln)
 	srvA := attach(t, r.ca)
-	lnA, err := srvA.Listen("tcp", ":0")
+	lnA, err := (&socklike.ListenConfig{Proxy: srvA}).Listen(context.Background(), "tcp", ":0")
 	require.NoError(t, err)
 	defer lnA.Close()
 	require.GreaterOrEqual(t, lnA.Addr().(socklike.Addr).Port, firstEphemeral)
@@ -168,7 +168,7 @@ func TestRackAndSameHost(t *testing.T) {
 		{"10.77.0.98:80", ctlapi.PathNTB}, // b's virtual address
 		{fmt.Sprintf("a:%d", lnA.Addr().(socklike.Addr).Port), ctlapi.PathSHM},
 	} {
-		c, err := client.Dial("tcp", target.addr)
+		c, err := (&socklike.Dialer{Proxy: client}).Dial("tcp", target.addr)
 		require.NoError(t, err, target.addr)
 		route := c.(*socklike.Conn).Route()
 		require.Equal(t, target.path, route.Path, target.addr)
@@ -183,11 +183,11 @@ func TestRackAndSameHost(t *testing.T) {
 	}
 
 	// Nobody listens on b:81; a's ACL-free rack refuses like TCP would.
-	_, err = client.Dial("tcp", "b:81")
+	_, err = (&socklike.Dialer{Proxy: client}).Dial("tcp", "b:81")
 	require.ErrorIs(t, err, syscall.ECONNREFUSED)
-	_, err = client.Dial("tcp", "nowhere:80")
+	_, err = (&socklike.Dialer{Proxy: client}).Dial("tcp", "nowhere:80")
 	require.ErrorIs(t, err, socklike.ErrUnknownHost)
-	_, err = srvB.Listen("tcp", ":80")
+	_, err = (&socklike.ListenConfig{Proxy: srvB}).Listen(context.Background(), "tcp", ":80")
 	require.ErrorIs(t, err, syscall.EADDRINUSE)
 }
 
@@ -205,16 +205,16 @@ port = 7000
 `)
 	srvB := attach(t, r.cb)
 	for _, port := range []string{":6379", ":7000"} {
-		ln, err := srvB.Listen("tcp", port)
+		ln, err := (&socklike.ListenConfig{Proxy: srvB}).Listen(context.Background(), "tcp", port)
 		require.NoError(t, err)
 		defer ln.Close()
 		go echo(ln)
 	}
 	client := attach(t, r.ca)
-	_, err := client.Dial("tcp", "b:6379")
+	_, err := (&socklike.Dialer{Proxy: client}).Dial("tcp", "b:6379")
 	require.ErrorIs(t, err, socklike.ErrDenied)
 	require.ErrorContains(t, err, "acl rule 0 denies uid")
-	_, err = client.Dial("tcp", "b:7000")
+	_, err = (&socklike.Dialer{Proxy: client}).Dial("tcp", "b:7000")
 	require.ErrorIs(t, err, socklike.ErrDenied, "b's inbound rule")
 	require.ErrorContains(t, err, "denies a -> b:7000")
 }
@@ -224,14 +224,14 @@ port = 7000
 func TestDetachReclaims(t *testing.T) {
 	r := newRack(t, "")
 	srvB := attach(t, r.cb)
-	ln, err := srvB.Listen("tcp", ":80")
+	ln, err := (&socklike.ListenConfig{Proxy: srvB}).Listen(context.Background(), "tcp", ":80")
 	require.NoError(t, err)
 	go echo(ln)
 	client, err := socklike.AttachProxy(r.ca.Path(config.ProxySocket), socklike.Config{})
 	require.NoError(t, err)
 	var conns []net.Conn
 	for range 4 {
-		c, err := client.Dial("tcp", "b:80")
+		c, err := (&socklike.Dialer{Proxy: client}).Dial("tcp", "b:80")
 		require.NoError(t, err)
 		roundTrip(t, c, 1, 1000)
 		conns = append(conns, c)
@@ -281,11 +281,13 @@ func TestNettest(t *testing.T) {
 	r := newRack(t, "")
 	srvB := attach(t, r.cb)
 	client := attach(t, r.ca)
-	ln, err := srvB.Listen("tcp", ":0")
+	ln, err := (&socklike.ListenConfig{Proxy: srvB}).Listen(context.Background(), "tcp", ":0")
 	require.NoError(t, err)
 	defer ln.Close()
 	addr := fmt.Sprintf("b:%d", ln.Addr().(socklike.Addr).Port)
-	conformance(t, ln, func(ctx context.Context) (net.Conn, error) { return client.DialContext(ctx, "tcp", addr) })
+	conformance(t, ln, func(ctx context.Context) (net.Conn, error) {
+		return (&socklike.Dialer{Proxy: client}).DialContext(ctx, "tcp", addr)
+	})
 }
 
 // conformance runs nettest.TestConn on pairs of a dial and ln's accept.
@@ -319,12 +321,12 @@ func conformance(t *testing.T, ln net.Listener, dial func(context.Context) (net.
 func TestDirect(t *testing.T) {
 	r := newRack(t, "")
 	srvB := attach(t, r.cb)
-	ln, err := srvB.Listen("tcp", ":80")
+	ln, err := (&socklike.ListenConfig{Proxy: srvB}).Listen(context.Background(), "tcp", ":80")
 	require.NoError(t, err)
 	defer ln.Close()
 	go echo(ln)
 	srvA := attach(t, r.ca)
-	lnA, err := srvA.Listen("tcp", ":81")
+	lnA, err := (&socklike.ListenConfig{Proxy: srvA}).Listen(context.Background(), "tcp", ":81")
 	require.NoError(t, err)
 	defer lnA.Close()
 	go echo(lnA)
@@ -337,9 +339,10 @@ func TestDirect(t *testing.T) {
 	}
 	baseA, baseB := memory(r.a), memory(r.b)
 	for _, target := range []string{"b:80", "a:81"} {
-		c, err := client.DialDirect(context.Background(), target, 0)
+		c, err := (&socklike.Dialer{Proxy: client, Direct: true}).DialContext(context.Background(), "tcp", target)
 		require.NoError(t, err, target)
-		require.Contains(t, c.Route().Reason, "direct")
+		require.Equal(t, "direct", c.(*socklike.Conn).Route().Mode)
+		require.Contains(t, c.(*socklike.Conn).Route().Reason, "direct")
 		for i, size := range []int{1, 4096, 1 << 20} {
 			roundTrip(t, c, uint64(i), size)
 		}
@@ -356,7 +359,7 @@ func TestDirect(t *testing.T) {
 	}
 
 	// The standard library's conformance suite over a direct connection.
-	lnN, err := srvB.Listen("tcp", ":82")
+	lnN, err := (&socklike.ListenConfig{Proxy: srvB}).Listen(context.Background(), "tcp", ":82")
 	require.NoError(t, err)
 	defer lnN.Close()
 	d := &socklike.Dialer{Proxy: client, Direct: true}
@@ -385,26 +388,27 @@ func TestDirectQuota(t *testing.T) {
 	window := 1 << 20
 	r := newRack(t, "", fmt.Sprintf("direct_window = %d\ndirect_quota = %d", window, linkBytes(window))) // room for one
 	srvB := attach(t, r.cb)
-	ln, err := srvB.Listen("tcp", ":80")
+	ln, err := (&socklike.ListenConfig{Proxy: srvB}).Listen(context.Background(), "tcp", ":80")
 	require.NoError(t, err)
 	defer ln.Close()
 	go echo(ln)
 	client := attach(t, r.ca)
-	c, err := client.DialDirect(context.Background(), "b:80", 0)
+	c, err := (&socklike.Dialer{Proxy: client, Direct: true}).DialContext(context.Background(), "tcp", "b:80")
 	require.NoError(t, err)
 	defer c.Close()
-	_, err = client.DialDirect(context.Background(), "b:80", 0)
-	require.ErrorIs(t, err, qos.ErrQuota)
-	require.ErrorContains(t, err, "direct_quota")
+	require.Equal(t, "direct", c.(*socklike.Conn).Route().Mode)
 	roundTrip(t, c, 1, 1000)
 
-	// A Dialer asking for direct mode settles for the proxies, and says so.
+	// With the quota used up, a Dialer asking for direct mode settles for
+	// the proxies, and says so.
 	d := &socklike.Dialer{Proxy: client, Direct: true}
 	pc, err := d.Dial("tcp", "b:80")
 	require.NoError(t, err)
 	defer pc.Close()
 	route := pc.(*socklike.Conn).Route()
 	require.Equal(t, ctlapi.PathNTB, route.Path)
+	require.Equal(t, "proxy", route.Mode)
+	require.Contains(t, route.Reason, "direct_quota")
 	require.Contains(t, route.Reason, "direct mode refused (quota exceeded: direct links of app")
 	require.Contains(t, route.Reason, "; through the proxies: rack peer b over NTB link ab")
 	roundTrip(t, pc, 2, 1<<20)
@@ -431,7 +435,7 @@ func TestBadRequests(t *testing.T) {
 	dev, err := shm.OpenFile(f, "raw", shm.Options{WindowSize: int(w.Window), Side: shm.Side1})
 	require.NoError(t, err)
 	defer dev.Close()
-	ep, err := socklike.Attach(dev, socklike.Config{})
+	ep, err := transport.Attach(dev, transport.Config{})
 	require.NoError(t, err)
 	defer ep.Close()
 
@@ -470,7 +474,7 @@ func TestFailover(t *testing.T) {
 	port := 20000 + rand.IntN(20000)
 	r := newRack(t, fmt.Sprintf(`fallback = "{peer}:%d"`, port), fmt.Sprintf(`fallback = "{self}:%d"`, port))
 	_, client := echoRack(t, r)
-	c, err := client.Dial("tcp", "b:80")
+	c, err := (&socklike.Dialer{Proxy: client}).Dial("tcp", "b:80")
 	require.NoError(t, err)
 	defer c.Close()
 	streamThroughOutage(t, r, c, 48<<20, ctlapi.PathTCP)
@@ -480,7 +484,7 @@ func TestFailover(t *testing.T) {
 // a's client application.
 func echoRack(t testing.TB, r *rack) (srv, client *socklike.Proxy) {
 	srv = attach(t, r.cb)
-	ln, err := srv.Listen("tcp", ":80")
+	ln, err := (&socklike.ListenConfig{Proxy: srv}).Listen(context.Background(), "tcp", ":80")
 	require.NoError(t, err)
 	t.Cleanup(func() { ln.Close() })
 	go echo(ln)

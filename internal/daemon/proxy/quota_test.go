@@ -11,7 +11,6 @@ import (
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
-	"github.com/ntstack/ntstack/qos"
 	"github.com/ntstack/ntstack/socklike"
 )
 
@@ -29,32 +28,41 @@ func TestUIDMemoryQuota(t *testing.T) {
 		}
 	}, "", "direct_window = 1048576")
 	srv := attach(t, r.cb)
-	ln, err := srv.Listen("tcp", ":80")
+	ln, err := (&socklike.ListenConfig{Proxy: srv}).Listen(context.Background(), "tcp", ":80")
 	require.NoError(t, err)
 	defer ln.Close()
 	go echo(ln)
 
 	app1 := attach(t, r.ca)
-	c, err := app1.DialDirect(context.Background(), "b:80", 0)
+	direct := &socklike.Dialer{Proxy: app1, Direct: true}
+	c, err := direct.Dial("tcp", "b:80")
 	require.NoError(t, err)
+	require.Equal(t, "direct", c.(*socklike.Conn).Route().Mode)
 	roundTrip(t, c, 1, 1000)
 	app2 := attach(t, r.ca) // exactly the quota now
 	_ = app2
-	_, err = app1.DialDirect(context.Background(), "b:80", 0)
-	require.ErrorIs(t, err, qos.ErrQuota)
-	require.ErrorContains(t, err, "quota.memory")
+	// Over the quota a direct dial settles for the proxies and says why.
+	pc, err := direct.Dial("tcp", "b:80")
+	require.NoError(t, err)
+	route := pc.(*socklike.Conn).Route()
+	require.Equal(t, "proxy", route.Mode)
+	require.Contains(t, route.Reason, "quota.memory")
+	pc.Close()
 	_, err = socklike.AttachProxy(r.ca.Path(config.ProxySocket), socklike.Config{})
 	require.ErrorContains(t, err, "quota.memory")
 
 	// The direct link's memory comes back once its lease ends.
 	c.Close()
 	require.Eventually(t, func() bool {
-		c, err := app1.DialDirect(context.Background(), "b:80", 0)
+		c, err := direct.Dial("tcp", "b:80")
 		if err != nil {
 			return false
 		}
+		defer c.Close()
+		if c.(*socklike.Conn).Route().Mode != "direct" {
+			return false
+		}
 		roundTrip(t, c, 2, 1000)
-		c.Close()
 		return true
 	}, 20*time.Second, 10*time.Millisecond)
 	var mem int64

@@ -68,7 +68,7 @@ func TestRDMAPath(t *testing.T) {
 	roundTrip(t, c, 9, 4096)
 	require.NoError(t, c.Close())
 
-	ln81, err := srv.Listen("tcp", ":81")
+	ln81, err := (&socklike.ListenConfig{Proxy: srv}).Listen(context.Background(), "tcp", ":81")
 	require.NoError(t, err)
 	defer ln81.Close()
 	conformance(t, ln81, func(ctx context.Context) (net.Conn, error) { return d.DialContext(ctx, "tcp", "b:81") })
@@ -80,7 +80,7 @@ func TestRDMAPath(t *testing.T) {
 func TestFailoverRDMA(t *testing.T) {
 	r := rdmaRack(t)
 	_, client := echoRack(t, r)
-	c, err := client.Dial("tcp", "b:80")
+	c, err := (&socklike.Dialer{Proxy: client}).Dial("tcp", "b:80")
 	require.NoError(t, err)
 	defer c.Close()
 	streamThroughOutage(t, r, c, 32<<20, ctlapi.PathRDMA)

@@ -108,30 +108,32 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		return Result{}, fmt.Errorf("client application: %w", err)
 	}
 	defer cli.Close()
+	listen := func(pool bool) func(port int) (net.Listener, error) {
+		lc := socklike.ListenConfig{Proxy: srv, Pool: pool}
+		return func(port int) (net.Listener, error) { return lc.Listen(ctx, "tcp", fmt.Sprintf(":%d", port)) }
+	}
 	direct := &socklike.Dialer{Proxy: cli, Direct: true}
 	directT := transport{
 		name:   "ntstack direct (a → NTB → b)",
-		listen: func(port int) (net.Listener, error) { return srv.Listen("tcp", fmt.Sprintf(":%d", port)) },
+		listen: listen(false),
 		dial:   direct.DialContext,
 		host:   func(port int) string { return fmt.Sprintf("%s:%d", o.ServerHost.Host, port) },
 		path:   func(c net.Conn) string { return c.(*socklike.Conn).Route().Path + "-direct" },
 	}
 	rackT := transport{
 		name:   "ntstack proxy (a → ntproxy → NTB → ntproxy → b)",
-		listen: func(port int) (net.Listener, error) { return srv.Listen("tcp", fmt.Sprintf(":%d", port)) },
-		dial:   cli.DialContext,
+		listen: listen(false),
+		dial:   (&socklike.Dialer{Proxy: cli}).DialContext,
 		host:   func(port int) string { return fmt.Sprintf("%s:%d", o.ServerHost.Host, port) },
 		path:   func(c net.Conn) string { return c.(*socklike.Conn).Route().Path },
 	}
 	pooled := &socklike.Dialer{Proxy: cli, Pool: true}
 	poolT := transport{
-		name: "ntstack shared pool (a → ntproxy → NTB → ntproxy → b, in place)",
-		listen: func(port int) (net.Listener, error) {
-			return srv.ListenPool(fmt.Sprintf(":%d", port), 0)
-		},
-		dial: pooled.DialContext,
-		host: func(port int) string { return fmt.Sprintf("%s:%d", o.ServerHost.Host, port) },
-		path: routePath,
+		name:   "ntstack shared pool (a → ntproxy → NTB → ntproxy → b, in place)",
+		listen: listen(true),
+		dial:   pooled.DialContext,
+		host:   func(port int) string { return fmt.Sprintf("%s:%d", o.ServerHost.Host, port) },
+		path:   routePath,
 	}
 	var tcpAddr string
 	tcpT := transport{
@@ -165,13 +167,14 @@ func Run(ctx context.Context, o Options) (Result, error) {
 
 // routePath names a rack connection's path and mode.
 func routePath(c net.Conn) string {
-	switch c := c.(type) {
-	case *socklike.PoolConn:
-		return c.Route().Path + "-pool"
-	case *socklike.Conn:
-		return c.Route().Path
+	sc, ok := c.(*socklike.Conn)
+	if !ok {
+		return fmt.Sprintf("%T", c)
 	}
-	return fmt.Sprintf("%T", c)
+	if r := sc.Route(); r.Mode == "pool" {
+		return r.Path + "-pool"
+	}
+	return sc.Route().Path
 }
 
 // probe dials addr once to learn the connection's path.

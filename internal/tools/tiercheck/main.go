@@ -56,7 +56,7 @@ var tiers = []tier{
 // importing package -> imported package -> why.
 var testExceptions = map[string]map[string]string{
 	"ntb/ivshmem": {
-		"socklike": "TestDeviceSocklikeEcho runs the socket API end to end over the backend",
+		"internal/transport": "TestDeviceSocklikeEcho runs the transport engine end to end over the backend",
 	},
 	"internal/daemon/proxy": {
 		"internal/tools/workload": "TestCaptureKV captures the frames of a real KV workload",

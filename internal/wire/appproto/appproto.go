@@ -25,7 +25,7 @@
 //
 // Request frames are a 4-byte little-endian length (at most MaxFrame) and
 // a JSON body. Every decoder here takes peer-written bytes: it validates
-// and never panics (fuzzed). Errors carry ctlapi's stable codes.
+// and never panics (fuzzed). Errors carry errcode's stable codes.
 package appproto
 
 import (
@@ -36,7 +36,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/ntstack/ntstack/internal/wire/ctlapi"
+	"github.com/ntstack/ntstack/internal/wire/errcode"
 )
 
 // Version is the protocol version; a mismatch is refused with CodeVersion.
@@ -125,7 +125,7 @@ func DecodeHello(b []byte) (Hello, error) {
 // Welcome answers a Hello.
 type Welcome struct {
 	Version uint16
-	Code    ctlapi.Code
+	Code    errcode.Code
 	AppID   uint64
 	Window  uint32 // each side's window of the memory link
 	// PoolSlots and PoolRing are the shared buffer pool's geometry (0
@@ -167,7 +167,7 @@ func DecodeWelcome(b []byte) (Welcome, error) {
 	}
 	return Welcome{
 		Version:   le.Uint16(b[offVersion:]),
-		Code:      ctlapi.Code(le.Uint16(b[offCode:])),
+		Code:      errcode.Code(le.Uint16(b[offCode:])),
 		AppID:     le.Uint64(b[offAppID:]),
 		Window:    le.Uint32(b[offWindow:]),
 		PoolSlots: le.Uint32(b[offSlots:]),
@@ -223,16 +223,16 @@ type PoolGrant struct {
 // leg's receive buffer: the opener never has more unacknowledged bytes
 // than that in flight. RackOpen.Window says the same the other way.
 type DialReply struct {
-	Code   ctlapi.Code `json:"code"`
-	Error  string      `json:"error,omitempty"`
-	Local  string      `json:"local,omitempty"`
-	Remote string      `json:"remote,omitempty"`
-	Path   string      `json:"path,omitempty"`
-	Reason string      `json:"reason,omitempty"`
-	Direct *DirectLink `json:"direct,omitempty"`
-	Pool   *PoolGrant  `json:"pool,omitempty"`
-	RxSeq  uint64      `json:"rx_seq,omitempty"` // answer to a resume
-	Window int         `json:"window,omitempty"`
+	Code   errcode.Code `json:"code"`
+	Error  string       `json:"error,omitempty"`
+	Local  string       `json:"local,omitempty"`
+	Remote string       `json:"remote,omitempty"`
+	Path   string       `json:"path,omitempty"`
+	Reason string       `json:"reason,omitempty"`
+	Direct *DirectLink  `json:"direct,omitempty"`
+	Pool   *PoolGrant   `json:"pool,omitempty"`
+	RxSeq  uint64       `json:"rx_seq,omitempty"` // answer to a resume
+	Window int          `json:"window,omitempty"`
 }
 
 // ListenRequest asks the proxy to accept connections to Port (0: any free
@@ -248,9 +248,9 @@ type ListenRequest struct {
 
 // ListenReply answers a ListenRequest with the port listened on.
 type ListenReply struct {
-	Code  ctlapi.Code `json:"code"`
-	Error string      `json:"error,omitempty"`
-	Port  int         `json:"port,omitempty"`
+	Code  errcode.Code `json:"code"`
+	Error string       `json:"error,omitempty"`
+	Port  int          `json:"port,omitempty"`
 }
 
 // Incoming introduces an accepted connection to the application.

@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ntstack/ntstack/internal/wire/ctlapi"
+	"github.com/ntstack/ntstack/internal/wire/errcode"
 )
 
 func TestRoundTrips(t *testing.T) {
@@ -15,7 +15,7 @@ func TestRoundTrips(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, Hello{Version: Version, Name: "kv-server"}, h)
 
-	w := Welcome{Version: Version, Code: ctlapi.CodeQuota, AppID: 7, Window: 1 << 22, Message: "too many"}
+	w := Welcome{Version: Version, Code: errcode.CodeQuota, AppID: 7, Window: 1 << 22, Message: "too many"}
 	got, err := DecodeWelcome(w.Encode())
 	require.NoError(t, err)
 	require.Equal(t, w, got)

@@ -14,9 +14,9 @@ import (
 
 	"golang.org/x/net/nettest"
 
+	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/ntb"
 	"github.com/ntstack/ntstack/ntb/ivshmem"
-	"github.com/ntstack/ntstack/socklike"
 	"github.com/ntstack/ntstack/vfio"
 )
 
@@ -32,7 +32,7 @@ const (
 
 // attach wraps port in an ntb.Device taking side and an Endpoint over it,
 // both closed at the end of the test (the Device closes the port).
-func attach(t *testing.T, port ivshmem.Port, side ivshmem.Side) (*ivshmem.Device, *socklike.Endpoint) {
+func attach(t *testing.T, port ivshmem.Port, side ivshmem.Side) (*ivshmem.Device, *transport.Endpoint) {
 	t.Helper()
 	dev, err := ivshmem.NewDevice(port, ivshmem.DeviceConfig{Side: side})
 	if err != nil {
@@ -43,7 +43,7 @@ func attach(t *testing.T, port ivshmem.Port, side ivshmem.Side) (*ivshmem.Device
 			t.Errorf("close device: %v", err)
 		}
 	})
-	ep, err := socklike.Attach(dev, socklike.Config{Logf: t.Logf})
+	ep, err := transport.Attach(dev, transport.Config{Logf: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func TestStack(t *testing.T) {
 	}
 }
 
-func echo(ctx context.Context, t *testing.T, dev *ivshmem.Device, ep *socklike.Endpoint, msgs int) {
+func echo(ctx context.Context, t *testing.T, dev *ivshmem.Device, ep *transport.Endpoint, msgs int) {
 	ln, err := ep.Listen(stackPort)
 	if err != nil {
 		t.Fatal(err)
@@ -178,7 +178,7 @@ func echo(ctx context.Context, t *testing.T, dev *ivshmem.Device, ep *socklike.E
 	}
 }
 
-func stream(ctx context.Context, t *testing.T, ep *socklike.Endpoint, msgs int) {
+func stream(ctx context.Context, t *testing.T, ep *transport.Endpoint, msgs int) {
 	c, err := ep.DialContext(ctx, stackPort) // waits for the link to come up
 	if err != nil {
 		t.Fatalf("dial: %v", err)
@@ -241,7 +241,7 @@ func TestConn(t *testing.T) {
 			return nil, nil, nil, err
 		}
 		defer ln.Close()
-		accepted := make(chan *socklike.Conn, 1)
+		accepted := make(chan *transport.Conn, 1)
 		go func() {
 			c, err := ln.AcceptConn()
 			if err != nil {

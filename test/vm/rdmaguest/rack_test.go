@@ -108,7 +108,7 @@ key = %q
 	}
 	var c net.Conn
 	for {
-		c, err = app.Dial("tcp", fmt.Sprintf("%s:%d", peer, rackPort))
+		c, err = (&socklike.Dialer{Proxy: app}).Dial("tcp", fmt.Sprintf("%s:%d", peer, rackPort))
 		if err == nil || time.Now().After(deadline) {
 			break
 		}
@@ -141,7 +141,7 @@ key = %q
 	pipelined(t, c, rackMsgs, c.(*socklike.Conn).CloseWrite)
 	metric("rack_msgs_over_rdma", rackMsgs)
 	// Tell a that every echo has arrived: its daemons may stop.
-	done, err := app.Dial("tcp", fmt.Sprintf("%s:%d", peer, rackDonePort))
+	done, err := (&socklike.Dialer{Proxy: app}).Dial("tcp", fmt.Sprintf("%s:%d", peer, rackDonePort))
 	if err != nil {
 		t.Fatalf("goodbye to %s: %v", peer, err)
 	}
@@ -155,12 +155,12 @@ const rackMsgs = 500
 // rackServe is a's application: it echoes one connection to rackPort
 // until its EOF, closes its direction and waits for the client's goodbye.
 func rackServe(t *testing.T, app *socklike.Proxy) {
-	ln, err := app.Listen("tcp", fmt.Sprintf(":%d", rackPort))
+	ln, err := (&socklike.ListenConfig{Proxy: app}).Listen(context.Background(), "tcp", fmt.Sprintf(":%d", rackPort))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	bye, err := app.Listen("tcp", fmt.Sprintf(":%d", rackDonePort))
+	bye, err := (&socklike.ListenConfig{Proxy: app}).Listen(context.Background(), "tcp", fmt.Sprintf(":%d", rackDonePort))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package socklike
+package transport
 
 // byteQueue is a FIFO of bytes in one circular buffer that grows by
 // doubling up to the connection's receive window (credit flow control

@@ -1,6 +1,7 @@
-package socklike
+package transport
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -55,15 +56,11 @@ func FuzzFrames(f *testing.F) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("no session")
 		}
-		var st *state
-		for deadline := time.Now().Add(5 * time.Second); st == nil; {
-			ep.mu.Lock()
-			st = ep.cur
-			ep.mu.Unlock()
-			if time.Now().After(deadline) {
-				t.Fatal("endpoint has no session")
-			}
-			time.Sleep(100 * time.Microsecond)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		st, err := ep.session(ctx)
+		cancel()
+		if err != nil {
+			t.Fatal("endpoint has no session:", err)
 		}
 		for len(data) >= 4 {
 			tag := uint32(data[0]) | uint32(data[1])<<8 | uint32(data[2])<<16

@@ -1,4 +1,4 @@
-package socklike
+package transport
 
 import (
 	"fmt"
@@ -46,22 +46,18 @@ import (
 // that much more than the pool for a while.
 
 // turnExpiry is how long a turn may sit unused while others wait, and how
-// often the line is looked at while the pool is full. 500 µs rather than
-// 1 ms: 64 streams, 32 KiB reads, near, 20 alternating runs of each,
-// medians 18.4 -> 19.8 GB/s (32 streams 19.2 -> 20.8; two shorter
-// batches before agreed, 16 streams unchanged); 3 ms cost 16 % at 64, and
-// 100 µs wrote off turns still in use (see README).
+// often the line is looked at while the pool is full: long enough that a
+// turn still in use is not written off, short enough that the line does
+// not stand still behind an unused one (docs/perf-log.md has the sweep).
 const turnExpiry = 500 * time.Microsecond
 
 // turnIdle is how long a turn may show no sign of life (its grant, an
 // arrival) while the rings are empty and others wait, before it is written
 // off. With the rings empty none of it is on its way, so the write-off
-// need not wait for turnExpiry's two looks, whose timer fires after ~1.1
-// ms on the VMs (as any Go timer under a millisecond does). At the end of
-// each of ntbench's 200 ms slices every stream finishes its last chunk
-// with part of a turn unused; with 64 streams and 2 MiB turns the rings
-// then stood empty ~2 ms at a time, 0.4 s of 2.4 in all, and 17 ms with
-// this write-off (AMD VM, server-side event trace in a throwaway). A
+// need not wait for turnExpiry's two looks, whose timer fires after a
+// millisecond or more (as any Go timer under a millisecond does). When
+// many streams pause together, each with part of a turn unused, the rings
+// would otherwise stand empty that long at every pause. A
 // writer woken slower than this loses its turn from the pool's count, not
 // its credit: the rings may then hold up to a turn more than the pool.
 const turnIdle = 50 * time.Microsecond
@@ -176,9 +172,9 @@ func (st *state) serveTurns() {
 	for t.nwait.Load() > 0 {
 		if t.armed.Load() && t.used.Load()+st.turnSize() > budget {
 			// No room, and the timer looks again. Every poll comes
-			// here while writers wait in line; turnChunk's look at
-			// the share took 8 % of a receiver's CPU at 64
-			// connections. (Should credit have left turns meanwhile,
+			// here while writers wait in line, and turnChunk's look
+			// at the share is not free with many connections.
+			// (Should credit have left turns meanwhile,
 			// the line waits for the timer, at most turnExpiry.)
 			return
 		}
@@ -336,12 +332,11 @@ func (c *Conn) grantTurn(chunk int64) {
 // WANT stands, and the reader's next read asks for a turn again
 // (consumed), until one of the two holds.
 //
-// Ending a WANT that got nothing while its reader was behind hung
-// TestNoLossUnderPressure (64 connections, 64 KiB windows, -race) about
-// once in 60-80 runs: the reader then read the rest under turns' rule,
-// which holds back less than half its baseline (creditPooled), and parked
-// with all read and 7 KiB of credit unsent; its writer, 9 KiB of credit
-// short of a 16 KiB record, waited for an answer to the WANT it had sent.
+// The WANT must stand while its reader is behind: ended there, the reader
+// may read the rest under turns' rule, which holds back less than half its
+// baseline (creditPooled), and park with all read and some credit unsent,
+// while its writer, short of a record's credit, waits for an answer to the
+// WANT it sent — a hang (TestNoLossUnderPressure catches it).
 func (c *Conn) settleWantLocked(read, out, floor int64) {
 	switch {
 	case c.creditOut != out || c.floorOut != floor:

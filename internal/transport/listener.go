@@ -1,4 +1,4 @@
-package socklike
+package transport
 
 import (
 	"context"
@@ -145,70 +145,6 @@ func (ln *Listener) Close() error {
 }
 
 func (ln *Listener) Addr() net.Addr { return ln.addr }
-
-// Dialer dials connections over an Endpoint. Its DialContext fits
-// http.Transport.DialContext and gRPC's and Redis clients' dialer hooks.
-type Dialer struct {
-	// Endpoint, if set, dials over this process's own end of a link
-	// (embedded mode).
-	Endpoint *Endpoint
-	// Proxy, if set and Endpoint is not, dials through the host's ntproxy
-	// (attached mode). With neither set the Dialer uses DefaultProxy, the
-	// ntproxy named by $NTSTACK_PROXY.
-	Proxy *Proxy
-	// Timeout bounds a dial, including waiting for the link to come up
-	// (default: none beyond the context's).
-	Timeout time.Duration
-	// Priority is the class of the connections it dials (default 0).
-	Priority qos.Class
-	// Direct asks ntproxy for direct mode, settling for a proxied
-	// connection when the direct quota is used up or the host is off the
-	// NTB fabric (Proxy.DialPreferDirect; the Route says which).
-	Direct bool
-	// Pool asks ntproxy for shared-pool mode (Proxy.DialPool), as does
-	// $NTSTACK_POOL=1 for DefaultProxy's dials. Direct takes precedence.
-	Pool bool
-	// Transports restricts and orders the paths a connection through
-	// ntproxy may take: "ntb", "rdma", "tcp" (default: the host's order).
-	// A dial none of them can serve fails with ErrNoPath and the reasons.
-	Transports []string
-}
-
-// Dial is DialContext with a background context.
-func (d *Dialer) Dial(network, address string) (net.Conn, error) {
-	return d.DialContext(context.Background(), network, address)
-}
-
-// DialContext connects to address, "host:port". An embedded Endpoint
-// reaches the one peer at the other end of its link, so the host part is
-// not interpreted there; through ntproxy the host is any rack host's name
-// or virtual address. network is ignored ("tcp" from net/http is fine).
-func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
-	_, p, err := net.SplitHostPort(address)
-	port, perr := strconv.Atoi(p)
-	if err != nil || perr != nil || port < 1 || port > 65535 {
-		return nil, &net.OpError{Op: "dial", Net: "ntb", Err: fmt.Errorf("address %q: want host:port with port 1..65535", address)}
-	}
-	if d.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, d.Timeout)
-		defer cancel()
-	}
-	if d.Endpoint == nil {
-		p := d.Proxy
-		if p == nil {
-			if p, err = DefaultProxy(); err != nil {
-				return nil, &net.OpError{Op: "dial", Net: "ntb", Addr: strAddr(address), Err: err}
-			}
-		}
-		return p.dialAny(ctx, address, dialOpts{class: d.Priority, direct: d.Direct, settle: d.Direct, pool: d.Pool || p.pool, transports: d.Transports})
-	}
-	c, err := d.Endpoint.DialClass(ctx, port, d.Priority)
-	if err != nil {
-		return nil, err
-	}
-	return c, nil
-}
 
 // Dial connects to port on the peer, waiting up to a minute for the link.
 func (ep *Endpoint) Dial(port int) (*Conn, error) {

@@ -1,8 +1,7 @@
-package socklike
+package transport
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -13,57 +12,6 @@ import (
 	"github.com/ntstack/ntstack/partition"
 	"github.com/ntstack/ntstack/qos"
 )
-
-// CoreModel says who drives the partitions.
-type CoreModel int
-
-const (
-	// CoreInline: no worker threads. The application's own Read and Write
-	// calls send and receive, combining: whoever finds a unit's sender free
-	// serves every connection queued on it, round-robin. Best when cores
-	// are scarce (two processes on two cores cannot also feed spinning
-	// workers).
-	CoreInline CoreModel = iota
-	// CoreShared: one worker per unit, locked to an OS thread, does its TX
-	// and RX (the paper's SPSC model).
-	CoreShared
-	// CoreSplit: a TX worker and an RX worker per unit (SP2C).
-	CoreSplit
-)
-
-func (m CoreModel) String() string {
-	switch m {
-	case CoreInline:
-		return "inline"
-	case CoreShared:
-		return "shared"
-	case CoreSplit:
-		return "split"
-	}
-	return fmt.Sprintf("CoreModel(%d)", int(m))
-}
-
-// ParseCoreModel parses "inline", "shared" or "split".
-func ParseCoreModel(s string) (CoreModel, error) {
-	for _, m := range []CoreModel{CoreInline, CoreShared, CoreSplit} {
-		if m.String() == s {
-			return m, nil
-		}
-	}
-	return 0, fmt.Errorf("core model %q: want inline, shared or split", s)
-}
-
-// Placement picks the unit of a new connection.
-type Placement int
-
-const (
-	RoundRobin  Placement = iota // the next unit in turn
-	LeastLoaded                  // the unit with the fewest connections
-)
-
-// ErrPartitionFull is wrapped by dial (and refusal) errors when every
-// partition that could take a connection holds Config.PartitionConns.
-var ErrPartitionFull = errors.New("partition connection quota reached")
 
 // A unit is the scheduling unit of the TX side: one partition, or with
 // Config.QoS one partition per priority class. Connections queue on the
@@ -140,7 +88,7 @@ func (c *Conn) smallLocked() bool { return len(c.out)-c.outOff <= smallWrite && 
 // requeues (connections with more to send, or blocked on a full ring) do
 // not count: looping on them kept the caller from polling its rings and
 // from yielding for as long as the ring stayed full, so a goroutine of the
-// same process waiting for a response waited for the scheduler's 10 ms
+// same process waiting for a response waited for the scheduler's
 // preemption.
 //
 // self, if not nil, is the caller's own connection with a small write
@@ -336,16 +284,13 @@ func (u *unit) runWorker(tx, rx bool, cpu int) {
 // are looked at for it; each look that finds nothing doubles the next, up
 // to workerRecheckMax. The worker models lose a wake-up now and then (seen
 // as nettest's PingPong hanging in CoreShared, rarely and on a loaded
-// machine, at least since partitions and workers were built; with the
-// look off, once in ~1200 suite runs on the AMD VM on 2026-11-24, at a
-// commit of the day before, and in none of ~120 at 7673609; the cause is
-// not found). The look turns such a loss into milliseconds after work, at
-// most workerRecheckMax after a long idle spell, instead of a hang. It is
-// a timer's, and wakes the worker only when it finds work: a worker that
-// woke to look itself re-entered its blocking wait each time, which keeps
-// the runtime's sysmon polling for ~10 ms, and an idle CoreSplit pair
-// spent ~0.4 % of a core on it (looking every 10 ms, as until e0292a9:
-// 44 %). The default CoreInline does not use workers.
+// machine; the cause is not found). The look turns such a loss into
+// milliseconds after work, at most workerRecheckMax after a long idle
+// spell, instead of a hang. It is a timer's, and wakes the worker only
+// when it finds work: a worker that woke to look itself would re-enter its
+// blocking wait each time, which keeps the runtime's sysmon polling, and
+// an idle pair would spend CPU on it. The default CoreInline does not use
+// workers.
 const (
 	workerRecheck    = 10 * time.Millisecond
 	workerRecheckMax = 1280 * time.Millisecond
@@ -484,4 +429,14 @@ func (st *state) rebalance(last []uint64) {
 		st.ep.logf("rebalance: connection %d from unit %d to %d", best.id, hi, lo)
 		best.moveTo(st.units[lo], st.units[lo].partFor(best.class()))
 	}
+}
+
+// take asks partition slot's token bucket for n bytes.
+func (u *unit) take(slot, n int) time.Duration {
+	if u.st.ep.cfg.PartitionRate == 0 {
+		return 0
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.buckets[slot].Take(n, time.Now())
 }

@@ -1,4 +1,4 @@
-package socklike
+package transport
 
 import (
 	"bytes"
@@ -323,10 +323,8 @@ func TestQoSPartitions(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, ln.SetPriority(5))
 	require.Error(t, ln.SetPriority(8))
-	d := &Dialer{Endpoint: a, Priority: 3}
-	nc, err := d.DialContext(context.Background(), "tcp", "x:3")
+	c1, err := a.DialClass(context.Background(), 3, 3)
 	require.NoError(t, err)
-	c1 := nc.(*Conn)
 	c2, err := ln.AcceptConn()
 	require.NoError(t, err)
 	require.Equal(t, 3, c1.Partition())
@@ -335,12 +333,17 @@ func TestQoSPartitions(t *testing.T) {
 
 	errs := make(chan error, 1)
 	go func() { errs <- streamIn(c2, 9, 4<<20, nil) }()
+	moved := make(chan error, 1)
 	go func() {
-		time.Sleep(time.Millisecond)
-		require.NoError(t, c1.SetPriority(qos.Lowest))
+		// Mid-stream: once the first MiB is in the ring.
+		for deadline := time.Now().Add(10 * time.Second); c1.sent.Load() < 1<<20 && time.Now().Before(deadline); {
+			runtime.Gosched()
+		}
+		moved <- c1.SetPriority(qos.Lowest)
 	}()
 	require.NoError(t, streamOut(c1, 9, 4<<20, rand.New(rand.NewPCG(5, 5))))
 	require.NoError(t, <-errs)
+	require.NoError(t, <-moved)
 	require.Equal(t, 7, c1.Partition())
 	require.Error(t, c1.SetPriority(9))
 }
@@ -538,9 +541,9 @@ func TestSharedWindow(t *testing.T) {
 			require.Eventually(t, func() bool { return br.st.sharedShare(br) > 0 }, 10*time.Second, time.Millisecond,
 				"the receiver should see the small-message flow")
 			// Credit granted before allowed at most a window more.
-			for from := br.read.Load(); br.read.Load() < from+br.st.window; {
-				time.Sleep(time.Millisecond)
-			}
+			from := br.read.Load()
+			require.Eventually(t, func() bool { return br.read.Load() >= from+br.st.window }, 10*time.Second, time.Millisecond,
+				"the reader should read past the credit granted before")
 		}
 		for end := time.Now().Add(d); time.Now().Before(end); {
 			sent := bw.sent.Load() // first: it only grows after what was read
@@ -615,11 +618,19 @@ func TestHeaderBeforeBodyIsNotLatencyTraffic(t *testing.T) {
 	}
 	send(8, 256<<10, 256<<10)
 	require.False(t, marked(), "a header before a body marked the partition")
-	time.Sleep(smallFor + 20*time.Millisecond) // the body is old news: the next small record starts afresh
+	waitOlder(t, r, "the body") // the body is old news: the next small record starts afresh
 	send(8)
 	require.False(t, marked(), "one small record after a pause marked the partition")
 	send(8)
 	require.True(t, marked(), "the second small record should mark the partition")
+}
+
+// waitOlder waits until c's last large record is older than smallFor by
+// its endpoint's clock: the pause the classification looks for.
+func waitOlder(t *testing.T, c *Conn, what string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return c.ep.now()+1-c.bigAt.Load() > c.ep.smallFor }, 10*time.Second, time.Millisecond,
+		"%s should become older than smallFor", what)
 }
 
 // TestStreamStaysBulkReader: a reader whose last record was large counts
@@ -646,7 +657,7 @@ func TestStreamStaysBulkReader(t *testing.T) {
 	require.False(t, r.bulkReader(), "before any record")
 	send(256 << 10)
 	require.True(t, r.bulkReader(), "after a large record")
-	time.Sleep(smallFor + 20*time.Millisecond)
+	waitOlder(t, r, "the large record")
 	require.True(t, r.bulkReader(), "a stream paused longer than smallFor")
 	send(8)
 	require.False(t, r.bulkReader(), "a small record after the pause")

@@ -1,4 +1,4 @@
-package socklike
+package transport
 
 import (
 	"io"

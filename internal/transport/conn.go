@@ -1,0 +1,362 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/ntstack/ntstack/internal/prim/deadline"
+
+	"github.com/ntstack/ntstack/qos"
+)
+
+// Conn is one connection over the link. It implements net.Conn with the
+// standard library's semantics, plus CloseWrite.
+//
+// Its state is in parts, each with its own lock, so that the reader, the
+// writer and whoever polls or serves for them meet only where they must:
+//
+//   - recvHalf (recv.go): the peer's frames delivered in order, the queue
+//     and a blocked Read's posted buffer;
+//   - grants (credit.go, turns.go): the credit this side hands back to
+//     the peer's writer as the application reads;
+//   - sendHalf (send.go): the posted write, the peer's credit, and the
+//     connection's place on a unit, served by whoever holds the unit;
+//   - the lifecycle below (mu): dialing, established, refused, closed,
+//     failed, and the frames that end a connection.
+//
+// flags summarises the lifecycle for the fast paths, which read no lock.
+type Conn struct {
+	ep            *Endpoint
+	st            *state
+	id            uint32 // ours; frames to us carry it
+	peerID        uint32 // theirs; frames we send carry it
+	gen, peerGen  uint32 // incarnations of id and peerID
+	local, remote Addr
+
+	rlock, wlock     sync.Mutex    // serialise Read calls and Write calls
+	rnotify, wnotify chan struct{} // cap 1: something changed for readers / writers
+	closedCh         chan struct{} // closed by Close
+	rdl, wdl         *deadline.Deadline
+
+	recvHalf
+	grants
+	sendHalf
+
+	sleepers atomic.Int32 // goroutines parked on this connection
+	sporadic atomic.Bool  // its last park outlasted busySpin: its waits keep SpinBudget (see spinner)
+
+	flags atomic.Uint32 // fast-path summary of the state below
+
+	mu sync.Mutex
+	// mu protects the following fields.
+	state              connState
+	finSent, closeSent bool
+	closeRecv, idFreed bool
+	quotaHeld          int64 // receive-window memory reserved (Config.MemoryQuota)
+	err                error // terminal: refused, session ended
+	localClosed        bool
+}
+
+type connState uint8
+
+const (
+	connDialing connState = iota
+	connEstablished
+	connRefused
+)
+
+// flags
+const (
+	fEOF       = 1 << iota // peer sent FIN or CLOSE: reads end when the queue is empty
+	fPeerGone              // peer sent CLOSE: writes fail
+	fFailed                // c.err is set
+	fClosed                // Close was called
+	fWriteShut             // CloseWrite was called
+)
+
+var _ net.Conn = (*Conn)(nil)
+
+func newConn(ep *Endpoint, local, remote Addr) *Conn {
+	c := &Conn{
+		ep:       ep,
+		local:    local,
+		remote:   remote,
+		rnotify:  make(chan struct{}, 1),
+		wnotify:  make(chan struct{}, 1),
+		closedCh: make(chan struct{}),
+		rdl:      deadline.New(),
+		wdl:      deadline.New(),
+	}
+	c.rxPart.Store(-1)
+	return c
+}
+
+// wake signals ch, one of c's notify channels; if a goroutine of c is
+// parked, the endpoint's spinner yields soon so that it runs (see spin).
+func (c *Conn) wake(ch chan struct{}) {
+	signal(ch)
+	if c.sleepers.Load() > 0 {
+		c.ep.handoffs.Add(1)
+	}
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// ID is the connection's id on this side of the link, for logs.
+func (c *Conn) ID() uint32 { return c.id }
+
+func (c *Conn) LocalAddr() net.Addr  { return c.local }
+func (c *Conn) RemoteAddr() net.Addr { return c.remote }
+
+// Setting a deadline wakes a parked call, which parks again watching it
+// (see park).
+func (c *Conn) SetDeadline(t time.Time) error {
+	c.SetReadDeadline(t)
+	c.SetWriteDeadline(t)
+	return nil
+}
+
+func (c *Conn) SetReadDeadline(t time.Time) error {
+	c.rdl.Set(t)
+	signal(c.rnotify)
+	return nil
+}
+
+func (c *Conn) SetWriteDeadline(t time.Time) error {
+	c.wdl.Set(t)
+	signal(c.wnotify)
+	return nil
+}
+
+func (c *Conn) opErr(op string, err error) error {
+	return &net.OpError{Op: op, Net: "ntb", Source: c.local, Addr: c.remote, Err: err}
+}
+
+// free releases what the connection holds on this side: its place, its
+// window quota and its id.
+func (c *Conn) releaseLocal() {
+	c.smu.Lock()
+	if c.unit != nil && !c.unplaced {
+		c.unit.unplace(c.slot)
+		c.unplaced = true
+	}
+	c.smu.Unlock()
+	c.mu.Lock()
+	held := c.quotaHeld
+	c.quotaHeld = 0
+	c.mu.Unlock()
+	if held > 0 {
+		c.ep.quota.Release(held)
+	}
+	c.cmu.Lock()
+	c.turnsDone = true
+	c.retireAhead(0)
+	c.cmu.Unlock()
+	c.st.releaseID(c)
+}
+
+func (c *Conn) class() qos.Class { return qos.Class(c.prio.Load()) }
+
+// Priority is the connection's priority class.
+func (c *Conn) Priority() qos.Class { return c.class() }
+
+// SetPriority sets the connection's class (0 highest, 7 lowest). With
+// Config.QoS the connection moves to its class's partition, in order.
+func (c *Conn) SetPriority(class qos.Class) error {
+	if !class.Valid() {
+		return fmt.Errorf("set priority: class %d outside 0..%d", class, qos.Lowest)
+	}
+	c.prio.Store(uint32(class))
+	c.smu.Lock()
+	u := c.unit
+	c.smu.Unlock()
+	if u != nil && u.partFor(class) != c.slotNow() {
+		c.moveTo(u, u.partFor(class))
+	}
+	return nil
+}
+
+func (c *Conn) failure() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// Close closes the connection: blocked calls return net.ErrClosed, the
+// peer's reads end with io.EOF and its writes fail.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	if c.localClosed {
+		c.mu.Unlock()
+		return c.opErr("close", net.ErrClosed)
+	}
+	c.localClosed = true
+	c.flags.Or(fClosed)
+	close(c.closedCh)
+	signal(c.rnotify) // for calls parked on notify alone (see park)
+	signal(c.wnotify)
+	if c.err == nil {
+		c.sendLocked(kindClose, nil)
+	}
+	free := c.freeLocked()
+	c.mu.Unlock()
+	if free {
+		c.releaseLocal()
+	}
+	c.qmu.Lock()
+	c.q = byteQueue{}
+	c.qmu.Unlock()
+	return nil
+}
+
+// CloseWrite shuts down the writing side: the peer reads io.EOF once it has
+// read everything written before.
+func (c *Conn) CloseWrite() error {
+	c.wlock.Lock() // after any Write in progress
+	defer c.wlock.Unlock()
+	c.mu.Lock()
+	if c.localClosed {
+		c.mu.Unlock()
+		return c.opErr("close", net.ErrClosed)
+	}
+	if !c.finSent && c.err == nil {
+		c.sendLocked(kindFin, nil)
+	}
+	c.finSent = true
+	c.flags.Or(fWriteShut)
+	c.mu.Unlock()
+	return nil
+}
+
+// sendLocked sends a control frame unless CLOSE has gone already (nothing
+// may follow it) or the connection is not established. Holding c.mu while
+// queueing orders every frame of the connection.
+func (c *Conn) sendLocked(kind uint32, body []byte) {
+	if c.closeSent || c.state != connEstablished {
+		return
+	}
+	if kind == kindClose {
+		c.closeSent = true
+	}
+	c.queueFrame(kind, body)
+}
+
+// Ended reports whether the peer has closed its end (its CLOSE arrived) or
+// the connection failed: nothing more will arrive for it.
+func (c *Conn) Ended() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closeRecv || c.err != nil
+}
+
+// freeLocked reports whether the id can be reused now: both CLOSE frames
+// have passed, so no frame for it can still arrive.
+func (c *Conn) freeLocked() bool {
+	if c.idFreed || !c.closeSent || !c.closeRecv {
+		return false
+	}
+	c.idFreed = true
+	return true
+}
+
+// Frame handlers, called by whoever polls (RX lock held).
+
+func (c *Conn) established(m acceptMsg) error {
+	c.mu.Lock()
+	if m.echoed && m.dialGen != c.gen {
+		// A late ACCEPT for an earlier connection with our id, which gave
+		// up dialing: not ours, ignore it. (Ids are reused oldest-first, so
+		// this takes thousands of connections between the two.)
+		c.mu.Unlock()
+		return nil
+	}
+	if c.state != connDialing {
+		c.mu.Unlock()
+		return fmt.Errorf("accept for connection %d, which is not dialing", c.id)
+	}
+	c.peerID, c.window, c.peerGen, c.state = m.id, int64(m.window), m.gen, connEstablished
+	if c.localClosed { // the dialer gave up: close at once
+		c.sendLocked(kindClose, nil)
+	}
+	c.mu.Unlock()
+	c.wake(c.wnotify)
+	return nil
+}
+
+func (c *Conn) refused(code uint32) error {
+	c.mu.Lock()
+	if c.state != connDialing {
+		c.mu.Unlock()
+		return fmt.Errorf("refusal for connection %d, which is not dialing", c.id)
+	}
+	c.state = connRefused
+	switch code {
+	case refuseBacklog:
+		c.err = fmt.Errorf("listener backlog full: %w", syscall.ECONNREFUSED)
+	case refuseNoIDs:
+		c.err = fmt.Errorf("peer has no free connection ids: %w", syscall.ECONNREFUSED)
+	case refuseQuota:
+		c.err = fmt.Errorf("peer's receive-window memory quota is used up: %w", syscall.ECONNREFUSED)
+	case refusePartitions:
+		c.err = fmt.Errorf("peer's partitions are at their connection quota: %w", syscall.ECONNREFUSED)
+	default:
+		c.err = syscall.ECONNREFUSED
+	}
+	c.flags.Or(fFailed)
+	c.idFreed = true // the peer kept no state for us
+	c.mu.Unlock()
+	c.releaseLocal()
+	c.wake(c.wnotify)
+	return nil
+}
+
+func (c *Conn) peerFin() {
+	c.flags.Or(fEOF)
+	c.wake(c.rnotify)
+}
+
+func (c *Conn) peerClose() {
+	c.mu.Lock()
+	c.closeRecv = true
+	c.sendLocked(kindClose, nil) // our answer, unless we closed first
+	free := c.freeLocked()
+	c.mu.Unlock()
+	c.flags.Or(fEOF | fPeerGone)
+	if free {
+		c.releaseLocal()
+	}
+	c.wake(c.rnotify)
+	c.wake(c.wnotify)
+}
+
+// fail ends the connection with err (the session is gone).
+func (c *Conn) fail(err error) {
+	c.mu.Lock()
+	if c.err == nil {
+		c.err = err
+	}
+	c.mu.Unlock()
+	c.flags.Or(fFailed)
+	c.wake(c.rnotify)
+	c.wake(c.wnotify)
+}
+
+// dialErr maps a context error as the standard library's dialer does.
+func dialErr(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return os.ErrDeadlineExceeded
+	}
+	return err
+}

@@ -1,0 +1,446 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/ntstack/ntstack/internal/prim/ring"
+	"github.com/ntstack/ntstack/partition"
+)
+
+// sendHalf is a connection's sending side: the posted write and the
+// connection frames queued before more data, the peer's credit, and the
+// connection's place on a unit. A Write posts its buffer and whoever
+// serves the unit (unit.serve) sends from it; the bytes go out in order,
+// and count as sent when they enter the ring.
+//
+// Credit: sent-peerRead ≤ window, the peer's receive window. The bytes
+// between peerRead and sent are in the peer's ring or queue, not yet
+// read; a sender that must survive a reset of the link keeps them here
+// until the peer's CREDIT covers them.
+type sendHalf struct {
+	window   int64
+	sent     atomic.Int64
+	peerRead atomic.Int64
+	prio     atomic.Uint32 // qos.Class
+	wdone    atomic.Bool   // the posted write has gone out
+	wantOut  atomic.Bool   // a WANT to send once the serve pass has published (see unit.serve)
+
+	smu sync.Mutex // taken by whoever serves the connection
+	// smu protects the following fields.
+	unit       *unit
+	slot       int // the partition in unit.parts
+	inSched    bool
+	unplaced   bool       // released: counted on no unit
+	frames     []ctlFrame // connection frames to send before more data
+	out        []byte     // the posted write
+	outOff     int
+	waitCredit bool
+	peerFloor  int64 // the credit floor from the peer's last CREDIT (0: none, the window)
+	peerPooled bool  // the peer gives credit in turns: ask (WANT) when waiting for it
+	wantSent   bool  // WANT sent since the writer last waited for credit
+	moving     bool  // move to moveUnit/moveSlot before sending more
+	moveUnit   *unit
+	moveSlot   int
+	txBytes    uint64
+	txMark     uint64 // txBytes at the last rebalance
+}
+
+// Write writes b in frames of at most the MTU, blocking while the peer's
+// window or the ring is full. It returns len(b) or an error. b is read by
+// whoever serves the connection's unit until Write returns.
+func (c *Conn) Write(b []byte) (int, error) {
+	c.ep.calls.Add(1)
+	c.wlock.Lock()
+	defer c.wlock.Unlock()
+	c.ep.enterCall()
+	defer c.ep.exitCall()
+	if err := c.writeErr(); err != nil {
+		return 0, err
+	}
+	if len(b) == 0 {
+		return 0, nil
+	}
+	inline := c.ep.cfg.CoreModel == CoreInline
+	if inline && len(b) <= smallWrite && c.sendNow(b) {
+		// Take in the credit that came meanwhile, as the schedule's path
+		// does before it sends (not under c.smu: a CREDIT for c takes
+		// it): a writer whose credit never ran out would otherwise leave
+		// its CREDITs in the control ring.
+		c.st.pollRing(c.st.control, nil, nil)
+		return len(b), nil
+	}
+	c.smu.Lock()
+	c.out, c.outOff = b, 0
+	c.wdone.Store(false)
+	c.unit.postLocked(c)
+	c.smu.Unlock()
+	var self *Conn // a small write: serve it first and go (see tryServe)
+	if len(b) <= smallWrite {
+		self = c
+	}
+	sp := spinner{ep: c.ep, short: c.sporadic.Load()}
+	defer sp.stop()
+	for {
+		if c.wdone.Load() {
+			return len(b), nil
+		}
+		if err := c.writeErr(); err != nil {
+			return c.retract(), err
+		}
+		var wait time.Duration
+		contended := false
+		if inline {
+			// Credits, ring space, and (for a bulk write) serving the unit.
+			c.st.pollServe(nil, nil, self == nil)
+			if c.wdone.Load() {
+				continue
+			}
+			c.smu.Lock()
+			u := c.unit
+			c.smu.Unlock()
+			var progress bool
+			if progress, wait, contended = u.tryServe(self); progress {
+				if len(b) > yieldAbove {
+					runtime.Gosched() // let a small flow's goroutine in (see yieldAbove)
+				}
+				continue
+			}
+		}
+		if sp.spin() {
+			continue
+		}
+		// Park until the write completes (whoever serves the unit signals
+		// wnotify), credit arrives, or ring space does.
+		var extra <-chan struct{}
+		var bucket *time.Timer // stopped once the park it is for ends
+		switch {
+		case wait > 0: // a token bucket
+			extra, bucket = afterChan(wait)
+		case inline:
+			extra = c.ep.spaceWait()
+			c.smu.Lock()
+			u, credit := c.unit, c.waitCredit
+			c.smu.Unlock()
+			if !contended && !credit {
+				// Blocked on ring space: arm, and look again if
+				// room appeared meanwhile.
+				if u.armSpace() {
+					runtime.Gosched()
+					continue
+				}
+			}
+		}
+		c.ep.writersOut.Add(1)
+		c.ep.busy()
+		c.park(&sp, c.wnotify, c.wdl, extra)
+		if bucket != nil {
+			bucket.Stop()
+		}
+		c.ep.writersOut.Add(-1)
+	}
+}
+
+// afterChan returns a channel, for park, closed once d has passed, and the
+// timer that closes it. Stopping the timer leaves nothing behind: no
+// goroutine waits on it.
+func afterChan(d time.Duration) (<-chan struct{}, *time.Timer) {
+	ch := make(chan struct{})
+	return ch, time.AfterFunc(d, func() { close(ch) })
+}
+
+// retract withdraws the posted write and returns how much of it went out.
+func (c *Conn) retract() int {
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	n := c.outOff
+	if c.out == nil {
+		n = 0
+		if c.wdone.Load() {
+			return 0
+		}
+	}
+	c.out, c.outOff = nil, 0
+	return n
+}
+
+// serveOnce sends for c, on behalf of unit u, the frames it has queued and
+// up to Config.Batch bytes of its posted write. open and full are the
+// unit's partition slots with a batch open and found full in this pass,
+// moved the DATA bytes the pass has sent (serveOnce adds its own). It
+// reports whether it sent anything, how long a token bucket asks to wait,
+// and whether c has more to send now.
+func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wait time.Duration, more bool) {
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	c.inSched = false
+	if c.unit != u {
+		return false, 0, c.hasWorkLocked() // moved while queued
+	}
+	slot := c.slot
+	if *full&(1<<slot) != 0 {
+		return false, 0, true
+	}
+	p := u.parts[slot]
+	begin := func() { // the pass's batch on p, opened once
+		if *open&(1<<slot) == 0 {
+			p.BeginTX()
+			*open |= 1 << slot
+		}
+	}
+	send := func(tag uint32, body []byte) error {
+		begin()
+		return c.txLocked(p, tag, body)
+	}
+	failed := func(err error) (bool, time.Duration, bool) {
+		if errors.Is(err, ring.ErrFull) {
+			c.ep.counters.ringFull.Add(1)
+			*full |= 1 << slot
+			return sent, 0, true
+		}
+		c.wake(c.wnotify) // the session is gone: the writer sees it
+		return sent, 0, false
+	}
+	for len(c.frames) > 0 {
+		f := &c.frames[0]
+		if err := send(f.tag, f.body[:f.n]); err != nil {
+			return failed(err)
+		}
+		c.frames = c.frames[:copy(c.frames, c.frames[1:])]
+		sent = true
+	}
+	if c.moving {
+		// MOVE is our last frame on the old partition; the new one may
+		// carry the next before this batch is even published: the peer
+		// holds it until it has read the MOVE.
+		to := c.moveUnit.parts[c.moveSlot]
+		if err := send(makeTag(kindMove, c.peerID), le32(uint32(to.Index))); err != nil {
+			return failed(err)
+		}
+		if !c.unplaced {
+			c.unit.unplace(c.slot)
+		}
+		c.unit, c.slot, c.moving = c.moveUnit, c.moveSlot, false
+		c.ep.counters.migrations.Add(1)
+		if !c.unplaced {
+			c.unit.mu.Lock()
+			c.unit.conns[c.slot]++
+			c.unit.mu.Unlock()
+		}
+		return true, 0, c.hasWorkLocked()
+	}
+	if c.out == nil {
+		return sent, 0, false
+	}
+	cfg := &c.ep.cfg
+	for budget := cfg.Batch; budget > 0 && c.outOff < len(c.out); {
+		credit := c.window - (c.sent.Load() - c.peerRead.Load())
+		if credit < c.creditFloor() {
+			c.ep.counters.creditWaits.Add(1)
+			c.waitCredit = true // credit() queues us again
+			if c.peerPooled && !c.wantSent {
+				c.wantSent = true
+				c.wantOut.Store(true)
+			}
+			return sent, 0, false
+		}
+		chunk := int(min(int64(len(c.out)-c.outOff), int64(cfg.MTU), credit, int64(p.MaxPayload()), int64(budget)))
+		if chunk > smallPiece && cfg.MTU <= DefaultMTU && c.st.smallTraffic(p.Index) {
+			// A piece, and the pass ends with it: published, and the
+			// writer yields before the next (see smallPiece).
+			chunk, budget = smallPiece, smallPiece
+			*moved += passBytes
+		}
+		if w := u.take(slot, chunk); w > 0 {
+			return sent, w, true
+		}
+		begin()
+		if err := c.txDataLocked(p, c.out[c.outOff:c.outOff+chunk]); err != nil {
+			return failed(err)
+		}
+		c.countTx(u, chunk)
+		c.outOff += chunk
+		*moved += chunk
+		budget -= chunk
+		sent = true
+	}
+	if c.outOff < len(c.out) {
+		return sent, 0, true
+	}
+	c.out, c.outOff = nil, 0
+	c.wdone.Store(true)
+	c.wake(c.wnotify)
+	return sent, 0, false
+}
+
+// sendNow sends small write b into the ring at once, without the unit's
+// schedule, if nothing can be ahead of it: no connection of the unit is
+// queued (so no class, no express write and none of this connection's
+// frames), the connection is not moving, no token bucket meters the
+// partition, the peer's window has room for all of b and nobody holds the
+// partition's TX lock. It reports whether it did; if not (a full ring
+// too), the caller queues b as usual.
+//
+// It never waits for the TX lock while holding c.smu: a serve pass holds
+// the TX lock of a batch while it takes the next connection's smu, and
+// may have taken c off the schedule (a stale entry) after c's look at the
+// queue.
+//
+// The schedule's queue, pass and hand-back cost a small write more than
+// its copy, beside a bulk flow too: its unit is mostly idle, the shared
+// window keeping the bulk writer waiting on credit.
+func (c *Conn) sendNow(b []byte) bool {
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	u := c.unit
+	if u == nil || u.queued.Load() > 0 || len(c.frames) > 0 || c.moving || c.ep.cfg.PartitionRate != 0 ||
+		c.window-(c.sent.Load()-c.peerRead.Load()) < int64(len(b)) {
+		return false
+	}
+	p := u.parts[c.slot]
+	if !p.TryBeginTX() {
+		return false
+	}
+	err := c.txDataLocked(p, b)
+	p.EndTX() // publishes it: the counting below is off the round trip
+	if err != nil {
+		return false
+	}
+	c.countTx(u, len(b))
+	c.ep.noteProgress()
+	return true
+}
+
+// txLocked adds a record of c's to p's open batch and shows it to the
+// taps (c.smu held).
+func (c *Conn) txLocked(p *partition.Partition, tag uint32, body []byte) error {
+	if err := p.Send(tag, body, nil); err != nil {
+		return err
+	}
+	if ts := c.ep.taps.Load(); ts != nil {
+		ts.emit(c.st, TapTX, p.Index, tag, c.id, body)
+	}
+	return nil
+}
+
+// txDataLocked adds b to p's open batch as a DATA record of c's (c.smu
+// held). The bytes count as sent before the record is visible: the peer
+// may credit them before the batch ends.
+func (c *Conn) txDataLocked(p *partition.Partition, b []byte) error {
+	c.sent.Add(int64(len(b)))
+	if err := c.txLocked(p, makeTag(kindData, c.peerID), b); err != nil {
+		c.sent.Add(int64(-len(b)))
+		return err
+	}
+	return nil
+}
+
+// countTx counts n bytes of DATA c sent through unit u, for rebalancing
+// (c.smu held).
+func (c *Conn) countTx(u *unit, n int) {
+	c.txBytes += uint64(n)
+	u.txBytes.Add(uint64(n))
+}
+
+func (c *Conn) hasWorkLocked() bool { return len(c.frames) > 0 || c.moving || c.out != nil }
+
+// queueFrame queues a connection frame (ACCEPT, FIN, CLOSE, OPEN) behind
+// what the connection has sent. CLOSE withdraws a write in progress:
+// nothing may follow it.
+func (c *Conn) queueFrame(kind uint32, body []byte) {
+	f := ctlFrame{n: len(body)}
+	if kind == kindOpen {
+		f.tag = makeTag(kind, c.id) // peerID is not known yet, and ACCEPT may be writing it
+	} else {
+		f.tag = makeTag(kind, c.peerID)
+	}
+	copy(f.body[:], body)
+	c.smu.Lock()
+	if kind == kindClose {
+		c.out, c.outOff = nil, 0
+	}
+	c.frames = append(c.frames, f)
+	c.unit.postLocked(c)
+	c.smu.Unlock()
+	if c.ep.cfg.CoreModel == CoreInline {
+		c.st.serveUnits() // full rings: the poller serves on ring space
+	}
+}
+
+// place puts a new connection on a unit (before any frame of it is sent).
+func (c *Conn) placeLocked() error {
+	u, slot, err := c.st.place(c.class())
+	if err != nil {
+		return err
+	}
+	c.smu.Lock()
+	c.unit, c.slot = u, slot
+	c.smu.Unlock()
+	return nil
+}
+
+func (c *Conn) slotNow() int {
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	if c.moving {
+		return c.moveSlot
+	}
+	return c.slot
+}
+
+// Partition is the data partition the connection currently sends on.
+func (c *Conn) Partition() int {
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	return c.unit.parts[c.slot].Index
+}
+
+// Migrate moves the connection's sending side to unit i (a partition, or
+// with Config.QoS a unit of 8), in order and losing nothing. The move
+// happens before the connection's next frame; Migrate does not wait.
+func (c *Conn) Migrate(i int) error {
+	if i < 0 || i >= len(c.st.units) {
+		return fmt.Errorf("migrate connection %d: unit %d outside 0..%d", c.id, i, len(c.st.units)-1)
+	}
+	u := c.st.units[i]
+	c.moveTo(u, u.partFor(c.class()))
+	return nil
+}
+
+func (c *Conn) moveTo(u *unit, slot int) {
+	c.smu.Lock()
+	if c.unit == u && c.slot == slot {
+		c.moving = false
+	} else {
+		c.moving, c.moveUnit, c.moveSlot = true, u, slot
+		c.unit.postLocked(c)
+	}
+	c.smu.Unlock()
+	if c.ep.cfg.CoreModel == CoreInline {
+		c.st.serveUnits()
+	}
+}
+
+func (c *Conn) writeErr() error {
+	f := c.flags.Load()
+	switch {
+	case f&fClosed != 0:
+		return c.opErr("write", net.ErrClosed)
+	case c.wdl.Passed():
+		return c.opErr("write", os.ErrDeadlineExceeded)
+	case f&fWriteShut != 0:
+		return c.opErr("write", syscall.EPIPE)
+	case f&fFailed != 0:
+		return c.opErr("write", c.failure())
+	case f&fPeerGone != 0:
+		return c.opErr("write", syscall.EPIPE)
+	}
+	return nil
+}
