@@ -147,7 +147,11 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 			// FutexWait: the pool legs spin runnable while they wait, and a
 			// FIFO read through the runtime's poller would be seen only
 			// once they stop (see shm's bell).
-			Fabric: shm.Options{Dir: cfg.Proxy.FabricDir, WindowSize: cfg.Proxy.Window, HeartbeatTimeout: cfg.Proxy.LinkTimeout.Duration, FutexWait: true},
+			// Side: fixed per host pair, see linkSide.
+			Fabric: shm.Options{Dir: cfg.Proxy.FabricDir, WindowSize: cfg.Proxy.Window, HeartbeatTimeout: cfg.Proxy.LinkTimeout.Duration, FutexWait: true,
+				Side: linkSide(cfg.Host, p.Host), Logf: func(format string, args ...any) {
+					s.logf("link %s: "+format, append([]any{p.Link}, args...)...)
+				}},
 			Logf: func(format string, args ...any) {
 				s.logf("link %s: "+format, append([]any{p.Link}, args...)...)
 			},
