@@ -275,6 +275,27 @@ func (d *Device) checkPaths() {
 	}
 }
 
+// leave removes the lock file if no end is left attached: it holds
+// nothing, and the ends put it back while they run, so without this a
+// link whose owners removed its files (a direct link) would leave one
+// behind. Close only, once this end no longer serves.
+func (d *Device) leave() {
+	if d.lockFile == nil || d.file == nil {
+		return
+	}
+	if lockByte(d.lockFile, lockInit, true) != nil {
+		return
+	}
+	defer unlockByte(d.lockFile, lockInit)
+	if d.peerAttached() {
+		return
+	}
+	var st unix.Stat_t
+	if unix.Stat(d.path, &st) == nil && st.Dev == d.lockDev && st.Ino == d.lockIno {
+		os.Remove(d.path)
+	}
+}
+
 // openLockFile opens (creating it if need be) the lock file at d.path and
 // keeps it, so that checkPaths can tell when the path names another file.
 func (d *Device) openLockFile() error {

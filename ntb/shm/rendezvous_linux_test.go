@@ -150,6 +150,16 @@ func TestRemovedFilesPutBack(t *testing.T) {
 		defer f.Close()
 		return side == 0 && fileID(f) == memOf(a)
 	})
+
+	// The last end to close takes the lock file and the sockets with it;
+	// only the FIFOs stay, for Remove.
+	require.NoError(t, b.Close())
+	require.NoError(t, a.Close())
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	for _, e := range entries {
+		require.Contains(t, e.Name(), ".bell", "left behind after both ends closed")
+	}
 }
 
 // An end that restarts while the other's socket is gone makes memory of

@@ -864,6 +864,8 @@ func (d *Device) Close() error {
 		d.wakePeer()
 		d.wakeLocal()
 		d.users.Lock() // wait for methods in flight
+		d.closeServer()
+		d.leave()
 		d.closeErr = d.release()
 		d.users.Unlock()
 	})
