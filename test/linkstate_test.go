@@ -107,6 +107,18 @@ func logHas(h *rack.Host, daemon string, subs ...string) bool {
 	return false
 }
 
+// logLines are the lines of h's daemon log that hold sub.
+func logLines(h *rack.Host, daemon, sub string) []string {
+	b, _ := os.ReadFile(h.LogPath(daemon))
+	var lines []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.Contains(line, sub) {
+			lines = append(lines, line)
+		}
+	}
+	return lines
+}
+
 func linkState(t *testing.T, h *rack.Host) string {
 	t.Helper()
 	s := snapshot(t, h)
@@ -157,7 +169,7 @@ func TestRackLinkFileTampering(t *testing.T) {
 	// Removal: every file of the link, during traffic.
 	require.NoError(t, shm.Remove(r.FabricDir(), link))
 	for _, h := range []*rack.Host{a, b} {
-		require.Eventually(t, func() bool { return logHas(h, "ntproxy", "link "+link, "removed or replaced") },
+		require.Eventually(t, func() bool { return logHas(h, "ntproxy", "link "+link, "link socket", "removed; serving") },
 			10*time.Second, 10*time.Millisecond, "%s's ntproxy logs the removal", h.Name)
 	}
 	traffic.progress(t, 20, "after the removal")
@@ -168,12 +180,15 @@ func TestRackLinkFileTampering(t *testing.T) {
 	require.Equal(t, "up", linkState(t, a))
 	require.Equal(t, "up", linkState(t, b))
 	c.Close()
-	t.Logf("a's ntproxy logged the removal: %v", logHas(a, "ntproxy", "put back"))
+	for _, h := range []*rack.Host{a, b} {
+		t.Logf("%s's ntproxy:\n%s", h.Name, strings.Join(logLines(h, "ntproxy", "link "+link+": "+link), "\n"))
+	}
 
 	// b's ntproxy restarts: it meets a's over the files a put back.
 	require.NoError(t, r.Restart("b", "ntproxy"))
 	require.Eventually(t, func() bool { return linkState(t, a) == "up" && linkState(t, b) == "up" },
 		20*time.Second, 10*time.Millisecond, "the link comes back up after b's ntproxy restarts")
+	require.True(t, logHas(b, "ntproxy", "attached to the link memory side 0 serves"), "b's restarted ntproxy joins a's memory")
 	srv2 := attachTo(t, b)
 	ln2, err := srv2.Listen("tcp", ":7201")
 	require.NoError(t, err)

@@ -265,12 +265,21 @@ func (d *Device) checkPaths() {
 		}
 	}
 	sock := sockPath(d.path, d.side)
-	if srv := d.srv; srv != nil && (unix.Stat(sock, &st) != nil || srv.dev != st.Dev || srv.ino != st.Ino) {
+	if srv := d.srv; srv != nil {
+		why := ""
+		if err := unix.Stat(sock, &st); err != nil {
+			why = "removed"
+		} else if srv.dev != st.Dev || srv.ino != st.Ino {
+			why = "replaced"
+		}
+		if why == "" {
+			return
+		}
 		d.closeServer()
 		if err := d.listen(); err != nil {
-			d.logf("%s: link socket %s removed or replaced; cannot serve it again: %v", d.Name(), sock, err)
+			d.logf("%s: link socket %s %s; cannot serve it again: %v", d.Name(), sock, why, err)
 		} else {
-			d.logf("%s: link socket %s removed or replaced; serving the link memory there again", d.Name(), sock)
+			d.logf("%s: link socket %s %s; serving the link memory there again", d.Name(), sock, why)
 		}
 	}
 }

@@ -123,7 +123,7 @@ func TestRemovedFilesPutBack(t *testing.T) {
 		_, err2 := os.Stat(sockPath(filepath.Join(dir, "l"), 0))
 		return err1 == nil && err2 == nil
 	})
-	waitFor(t, "a's log of the removal", func() bool { return logA.has("link socket") && logA.has("removed or replaced") })
+	waitFor(t, "a's log of the removal", func() bool { return logA.has("link socket") && logA.has("removed; serving") })
 	t.Logf("a logged: %q", logA.lines)
 	require.Equal(t, ntb.LinkUp, a.Link(), "removing the files does not touch the link")
 
@@ -142,6 +142,7 @@ func TestRemovedFilesPutBack(t *testing.T) {
 	sock := sockPath(filepath.Join(dir, "l"), 0)
 	require.NoError(t, os.Remove(sock))
 	require.NoError(t, os.WriteFile(sock, nil, 0o600))
+	waitFor(t, "a's log of the replacement", func() bool { return logA.has("replaced; serving") })
 	waitFor(t, "a's socket served again", func() bool {
 		f, side, err := fetch(sock)
 		if err != nil {

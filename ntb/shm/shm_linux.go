@@ -236,7 +236,9 @@ func Open(name string, o Options) (_ *Device, err error) {
 		if err := checkLinkMemory(mem, o.WindowSize); err != nil {
 			return nil, fmt.Errorf("the other end's link memory: %w", err)
 		}
+		d.logf("%s/%d: attached to the link memory side %d serves", name, d.side, 1-d.side)
 	} else {
+		d.logf("%s/%d: new link memory: no process serves side %d's", name, d.side, 1-d.side)
 		if mem, err = newLinkMemory(name, o.WindowSize); err != nil {
 			return nil, err
 		}
