@@ -316,7 +316,7 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (_ 
 		return nil, nil, err
 	}
 	picked := route.Path
-	if route, err = s.followLink(route); err != nil {
+	if route, err = s.followLink(ctx, route); err != nil {
 		s.logf("dial %s:%d: %v", route.Host, req.Port, err)
 		return nil, nil, err
 	}

@@ -64,8 +64,8 @@ func (s *Server) dialDirect(ctx context.Context, a *app, req appproto.DialReques
 	if route.Path != ctlapi.PathNTB && route.Path != ctlapi.PathSHM {
 		return nil, nil, ctlapi.Errorf(ctlapi.CodeNoDirect, "direct mode needs an NTB link or the same host; %s is reachable only over %s (%s)", route.Host, route.Path, route.Reason)
 	}
-	if why := s.linkDown(route.Host); route.Path == ctlapi.PathNTB && why != "" {
-		return nil, nil, ctlapi.Errorf(ctlapi.CodeNoDirect, "direct mode needs the NTB link to %s: %s", route.Host, why)
+	if link := s.links[route.Host]; route.Path == ctlapi.PathNTB && link != nil && !waitLinkUp(ctx, link.ep.Device(), linkGrace) {
+		return nil, nil, ctlapi.Errorf(ctlapi.CodeNoDirect, "direct mode needs the NTB link to %s: %s", route.Host, s.linkDown(route.Host))
 	}
 	pc := &pconn{id: s.nextID.Add(1), app: a.id, dir: "out", path: route.Path, link: route.Link, partition: -1, direct: true}
 	pc.remote = hostPort(route.Host, req.Port)

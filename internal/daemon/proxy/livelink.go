@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 	"github.com/ntstack/ntstack/ntb"
@@ -19,7 +20,13 @@ import (
 // this moment. So a dial ntmon routes over an NTB link that is down, or
 // that goes down while the dial waits for it, takes the route's next hop
 // (RDMA where the pair has it, then the TCP fallback) at once, and the
-// connection's reason says why.
+// connection's reason says why. Only a link that has not come up since
+// this ntproxy started, or a route with nowhere else to go, is given
+// linkGrace to come up: a proxy's first dials race the link's handshake.
+
+// linkGrace is how long a dial waits for an NTB link that is down before
+// it takes the route's next hop or, with none, fails.
+const linkGrace = 500 * time.Millisecond
 
 // linkSide is the end of the NTB link between host and peer that host
 // attaches: side 0 for the name that sorts first. Fixed sides let two
@@ -59,9 +66,9 @@ func passNTB(route ctlapi.Route, why string) (ctlapi.Route, bool) {
 }
 
 // followLink is route, as ntmon picked it, taken past an NTB link that is
-// down now. A route with no other hop fails at once with the link's
-// reason, rather than wait for the link.
-func (s *Server) followLink(route ctlapi.Route) (ctlapi.Route, error) {
+// down now. A route with no other hop fails with the link's reason,
+// after linkGrace rather than the dial's timeout.
+func (s *Server) followLink(ctx context.Context, route ctlapi.Route) (ctlapi.Route, error) {
 	if route.Path != ctlapi.PathNTB {
 		return route, nil
 	}
@@ -70,10 +77,49 @@ func (s *Server) followLink(route ctlapi.Route) (ctlapi.Route, error) {
 		return route, nil
 	}
 	next, ok := passNTB(route, why)
+	if link := s.links[route.Host]; link != nil && (!ok || !link.everUp.Load()) {
+		if waitLinkUp(ctx, link.ep.Device(), linkGrace) {
+			return route, nil
+		}
+		why = s.linkDown(route.Host)
+		next, ok = passNTB(route, why)
+	}
 	if !ok {
 		return route, ctlapi.Errorf(ctlapi.CodeNoPath, "no path to %s: %s, and no other transport allowed (%s)", route.Host, why, route.Reason)
 	}
 	return next, nil
+}
+
+// waitLinkUp waits up to d for dev's link to be up, and reports whether it
+// is.
+func waitLinkUp(ctx context.Context, dev ntb.Device, d time.Duration) bool {
+	w, ok := dev.(ntb.LinkWatcher)
+	if !ok {
+		return dev.Link() == ntb.LinkUp
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		changed := w.LinkChanged()
+		if dev.Link() == ntb.LinkUp {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-t.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// runLinkWatch marks link once its link has come up (rackLink.everUp).
+func (s *Server) runLinkWatch(link *rackLink) {
+	defer s.wg.Done()
+	if waitLinkUp(s.ctx, link.ep.Device(), time.Duration(1<<63-1)) {
+		link.everUp.Store(true)
+	}
 }
 
 // errLinkWentDown is the cause of a dial over an NTB link that went down

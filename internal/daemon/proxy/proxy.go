@@ -92,8 +92,9 @@ type Server struct {
 
 // rackLink is the NTB link to one rack peer.
 type rackLink struct {
-	peer config.Peer
-	ep   *socklike.Endpoint
+	peer   config.Peer
+	ep     *socklike.Endpoint
+	everUp atomic.Bool // the link has been up since New (runLinkWatch)
 }
 
 // forwarderSpinYield is the spin yield (socklike.Config.SpinYield) of
@@ -165,8 +166,9 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("link %s: resume port %d: %w", p.Link, resumePort, err)
 		}
-		s.wg.Add(1)
+		s.wg.Add(2)
 		go s.runResumeAccept(link, ln)
+		go s.runLinkWatch(link)
 	}
 	return s, nil
 }
