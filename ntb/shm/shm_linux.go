@@ -99,9 +99,11 @@ type Device struct {
 	logFn  func(format string, args ...any)
 	mem    []byte // the whole link memory, mapped shared
 
-	fmu sync.Mutex // guards file, which the monitor replaces (adopt) while runServe sends it
-	// file is the link memory, opened by this end alone (its side lock
-	// is on this open file description).
+	fmu sync.Mutex
+	// fmu protects the following field where another goroutine than the
+	// monitor reads it (runServe sends it); the monitor replaces it
+	// (adopt), and reads it unlocked. file is the link memory, opened by
+	// this end alone (its side lock is on this open file description).
 	file *os.File
 
 	// For a link opened by name (path != ""), the meeting point: the lock
