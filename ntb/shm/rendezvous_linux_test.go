@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -164,33 +165,61 @@ func TestRemovedFilesPutBack(t *testing.T) {
 }
 
 // An end that restarts while the other's socket is gone makes memory of
-// its own; the pair meets again on side 0's memory, and says so.
+// its own; the pair meets again on side 0's memory, whichever side
+// survived, and side 1 says so.
 func TestSplitMemoryConverges(t *testing.T) {
-	dir := testDir(t)
-	var logB logBuf
-	// a looks at its files only when told (checkNow): its next beat is
-	// far off, so b surely opens while a's socket is gone.
-	oa := Options{Dir: dir, WindowSize: 64 << 10, HeartbeatInterval: time.Minute, HeartbeatTimeout: 10 * time.Minute}
-	a, err := Open("l", oa)
-	require.NoError(t, err)
-	defer a.Close()
-	// a's first beat, which looks at the files, is done once it counted.
-	waitFor(t, "a's first beat", func() bool { return a.remote.Load64(regHeartbeat) != 0 })
-	require.NoError(t, os.Remove(sockPath(filepath.Join(dir, "l"), 0)))
-	b, err := Open("l", Options{Dir: dir, WindowSize: 64 << 10, Side: Side1, Logf: logB.logf})
-	require.NoError(t, err)
-	defer b.Close()
-	require.False(t, memOf(a) == memOf(b), "b found nobody and made its own memory")
+	for _, survivor := range []Side{Side0, Side1} {
+		t.Run(fmt.Sprintf("survivor side %d", survivor-Side0), func(t *testing.T) {
+			dir := testDir(t)
+			var logs [2]logBuf
+			// The survivor looks at its files only when told (checkNow):
+			// its next beat is far off, so the newcomer surely opens while
+			// the survivor's socket is gone.
+			s := int(survivor - Side0)
+			o := Options{Dir: dir, WindowSize: 64 << 10, Side: survivor, HeartbeatInterval: time.Minute, HeartbeatTimeout: 10 * time.Minute, Logf: logs[s].logf}
+			old, err := Open("l", o)
+			require.NoError(t, err)
+			defer old.Close()
+			// Its first beat, which looks at the files, is done once it counted.
+			waitFor(t, "the survivor's first beat", func() bool { return old.remote.Load64(regHeartbeat) != 0 })
+			require.NoError(t, os.Remove(sockPath(filepath.Join(dir, "l"), s)))
+			nu, err := Open("l", Options{Dir: dir, WindowSize: 64 << 10, Side: Side1 - survivor + Side0, Logf: logs[1-s].logf})
+			require.NoError(t, err)
+			defer nu.Close()
+			require.False(t, memOf(old) == memOf(nu), "the newcomer found nobody and made its own memory")
 
-	a.checkNow() // a puts its socket back; b, at its next beat, moves onto a's memory
-	waitFor(t, "both ends up on one memory", func() bool {
-		a.checkNow()
-		return a.Link() == ntb.LinkUp && b.Link() == ntb.LinkUp
-	})
-	require.True(t, memOf(a) == memOf(b))
-	require.True(t, logB.has("moved onto it"), "b logs the move: %q", logB.lines)
-	touchAll(b.InboundWindow())
-	touchAll(b.OutboundWindow())
+			// The survivor puts its socket back; side 1 moves onto side 0's memory.
+			waitFor(t, "both ends up on one memory", func() bool {
+				old.checkNow()
+				return old.Link() == ntb.LinkUp && nu.Link() == ntb.LinkUp
+			})
+			require.True(t, memOf(old) == memOf(nu))
+			require.True(t, logs[1].has("moved onto it"), "side 1 logs the move: %q", logs[1].lines)
+			require.False(t, logs[0].has("moved onto it"), "side 0 keeps its memory: %q", logs[0].lines)
+			// Both map the one memory: what one writes the other reads, and
+			// a ring wakes the other.
+			for i, pair := range [][2]*Device{{old, nu}, {nu, old}} {
+				from, to := pair[0], pair[1]
+				require.NoError(t, from.SetPeerScratchpad(5, uint32(0xabc0+i)))
+				v, err := to.Scratchpad(5)
+				require.NoError(t, err)
+				require.Equal(t, uint32(0xabc0+i), v)
+				from.OutboundWindow()[100] = byte(7 + i)
+				require.Equal(t, byte(7+i), to.InboundWindow()[100])
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				require.NoError(t, from.RingPeer(1<<9))
+				bits, err := to.WaitDoorbell(ctx, 1<<9)
+				cancel()
+				require.NoError(t, err)
+				require.Equal(t, uint64(1<<9), bits)
+				to.ClearDoorbells(1 << 9)
+			}
+			for _, d := range []*Device{old, nu} {
+				touchAll(d.InboundWindow())
+				touchAll(d.OutboundWindow())
+			}
+		})
+	}
 }
 
 // Memory served by something other than a link end is refused: a file
