@@ -130,7 +130,7 @@ func TestRemovedFilesPutBack(t *testing.T) {
 
 	// b restarts: it finds a's memory.
 	require.NoError(t, b.Close())
-	ntbtest.WaitLink(t, a, ntb.LinkDown, ntbtest.LinkDetectTimeout)
+	ntbtest.WaitLink(t, a, ntb.LinkDown, 5*time.Second) // how fast is TestSides' business
 	o.Side = Side1
 	b, err = Open("l", o)
 	require.NoError(t, err)
