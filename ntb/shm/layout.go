@@ -2,8 +2,11 @@ package shm
 
 import "github.com/ntstack/ntstack/internal/prim/shmem"
 
-// A link is one file, by default /dev/shm/ntstack/<name>, mapped shared by
-// the two processes that attach its ends (side 0 and side 1):
+// A link's memory is one file, mapped shared by the two processes that
+// attach its ends (side 0 and side 1): for a link opened by name, a memfd
+// with its size sealed, which the ends hand each other through sockets
+// beside the lock file /dev/shm/ntstack/<name> (rendezvous_linux.go); for a
+// memory link, the memfd its creator passes on (NewMemLink).
 //
 //	file offset        size   what
 //	0                  4 KiB  link header (written once, by whoever creates the file)
@@ -32,9 +35,10 @@ import "github.com/ntstack/ntstack/internal/prim/shmem"
 //	 64   256  doorbell counters, 64 x uint32: P adds one to bit i's counter to ring it
 //	320   256  scratchpads, 64 x uint32
 //
-// Side claims and initialisation use open-file-description byte-range locks
-// on the link file (byte 0: init, byte 1+S: side S), which the kernel drops
-// when a process exits, so a crashed side can be claimed again at once.
+// Side claims use open-file-description byte-range locks on the link's
+// memory (byte 1+S: side S), which the kernel drops when a process exits,
+// so a crashed side can be claimed again at once; byte 0 serialises the
+// ends' set-up (on the lock file, for a link opened by name).
 //
 // Liveness. Every HeartbeatInterval each side adds one to its count in the
 // peer's registers and checks the peer: whether a process still holds the

@@ -5,12 +5,15 @@
 // backend, used by the demo, the tests and the benchmarks; processes in
 // different network namespaces share it as long as they share /dev/shm.
 //
-// The layout of the link file is drawn in layout.go. Doorbells are
-// counters in the file; a sleeping peer is woken through its FIFO beside
-// the link file (name.bell0, name.bell1), which it reads through the Go
-// runtime's poller, or, for a memory link without a directory, through a
-// futex word in the file (see bell_linux.go). The link is up while both
-// sides are attached and their heartbeats keep moving.
+// The layout of the link's memory is drawn in layout.go. For a link
+// opened by name that memory is a sealed memfd the two processes hand each
+// other over Unix sockets beside a lock file in Options.Dir, so that
+// nobody can truncate it under a mapping (rendezvous_linux.go). Doorbells
+// are counters in the memory; a sleeping peer is woken through its FIFO
+// beside the lock file (name.bell0, name.bell1), which it reads through
+// the Go runtime's poller, or, for a memory link without a directory,
+// through a futex word in the memory (see bell_linux.go). The link is up
+// while both sides are attached and their heartbeats keep moving.
 //
 // Concurrency: a Device is safe for concurrent use. Lifetime: the window
 // slices are unmapped by Close; using them afterwards faults, so owners
@@ -68,6 +71,10 @@ type Options struct {
 	// do, since the poller is consulted only when none is runnable. A
 	// memory link always does.
 	FutexWait bool
+	// Logf, if set, receives what the device did on its own: files of the
+	// link's meeting point put back after they were removed or replaced,
+	// a move onto the peer's memory.
+	Logf func(format string, args ...any)
 }
 
 func (o *Options) setDefaults() {
@@ -87,10 +94,26 @@ func (o *Options) setDefaults() {
 
 // Device is one end of an emulated link.
 type Device struct {
-	name string
-	side int
+	name   string
+	side   int
+	window int
+	logFn  func(format string, args ...any)
+	mem    []byte // the whole link memory, mapped shared
+
+	fmu sync.Mutex
+	// fmu protects the following field where another goroutine than the
+	// monitor reads it (runServe sends it); the monitor replaces it
+	// (adopt), and reads it unlocked. file is the link memory, opened by
+	// this end alone (its side lock is on this open file description).
 	file *os.File
-	mem  []byte // the whole link file, mapped shared
+
+	// For a link opened by name (path != ""), the meeting point: the lock
+	// file at path as it was opened, and the socket that serves the
+	// memory (rendezvous_linux.go). Set up by Open, then the monitor's.
+	path             string
+	lockFile         *os.File
+	lockDev, lockIno uint64
+	srv              *server
 
 	local  shmem.Mem // our registers (written by the peer)
 	remote shmem.Mem // the peer's registers (written by us)
@@ -142,9 +165,9 @@ var (
 	_ ntb.LinkWatcher = (*Device)(nil)
 )
 
-// Open attaches one end of the link called name, creating the link file if
-// it does not exist.
-func Open(name string, o Options) (*Device, error) {
+// Open attaches one end of the link called name: the memory its peer
+// serves, or new memory if no peer answers (see rendezvous_linux.go).
+func Open(name string, o Options) (_ *Device, err error) {
 	o.setDefaults()
 	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
 		return nil, fmt.Errorf("open link %q: invalid name", name)
@@ -152,15 +175,94 @@ func Open(name string, o Options) (*Device, error) {
 	if o.WindowSize <= 0 || o.WindowSize%pageSize != 0 {
 		return nil, fmt.Errorf("open link %q: window size %d is not a positive multiple of %d", name, o.WindowSize, pageSize)
 	}
-	if err := os.MkdirAll(o.Dir, 0o770); err != nil {
-		return nil, fmt.Errorf("open link %q: %w", name, err)
+	d := newDevice(name, o)
+	d.path = filepath.Join(o.Dir, name)
+	defer func() {
+		if err != nil {
+			d.release()
+			err = fmt.Errorf("open link %q: %w", name, err)
+		}
+	}()
+	if err := d.openLockFile(); err != nil {
+		return nil, err
 	}
-	path := filepath.Join(o.Dir, name)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o660)
-	if err != nil {
-		return nil, fmt.Errorf("open link %q: %w", name, err)
+	// The monitor replaces d.lockFile if the path comes to name another
+	// file; the lock is on this one.
+	lf := d.lockFile
+	if err := lockByte(lf, lockInit, true); err != nil {
+		return nil, fmt.Errorf("lock link file: %w", err)
 	}
-	return attach(name, f, path, o)
+	locked := true
+	defer func() {
+		if locked {
+			unlockByte(lf, lockInit)
+		}
+	}()
+	// Which sides are served, and with what memory.
+	var served [2]*os.File
+	defer func() {
+		for _, f := range served {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}()
+	for s := range 2 {
+		if f, side, err := fetch(sockPath(d.path, s)); err == nil {
+			if side != s {
+				f.Close()
+				continue
+			}
+			served[s] = f
+		}
+	}
+	switch o.Side {
+	case AnySide:
+		switch {
+		case served[0] == nil:
+			d.side = 0
+		case served[1] == nil:
+			d.side = 1
+		default:
+			return nil, errors.New("both ends are attached by other processes")
+		}
+	case Side0, Side1:
+		d.side = int(o.Side - Side0)
+		if served[d.side] != nil {
+			return nil, fmt.Errorf("side %d is attached by another process", d.side)
+		}
+	default:
+		return nil, fmt.Errorf("invalid side %d", o.Side)
+	}
+	mem := served[1-d.side]
+	if mem != nil {
+		if err := checkLinkMemory(mem, o.WindowSize); err != nil {
+			return nil, fmt.Errorf("the other end's link memory: %w", err)
+		}
+		d.logf("%s/%d: attached to the link memory side %d serves", name, d.side, 1-d.side)
+	} else {
+		d.logf("%s/%d: new link memory: no process serves side %d's", name, d.side, 1-d.side)
+		if mem, err = newLinkMemory(name, o.WindowSize); err != nil {
+			return nil, err
+		}
+		defer mem.Close()
+	}
+	if d.file, err = reopen(mem); err != nil {
+		return nil, err
+	}
+	if err := d.claim(Side(d.side) + Side0); err != nil {
+		return nil, err
+	}
+	if err := d.attach(o); err != nil {
+		return nil, err
+	}
+	if err := d.listen(); err != nil {
+		return nil, err
+	}
+	unlockByte(lf, lockInit)
+	locked = false
+	d.start()
+	return d, nil
 }
 
 // NewMemLink creates an anonymous link file (a memfd) that no other process
@@ -182,76 +284,104 @@ func NewMemLink(name string) (*os.File, error) {
 // received by the caller (see NewMemLink); o.Dir is ignored. The Device opens
 // f afresh through /proc/self/fd, so its side lock is its own even when the
 // peer holds a descriptor of the same open file; the caller keeps f.
-func OpenFile(f *os.File, name string, o Options) (*Device, error) {
+func OpenFile(f *os.File, name string, o Options) (_ *Device, err error) {
 	o.setDefaults()
 	if o.WindowSize <= 0 || o.WindowSize%pageSize != 0 {
 		return nil, fmt.Errorf("open link %q: window size %d is not a positive multiple of %d", name, o.WindowSize, pageSize)
 	}
-	own, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), os.O_RDWR, 0)
-	if err != nil {
-		return nil, fmt.Errorf("open link %q: reopen descriptor: %w", name, err)
-	}
-	return attach(name, own, "", o)
-}
-
-// attach claims a side of the link file f, which it then owns; path is
-// where the file is named ("" for a memory link).
-func attach(name string, f *os.File, path string, o Options) (_ *Device, err error) {
-	d := &Device{name: name, file: f, interval: o.HeartbeatInterval, idle: idleInterval(o.HeartbeatInterval, o.HeartbeatTimeout), timeout: o.HeartbeatTimeout}
+	d := newDevice(name, o)
 	defer func() {
 		if err != nil {
 			d.release()
 			err = fmt.Errorf("open link %q: %w", name, err)
 		}
 	}()
+	if d.file, err = reopen(f); err != nil {
+		return nil, err
+	}
 	if err := d.claim(o.Side); err != nil {
 		return nil, err
 	}
 	if err := d.initFile(o.WindowSize); err != nil {
 		return nil, err
 	}
-	d.mem, err = unix.Mmap(int(f.Fd()), 0, fileSize(o.WindowSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err := d.attach(o); err != nil {
+		return nil, err
+	}
+	d.start()
+	return d, nil
+}
+
+func newDevice(name string, o Options) *Device {
+	return &Device{name: name, window: o.WindowSize, logFn: o.Logf, interval: o.HeartbeatInterval,
+		idle: idleInterval(o.HeartbeatInterval, o.HeartbeatTimeout), timeout: o.HeartbeatTimeout}
+}
+
+// attach maps the link memory d.file, on which d holds its side's lock,
+// and announces this end in the peer's registers.
+func (d *Device) attach(o Options) (err error) {
+	d.mem, err = unix.Mmap(int(d.file.Fd()), 0, fileSize(o.WindowSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		d.mem = nil
-		return nil, fmt.Errorf("map link file: %w", err)
+		return fmt.Errorf("map link memory: %w", err)
 	}
 	d.kick, err = unix.Mmap(-1, 0, pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		d.kick = nil
-		return nil, fmt.Errorf("map wake word: %w", err)
+		return fmt.Errorf("map wake word: %w", err)
 	}
 	peer := 1 - d.side
 	d.local = d.mem[regsOffset(d.side) : regsOffset(d.side)+regsSize]
 	d.remote = d.mem[regsOffset(peer) : regsOffset(peer)+regsSize]
 	d.in = d.mem[windowOffset(d.side, o.WindowSize) : windowOffset(d.side, o.WindowSize)+o.WindowSize]
 	d.out = d.mem[windowOffset(peer, o.WindowSize) : windowOffset(peer, o.WindowSize)+o.WindowSize]
+	if d.path != "" {
+		if d.bell, err = openBell(d.path, d.side, !o.FutexWait); err != nil {
+			return err
+		}
+	}
+	d.mu.Lock()
+	d.stampRegsLocked()
+	d.mu.Unlock()
+	return nil
+}
 
-	// Resume the doorbell counters where they are, so that rings meant
-	// for an earlier attachment do not look pending.
+// stampRegsLocked announces this end in the peer's registers of the
+// memory mapped now: a new generation, its bell, the link not forced down
+// unless it is; and resumes the doorbell counters where they are, so that
+// rings meant for an earlier attachment do not look pending.
+func (d *Device) stampRegsLocked() {
 	d.bells = shmem.NewDoorbells(d.local, d.remote, regDoorbells)
 	d.ringSeq = loadFutex(d.remote, regDoorbellSeq)
 	// A generation unlike any earlier one tells the peer we are new.
 	d.gen = rand.Uint64() | 1
 	d.remote.Store64(regGeneration, d.gen)
-	d.remote.Store32(regPeerDown, 0)
-
-	if path != "" {
-		if d.bell, err = openBell(path, d.side, !o.FutexWait); err != nil {
-			return nil, err
-		}
+	var down uint32
+	if d.forceDown.Load() {
+		down = 1
 	}
+	d.remote.Store32(regPeerDown, down)
 	var bells uint32
 	if d.bell.reads() {
 		bells = 1
 	}
 	d.remote.Store32(regBells, bells)
+}
+
+// start runs the monitor.
+func (d *Device) start() {
 	d.links = ntb.NewLinkTracker()
 	d.stop = make(chan struct{})
 	d.done = make(chan struct{})
 	d.busy = make(chan struct{}, 1)
 	d.now = make(chan struct{}, 1)
 	go d.runMonitor()
-	return d, nil
+}
+
+func (d *Device) logf(format string, args ...any) {
+	if d.logFn != nil {
+		d.logFn(format, args...)
+	}
 }
 
 // claim takes the lock of the requested side.
@@ -281,8 +411,9 @@ func (d *Device) claim(s Side) error {
 	return fmt.Errorf("side %d is attached by another process", s-Side0)
 }
 
-// initFile sizes and stamps a new link file, or checks an existing one.
-// A file with another layout is rebuilt only if nobody holds its other end.
+// initFile sizes and stamps the memory of a new memory link, or checks an
+// existing one. Memory with another layout is rebuilt only if nobody holds
+// its other end.
 func (d *Device) initFile(window int) error {
 	if err := d.lock(lockInit, true); err != nil {
 		return fmt.Errorf("lock link file: %w", err)
@@ -301,6 +432,15 @@ func (d *Device) initFile(window int) error {
 			mismatch = fmt.Sprintf("window size %d, this end asks for %d", size, window)
 		}
 		if mismatch == "" {
+			var st unix.Stat_t
+			if err := unix.Fstat(int(d.file.Fd()), &st); err != nil {
+				return fmt.Errorf("stat link memory: %w", err)
+			}
+			if st.Size < int64(fileSize(window)) {
+				mismatch = fmt.Sprintf("%d bytes, a %d-byte window needs %d", st.Size, window, fileSize(window))
+			}
+		}
+		if mismatch == "" {
 			return nil
 		}
 		if d.lock(lockSide+1-d.side, false) != nil {
@@ -315,25 +455,25 @@ func (d *Device) initFile(window int) error {
 	if err := d.file.Truncate(int64(fileSize(window))); err != nil {
 		return err
 	}
-	le.PutUint32(hdr[offFileMagic:], fileMagic)
-	le.PutUint32(hdr[offFileVersion:], fileVersion)
-	le.PutUint64(hdr[offFileWindow:], uint64(window))
-	_, err := d.file.WriteAt(hdr[:], 0)
-	return err
+	return stampHeader(d.file, window)
 }
 
-func (d *Device) lock(b int, wait bool) error {
+func (d *Device) lock(b int, wait bool) error { return lockByte(d.file, b, wait) }
+func (d *Device) unlock(b int)                { unlockByte(d.file, b) }
+
+// lockByte takes an open-file-description write lock on byte b of f.
+func lockByte(f *os.File, b int, wait bool) error {
 	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: int64(b), Len: 1}
 	cmd := unix.F_OFD_SETLK
 	if wait {
 		cmd = unix.F_OFD_SETLKW
 	}
-	return unix.FcntlFlock(d.file.Fd(), cmd, &lk)
+	return unix.FcntlFlock(f.Fd(), cmd, &lk)
 }
 
-func (d *Device) unlock(b int) {
+func unlockByte(f *os.File, b int) {
 	lk := unix.Flock_t{Type: unix.F_UNLCK, Whence: 0, Start: int64(b), Len: 1}
-	_ = unix.FcntlFlock(d.file.Fd(), unix.F_OFD_SETLK, &lk)
+	_ = unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk)
 }
 
 // enter guards the mapping against Close; call exit when done.
@@ -599,6 +739,16 @@ func (d *Device) runMonitor() {
 	state := ntb.LinkDown
 	for {
 		now := time.Now()
+		d.checkPaths()
+		attached, met := d.peerAttached(), ""
+		if !attached {
+			var moved bool
+			if met, moved = d.meetPeer(); moved {
+				// Other memory, other counters: start over as at attach.
+				beats, lastBeat, lastMove = d.remote.Load64(regHeartbeat), d.local.Load64(regHeartbeat), time.Time{}
+				attached = d.peerAttached()
+			}
+		}
 		if !d.silent.Load() {
 			beats++
 			d.remote.Store64(regHeartbeat, beats)
@@ -611,7 +761,9 @@ func (d *Device) runMonitor() {
 		switch {
 		case d.forceDown.Load():
 			next, why = ntb.LinkDown, "forced down"
-		case !d.peerAttached():
+		case !attached && met != "":
+			next, why = ntb.LinkDown, "peer process gone; "+met
+		case !attached:
 			next, why = ntb.LinkDown, "peer process gone"
 		case gen == 0:
 			next, why = ntb.LinkDown, "peer detached"
@@ -702,6 +854,8 @@ func (d *Device) Close() error {
 		d.wakePeer()
 		d.wakeLocal()
 		d.users.Lock() // wait for methods in flight
+		d.closeServer()
+		d.leave()
 		d.closeErr = d.release()
 		d.users.Unlock()
 	})
@@ -710,6 +864,11 @@ func (d *Device) Close() error {
 
 func (d *Device) release() error {
 	var errs []error
+	d.closeServer()
+	if d.lockFile != nil {
+		errs = append(errs, d.lockFile.Close())
+		d.lockFile = nil
+	}
 	if d.mem != nil {
 		errs = append(errs, unix.Munmap(d.mem))
 		d.mem = nil
@@ -728,16 +887,19 @@ func (d *Device) release() error {
 	return errors.Join(errs...)
 }
 
-// Remove deletes the link file and its doorbell FIFOs. Attached ends keep
-// working (each has the other's FIFO open once it has rung it, which the
-// session handshake does); new ones create fresh files.
+// Remove deletes the files of the link's meeting point: the lock file, the
+// sockets and the doorbell FIFOs. Attached ends keep working (each has the
+// other's FIFO open once it has rung it, which the session handshake
+// does) and put back the lock file and their socket at their next beat,
+// so that an end that restarts finds the other; each removes its socket
+// when it closes.
 func Remove(dir, name string) error {
 	if dir == "" {
 		dir = DefaultDir
 	}
 	link := filepath.Join(dir, name)
 	var errs []error
-	for _, path := range []string{link, bellPath(link, 0), bellPath(link, 1)} {
+	for _, path := range []string{link, sockPath(link, 0), sockPath(link, 1), bellPath(link, 0), bellPath(link, 1)} {
 		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}

@@ -4,6 +4,7 @@ package shm
 
 import (
 	"encoding/binary"
+	"fmt"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -86,4 +87,19 @@ func futexWake(b []byte, off int) {
 // word at off.
 func futexWakePrivate(b []byte, off int) {
 	_, _, _ = unix.Syscall6(unix.SYS_FUTEX, uintptr(ptr(b, off, 4)), futexWakeOp|futexPrivate, uintptr(1<<30), 0, 0, 0)
+}
+
+// remapShared maps fd, from offset 0, shared, over the mapping mem in
+// place (MAP_FIXED): every slice of mem now reads and writes the new file.
+// A thread touching mem meanwhile sees the old file or the new one, never
+// a hole.
+func remapShared(mem []byte, fd int) error {
+	if len(mem) == 0 {
+		return nil
+	}
+	_, err := unix.MmapPtr(fd, 0, unsafe.Pointer(&mem[0]), uintptr(len(mem)), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_FIXED)
+	if err != nil {
+		return fmt.Errorf("map the new link memory in place: %w", err)
+	}
+	return nil
 }

@@ -12,8 +12,12 @@ import (
 )
 
 // Resolve decides how a local user reaches req.Target:req.Port: shared
-// memory on this host, the NTB link to a rack peer whose session is up,
-// else RDMA when both hosts have it, else the peer's TCP fallback. Errors
+// memory on this host, the NTB link to a rack peer, else RDMA when both
+// hosts have it, else the peer's TCP fallback. A peer whose control
+// session is down keeps its NTB route: the link may well be up, and
+// ntproxy, which owns it, takes the route's next hop if it is not (see
+// proxy.followLink); only a link the peer's HELLO showed unusable is
+// passed over here. Errors
 // are *ctlapi.Error: CodeUnknown, CodeDenied (naming the ACL rule),
 // CodeNoPath, CodeBadRequest.
 func (m *Monitor) Resolve(req ctlapi.ResolveRequest) (ctlapi.Route, error) {
@@ -38,12 +42,12 @@ func (m *Monitor) Resolve(req ctlapi.ResolveRequest) (ctlapi.Route, error) {
 	switch {
 	case p.cfg.Link == "":
 		r.NTBWhy = "no NTB link to " + host
-	case !up && everUp:
-		r.NTBWhy = fmt.Sprintf("peer %s control plane down since %s (%s)", host, since.Format(time.TimeOnly), why)
-	case !up:
-		r.NTBWhy = fmt.Sprintf("peer %s control plane not up yet (%s)", host, why)
 	case problem != "":
 		r.NTBWhy = "NTB link unusable: " + problem
+	case !up && everUp:
+		r.NTBNote = fmt.Sprintf("peer %s control plane down since %s (%s), the link's own state decides", host, since.Format(time.TimeOnly), why)
+	case !up:
+		r.NTBNote = fmt.Sprintf("peer %s control plane not up yet (%s), the link's own state decides", host, why)
 	}
 	// The peer's RDMA listener is what its last HELLO said: its ntproxy
 	// may well serve while its ntmon is away, as with the TCP fallback.

@@ -102,7 +102,10 @@ func TestPeersAndResolve(t *testing.T) {
 		{target: "b", path: "ntb", link: "rack-a-b", wantHost: "b", reason: "rack peer b over NTB link rack-a-b"},
 		{target: "10.77.0.2", path: "ntb", link: "rack-a-b", wantHost: "b"},
 		{target: "c", path: "tcp", addr: "127.0.0.1:7481", wantHost: "c", reason: "no NTB link to c"},
-		{target: "d", code: ctlapi.CodeNoPath, messageContain: "no path to d: peer d control plane not up yet"},
+		// d's control plane never came up: its NTB link is still the route,
+		// which ntproxy passes over if the link is down (and d has no
+		// other transport).
+		{target: "d", path: "ntb", link: "rack-a-d", wantHost: "d", reason: "rack peer d over NTB link rack-a-d; peer d control plane not up yet"},
 		{target: "zz", code: ctlapi.CodeUnknown, messageContain: `resolve zz: not this host`},
 	} {
 		t.Run(tc.target, func(t *testing.T) {
@@ -152,17 +155,20 @@ func TestPeerDownFallbackAndBack(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "ntb", rt.Path)
 
-	// b stops: a marks it down (b says goodbye, so at once; within the
-	// peer timeout in any case) and routes to b over the fallback.
+	// b's ntmon stops: a marks it down (b says goodbye, so at once; within
+	// the peer timeout in any case). The NTB link stays the route, the
+	// reason saying the control plane is down, and the fallback its next
+	// hop: ntproxy, which sees the link's own state, takes it if the link
+	// is down too.
 	require.NoError(t, r.b.m.Close())
 	p := r.a.waitPeer(t, "b", false)
 	require.Contains(t, p.Why, "down since")
 	require.Contains(t, p.Why, "shutting down")
 	rt, err = r.a.resolve(t, 0, "b", 80)
 	require.NoError(t, err)
-	require.Equal(t, "tcp", rt.Path)
-	require.Equal(t, r.fallBack, rt.Addr)
+	require.Equal(t, "ntb", rt.Path)
 	require.Contains(t, rt.Reason, "peer b control plane down since")
+	require.Contains(t, rt.Hops, ctlapi.Hop{Path: "tcp", Addr: r.fallBack})
 
 	// c has no fallback on its side: with a gone, it has no path.
 	require.NoError(t, r.a.m.Close())
@@ -262,7 +268,9 @@ func TestSilentPeerTimesOut(t *testing.T) {
 	require.Contains(t, p.Why, "silent for")
 	rt, err = na.resolve(t, 0, "d", 80)
 	require.NoError(t, err)
-	require.Equal(t, "tcp", rt.Path)
+	require.Equal(t, "ntb", rt.Path, "the link's own state decides (ntproxy)")
+	require.Contains(t, rt.Reason, "silent for")
+	require.Contains(t, rt.Hops, ctlapi.Hop{Path: "tcp", Addr: "127.0.0.1:1"})
 	// a heartbeated while it waited, then hung up.
 	frames := readUntilClosed(t, c)
 	require.NotEmpty(t, frames)

@@ -350,11 +350,19 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (_ 
 	if err != nil {
 		return nil, nil, err
 	}
+	picked := route.Path
+	if route, err = s.followLink(ctx, route); err != nil {
+		s.logf("dial %s:%d: %v", route.Host, req.Port, err)
+		return nil, nil, err
+	}
 	pc := &pconn{id: s.nextID.Add(1), app: a.id, dir: "out", path: route.Path, reason: route.Reason, link: route.Link, partition: -1, hops: route.Hops}
 	if pc.secret, err = newLegSecret(); err != nil {
 		return nil, nil, ctlapi.Errorf(ctlapi.CodeInternal, "resume secret: %v", err)
 	}
 	pc.remote = hostPort(route.Host, req.Port)
+	if route.Path != picked {
+		s.logf("connection %d to %s: %s", pc.id, route.Host, route.Reason)
+	}
 	if req.Pool {
 		s.tryPool(a, pc)
 		defer func() {
@@ -377,9 +385,15 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (_ 
 		if link == nil {
 			return nil, nil, ctlapi.Errorf(ctlapi.CodeNoPath, "ntmon routes %s over NTB link %s, which this ntproxy does not have", route.Host, route.Link)
 		}
-		fc, err := link.ep.DialClass(ctx, req.Port, class)
+		fc, err := dialNTB(ctx, link, req.Port, class)
 		if err != nil {
-			return nil, nil, fabricErr(route.Host, req.Port, err)
+			next, ok := passNTB(route, err.Error())
+			if !linkFailed(err) || !ok {
+				return nil, nil, fabricErr(route.Host, req.Port, err)
+			}
+			pc.path, pc.reason, pc.link = next.Path, next.Reason, ""
+			s.logf("connection %d to %s: %s", pc.id, route.Host, next.Reason)
+			return s.dialOffRackOpen(ctx, next, pc, req.Port)
 		}
 		pc.partition = fc.Partition()
 		if pc.peerWin, err = s.rackOpen(fc, route.Host, appproto.RackOpen{Port: req.Port, Token: pc.id, Window: pc.rxWindow(), Secret: pc.secret}); err != nil {
@@ -389,19 +403,25 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (_ 
 		pc.local = hostPort(s.cfg.Host, fc.LocalAddr().(transport.Addr).Port)
 		return pc, fc, nil
 	case ctlapi.PathRDMA, ctlapi.PathTCP:
-		c, err := s.dialOffRack(ctx, route, pc)
-		if err != nil {
-			return nil, nil, err
-		}
-		pc.local = c.LocalAddr().String()
-		if pc.peerWin, err = s.rackOpen(c, route.Host, appproto.RackOpen{Port: req.Port, Token: pc.id, Window: pc.rxWindow(), Secret: pc.secret}); err != nil {
-			c.Close()
-			return nil, nil, err
-		}
-		return pc, c, nil
+		return s.dialOffRackOpen(ctx, route, pc, req.Port)
 	default:
 		return nil, nil, ctlapi.Errorf(ctlapi.CodeNoPath, "%s is reachable only over %s (%s), which this ntproxy does not speak", route.Host, route.Path, route.Reason)
 	}
+}
+
+// dialOffRackOpen connects pc to port of route's host over route's path,
+// RDMA or TCP (dialOffRack), and opens the connection there.
+func (s *Server) dialOffRackOpen(ctx context.Context, route ctlapi.Route, pc *pconn, port int) (*pconn, net.Conn, error) {
+	c, err := s.dialOffRack(ctx, route, pc)
+	if err != nil {
+		return nil, nil, err
+	}
+	pc.local = c.LocalAddr().String()
+	if pc.peerWin, err = s.rackOpen(c, route.Host, appproto.RackOpen{Port: port, Token: pc.id, Window: pc.rxWindow(), Secret: pc.secret}); err != nil {
+		c.Close()
+		return nil, nil, err
+	}
+	return pc, c, nil
 }
 
 // dialOffRack connects to the peer proxy's listener on route's path, RDMA

@@ -64,6 +64,9 @@ func (s *Server) dialDirect(ctx context.Context, a *app, req appproto.DialReques
 	if route.Path != ctlapi.PathNTB && route.Path != ctlapi.PathSHM {
 		return nil, nil, ctlapi.Errorf(ctlapi.CodeNoDirect, "direct mode needs an NTB link or the same host; %s is reachable only over %s (%s)", route.Host, route.Path, route.Reason)
 	}
+	if link := s.links[route.Host]; route.Path == ctlapi.PathNTB && link != nil && !waitLinkUp(ctx, link.ep.Device(), linkGrace) {
+		return nil, nil, ctlapi.Errorf(ctlapi.CodeNoDirect, "direct mode needs the NTB link to %s: %s", route.Host, s.linkDown(route.Host))
+	}
 	pc := &pconn{id: s.nextID.Add(1), app: a.id, dir: "out", path: route.Path, link: route.Link, partition: -1, direct: true}
 	pc.remote = hostPort(route.Host, req.Port)
 	pc.local = hostPort(s.cfg.Host, int(pc.id%50000)+10000)

@@ -105,8 +105,9 @@ type Server struct {
 
 // rackLink is the NTB link to one rack peer.
 type rackLink struct {
-	peer config.Peer
-	ep   *transport.Endpoint
+	peer   config.Peer
+	ep     *transport.Endpoint
+	everUp atomic.Bool // the link has been up since New (runLinkWatch)
 }
 
 // forwarderSpinYield is the spin yield (transport.Config.SpinYield) of
@@ -166,7 +167,11 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 			// FutexWait: the pool legs spin runnable while they wait, and a
 			// FIFO read through the runtime's poller would be seen only
 			// once they stop (see shm's bell).
-			Fabric: shm.Options{Dir: cfg.Proxy.FabricDir, WindowSize: cfg.Proxy.Window, HeartbeatTimeout: cfg.Proxy.LinkTimeout.Duration, FutexWait: true},
+			// Side: fixed per host pair, see linkSide.
+			Fabric: shm.Options{Dir: cfg.Proxy.FabricDir, WindowSize: cfg.Proxy.Window, HeartbeatTimeout: cfg.Proxy.LinkTimeout.Duration, FutexWait: true,
+				Side: linkSide(cfg.Host, p.Host), Logf: func(format string, args ...any) {
+					s.logf("link %s: "+format, append([]any{p.Link}, args...)...)
+				}},
 			Logf: func(format string, args ...any) {
 				s.logf("link %s: "+format, append([]any{p.Link}, args...)...)
 			},
@@ -180,8 +185,9 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("link %s: resume port %d: %w", p.Link, resumePort, err)
 		}
-		s.wg.Add(1)
+		s.wg.Add(2)
 		go s.runResumeAccept(link, ln)
+		go s.runLinkWatch(link)
 	}
 	return s, nil
 }

@@ -59,6 +59,10 @@ func (p Paths) TransportOrder(asked []string) (order []string, excluded map[stri
 type Reach struct {
 	// NTBWhy says why the NTB link is unusable ("" = usable).
 	NTBWhy string
+	// NTBNote is added to the reason of a route over the NTB link: what
+	// the control plane could not check (its session with the peer is
+	// down, and ntproxy goes by the link's own state).
+	NTBNote string
 	// RDMAAddr is the peer ntproxy's RDMA listener when both hosts have
 	// a usable RDMA device; otherwise RDMAWhy says why not.
 	RDMAAddr string
@@ -88,8 +92,11 @@ func PickRoute(peer Paths, asked []string, r Reach) (Route, error) {
 		switch t {
 		case PathNTB:
 			if r.NTBWhy == "" {
-				return Route{Host: peer.Host, Path: PathNTB, Link: peer.Link, Hops: hops,
-					Reason: fmt.Sprintf("rack peer %s over NTB link %s", peer.Host, peer.Link)}, nil
+				why := fmt.Sprintf("rack peer %s over NTB link %s", peer.Host, peer.Link)
+				if r.NTBNote != "" {
+					why += "; " + r.NTBNote
+				}
+				return Route{Host: peer.Host, Path: PathNTB, Link: peer.Link, Hops: hops, Reason: why}, nil
 			}
 			passed = append(passed, r.NTBWhy)
 		case PathRDMA:

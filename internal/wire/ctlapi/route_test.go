@@ -28,6 +28,8 @@ func TestPickRoute(t *testing.T) {
 	}{
 		{name: "ntb up", reach: Reach{RDMAWhy: noRDMA}, path: "ntb", reason: "rack peer b over NTB link ab", hops: []Hop{ntb, tcp}},
 		{name: "ntb up, rdma too", reach: rdma, path: "ntb", hops: []Hop{ntb, rd, tcp}},
+		{name: "control plane down: ntb, noted", reach: Reach{NTBNote: down + ", the link's own state decides", RDMAWhy: noRDMA}, path: "ntb",
+			reason: "rack peer b over NTB link ab; " + down + ", the link's own state decides", hops: []Hop{ntb, tcp}},
 		{name: "ntb down: tcp", reach: Reach{NTBWhy: down, RDMAWhy: noRDMA}, path: "tcp",
 			reason: down + "; " + noRDMA + ": TCP fallback 192.0.2.2:7480", hops: []Hop{ntb, tcp}},
 		{name: "ntb down: rdma", reach: Reach{NTBWhy: down, RDMAAddr: rd.Addr}, path: "rdma",
