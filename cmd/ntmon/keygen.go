@@ -3,13 +3,16 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 
+	"github.com/ntstack/ntstack/internal/tools/cli"
 	"github.com/ntstack/ntstack/internal/wire/hostauth"
 )
+
+// keygenSynopsis is keygen's usage line.
+const keygenSynopsis = "[-host NAME] [-ca CA.key] -out FILE | -new-ca -out CA.key -cert CA.pem"
 
 // keygenCmd is `ntmon keygen`: it writes a host key (an ed25519 private
 // key and a certificate naming the host, PEM, mode 0600; an existing file
@@ -18,19 +21,17 @@ import (
 // by a rack CA (-ca), which peers trust through auth.ca. -new-ca makes
 // such a CA.
 func keygenCmd(_ context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("ntmon keygen", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := cli.FlagSet("ntmon keygen", keygenSynopsis, stderr)
 	host := fs.String("host", "", "this host's name, as its configuration's host (default: the system's host name)")
 	out := fs.String("out", "", "the key file to write (required; set auth.key to it)")
 	caKey := fs.String("ca", "", "sign the host's certificate with this rack CA key (from -new-ca) instead of self-signing")
 	newCA := fs.Bool("new-ca", false, "write a new rack CA: its private key to -out, its certificate to -cert")
 	caCert := fs.String("cert", "", "with -new-ca: where to write the CA's certificate (the hosts' auth.ca)")
-	usage := "usage: ntmon keygen [-host NAME] [-ca CA.key] -out FILE\n       ntmon keygen -new-ca -out CA.key -cert CA.pem"
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, ok := cli.Parse(fs, args, stdout); !ok {
+		return code
 	}
 	if fs.NArg() > 0 || *out == "" || *newCA != (*caCert != "") {
-		fmt.Fprintln(stderr, usage)
+		fs.Usage()
 		return 2
 	}
 	if *newCA {

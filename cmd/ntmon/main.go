@@ -58,7 +58,7 @@ var ntmon = cli.Program{
 		{Name: "status", Synopsis: statusSynopsis, Run: status},
 		{Name: "doctor", Synopsis: doctorSynopsis, Run: doctorCmd},
 		{Name: "capture", Synopsis: "-link LINK [-conn ID] [-count N | -duration D] -w FILE | -lua FILE", Run: captureCmd},
-		{Name: "keygen", Synopsis: "[-host NAME] [-ca CA.key] -out FILE | -new-ca -out CA.key -cert CA.pem", Run: keygenCmd},
+		{Name: "keygen", Synopsis: keygenSynopsis, Run: keygenCmd},
 		{Name: "version", Run: versionCmd},
 	},
 }
