@@ -62,13 +62,67 @@ func (s LinkState) String() string {
 	return "down"
 }
 
-// LinkEvent reports a change of link state.
+// Cause says why a link went down, so that the layers above can tell a
+// peer that is gone from one that is only quiet: a connection ends with a
+// reset when its peer is gone, and only pauses while its peer is silent.
+type Cause int
+
+const (
+	// CauseNone: the link is up, or the backend cannot tell.
+	CauseNone Cause = iota
+	// CauseClosed: the peer detached in order (closed its end).
+	CauseClosed
+	// CauseGone: the peer's process is gone without detaching (it
+	// crashed or was killed).
+	CauseGone
+	// CauseSilent: the peer is still attached but has been silent for
+	// longer than the user timeout.
+	CauseSilent
+	// CauseLocal: this end took the link down (forced down, closed).
+	CauseLocal
+	// CauseHardware: the link itself failed (PCIe link down, device
+	// removed, link memory lost).
+	CauseHardware
+)
+
+func (c Cause) String() string {
+	switch c {
+	case CauseClosed:
+		return "peer closed"
+	case CauseGone:
+		return "peer gone"
+	case CauseSilent:
+		return "peer silent"
+	case CauseLocal:
+		return "local"
+	case CauseHardware:
+		return "link failed"
+	}
+	return "none"
+}
+
+// LinkEvent reports a change of link state, or of its liveness.
 type LinkEvent struct {
 	State LinkState
+	// Cause says why a link went down (CauseNone while up).
+	Cause Cause
+	// Suspect is set on an up link whose peer has missed heartbeats but
+	// is not known to be gone: connections pause rather than fail, and
+	// may move to another path. An event with Suspect clear on an up
+	// link says the peer was heard again.
+	Suspect bool
 	// Reason says why the link changed, for logs ("peer attached",
 	// "peer heartbeat lost for 60ms", "forced down").
 	Reason string
 	Time   time.Time
+}
+
+// Liveness is a Device that tells a quiet peer from a gone one: Suspect
+// reports an up link whose peer has missed heartbeats, LinkCause why the
+// link is down (CauseNone while up).
+type Liveness interface {
+	Suspect() bool
+	LinkCause() Cause
 }
 
 // Device is one port of an NTB link.
