@@ -34,7 +34,7 @@ import (
 // flags summarises the lifecycle for the fast paths, which read no lock.
 type Conn struct {
 	ep            *Endpoint
-	st            *state
+	stp           atomic.Pointer[state] // the session it runs on; replaced when it resumes on a new one
 	id            uint32 // ours; frames to us carry it
 	peerID        uint32 // theirs; frames we send carry it
 	gen, peerGen  uint32 // incarnations of id and peerID
@@ -97,6 +97,11 @@ func newConn(ep *Endpoint, local, remote Addr) *Conn {
 	c.rxPart.Store(-1)
 	return c
 }
+
+// st is the session state the connection runs on now. A connection that
+// resumes after a session restart moves to the new one (resume.go), so
+// callers load it once per use rather than keep it.
+func (c *Conn) st() *state { return c.stp.Load() }
 
 // wake signals ch, one of c's notify channels; if a goroutine of c is
 // parked, the endpoint's spinner yields soon so that it runs (see spin).
@@ -164,7 +169,7 @@ func (c *Conn) releaseLocal() {
 	c.turnsDone = true
 	c.retireAhead(0)
 	c.cmu.Unlock()
-	c.st.releaseID(c)
+	c.st().releaseID(c)
 }
 
 func (c *Conn) class() qos.Class { return qos.Class(c.prio.Load()) }

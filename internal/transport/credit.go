@@ -77,28 +77,28 @@ func (c *Conn) consumed(n int) {
 	wants := c.wants
 	c.cmu.Unlock()
 	if wants {
-		c.st.queueTurn(c) // its reader was too far behind for a turn
+		c.st().queueTurn(c) // its reader was too far behind for a turn
 	}
-	if c.st.turns.nwait.Load() > 0 {
-		c.st.serveTurns()
+	if c.st().turns.nwait.Load() > 0 {
+		c.st().serveTurns()
 	}
 }
 
 // creditLocked hands back credit for total bytes read (cmu held), as
 // consumed describes.
 func (c *Conn) creditLocked(total int64) {
-	window := c.st.window
-	share := c.st.share()
-	step := c.st.creditStep(share)
+	window := c.st().window
+	share := c.st().share()
+	step := c.st().creditStep(share)
 	extra := min(step, window-share)
 	floor := share + extra - step
-	if w := c.st.sharedBound(c, share); w > 0 {
+	if w := c.st().sharedBound(c, share); w > 0 {
 		// Beside a small-message flow: no more than w in flight, and
 		// records as small as a step, so a small message waits behind
 		// little. Not in turns either (see grantTurn).
 		share, step, extra = w, w/creditEvery, 0
 		floor = step
-	} else if c.st.turnChunkAt(share) > 0 {
+	} else if c.st().turnChunkAt(share) > 0 {
 		c.creditPooled(total)
 		return
 	}
@@ -122,7 +122,7 @@ func (c *Conn) creditLocked(total int64) {
 // floorPooled set, so that a bulk writer asks for a turn rather than send
 // on the baseline.
 func (c *Conn) creditPooled(total int64) {
-	window := c.st.window
+	window := c.st().window
 	base := min(minShare, window)
 	floor := min(DefaultMTU, window) | floorPooled
 	grant := total - (window - base)
@@ -141,7 +141,7 @@ func (c *Conn) sendCreditLocked(floor int64) {
 	c.mu.Unlock()
 	if live {
 		m := creditMsg{consumed: uint64(c.creditOut), gen: c.peerGen, floor: uint32(floor)}
-		c.st.sendLoose(c.st.control, kindCredit, c.peerID, c.id, m.encode(c.creditBuf[:0]))
+		c.st().sendLoose(c.st().control, kindCredit, c.peerID, c.id, m.encode(c.creditBuf[:0]))
 		c.ep.counters.credits.Add(1)
 	}
 }
@@ -199,7 +199,7 @@ func (c *Conn) creditFloor() int64 {
 		floor = c.window // none yet, or more than the window could ever free
 	}
 	f := max(1, min(int64(len(c.out)-c.outOff), int64(c.ep.cfg.MTU), floor, DefaultMTU))
-	if f > smallPiece && c.ep.cfg.MTU <= DefaultMTU && c.unit != nil && c.st.smallTraffic(c.unit.parts[c.slot].Index) {
+	if f > smallPiece && c.ep.cfg.MTU <= DefaultMTU && c.unit != nil && c.st().smallTraffic(c.unit.parts[c.slot].Index) {
 		f = smallPiece // it sends pieces (see serveOnce)
 	}
 	return f

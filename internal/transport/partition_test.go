@@ -360,10 +360,10 @@ func TestQoSShareFitsClassRing(t *testing.T) {
 	_, r := bulkPair(t, a, b, 1)
 	bulkPair(t, a, b, 2)
 	const conns = 2
-	ring := int64(r.st.parts[0].RxRingSize())
-	t.Logf("ring %d bytes, %d connections, share %d bytes", ring, conns, r.st.share())
+	ring := int64(r.st().parts[0].RxRingSize())
+	t.Logf("ring %d bytes, %d connections, share %d bytes", ring, conns, r.st().share())
 	require.Greater(t, ring/(2*conns), int64(minShare), "a ring large enough to bound the share")
-	require.LessOrEqual(t, r.st.share()*conns, ring/2)
+	require.LessOrEqual(t, r.st().share()*conns, ring/2)
 }
 
 // A connection's window, as OPEN and ACCEPT announce it, is at most half a
@@ -375,7 +375,7 @@ func TestQoSShareFitsClassRing(t *testing.T) {
 func TestWindowFitsRing(t *testing.T) {
 	a, b := endpoints(t, "ntbtest", Config{}) // 1 MiB link windows: 512 KiB rings
 	w, r := connPair(t, a, b, 1)
-	ring := int64(r.st.parts[0].RxRingSize())
+	ring := int64(r.st().parts[0].RxRingSize())
 	require.Equal(t, ring/2, w.window, "the window the dialer was given")
 	require.Equal(t, ring/2, r.window, "the window the listener was given")
 	const size = 16 << 20
@@ -538,11 +538,11 @@ func TestSharedWindow(t *testing.T) {
 	// allowed.
 	inFlight := func(d time.Duration, beside bool) (most int64) {
 		if beside {
-			require.Eventually(t, func() bool { return br.st.sharedShare(br) > 0 }, 10*time.Second, time.Millisecond,
+			require.Eventually(t, func() bool { return br.st().sharedShare(br) > 0 }, 10*time.Second, time.Millisecond,
 				"the receiver should see the small-message flow")
 			// Credit granted before allowed at most a window more.
 			from := br.read.Load()
-			require.Eventually(t, func() bool { return br.read.Load() >= from+br.st.window }, 10*time.Second, time.Millisecond,
+			require.Eventually(t, func() bool { return br.read.Load() >= from+br.st().window }, 10*time.Second, time.Millisecond,
 				"the reader should read past the credit granted before")
 		}
 		for end := time.Now().Add(d); time.Now().Before(end); {
@@ -598,7 +598,7 @@ func TestHeaderBeforeBodyIsNotLatencyTraffic(t *testing.T) {
 	const smallFor = 100 * time.Millisecond // longer than the sends below take, even under -race
 	a.smallFor, b.smallFor = int64(smallFor), int64(smallFor)
 	w, r := connPair(t, a, b, 1)
-	marked := func() bool { return r.st.traffic[r.rxPart.Load()].smallAt.Load() != 0 }
+	marked := func() bool { return r.st().traffic[r.rxPart.Load()].smallAt.Load() != 0 }
 	send := func(sizes ...int) { // and read them, at once
 		t.Helper()
 		total := 0
@@ -887,11 +887,11 @@ func TestCreditKeepsRecordsWhole(t *testing.T) {
 	// Streaming connections bring the share down to between one and two
 	// MTUs.
 	port := 2
-	for ; r.st.share() >= 2*msg; port++ {
+	for ; r.st().share() >= 2*msg; port++ {
 		bulkPair(t, a, b, port)
 	}
-	t.Logf("share %d bytes with %d connections", r.st.share(), port-1)
-	require.GreaterOrEqual(t, r.st.share(), int64(msg), "a share of at least one record")
+	t.Logf("share %d bytes with %d connections", r.st().share(), port-1)
+	require.GreaterOrEqual(t, r.st().share(), int64(msg), "a share of at least one record")
 
 	// stream sends n bytes in msg-byte writes and reads them 32 KiB at a
 	// time (as io.Copy does), checking every byte; during runs meanwhile.
@@ -961,8 +961,8 @@ func TestCreditKeepsRecordsWhole(t *testing.T) {
 			c, d := bulkPair(t, a, b, p)
 			extra = append(extra, c, d)
 		}
-		t.Logf("share %d bytes", r.st.share())
-		require.Less(t, r.st.share(), int64(msg), "64 more connections should shrink the share below the floor sent")
+		t.Logf("share %d bytes", r.st().share())
+		require.Less(t, r.st().share(), int64(msg), "64 more connections should shrink the share below the floor sent")
 	})
 	stream(total, func() {
 		for _, c := range extra {
@@ -994,7 +994,7 @@ func TestSmallMessageTakenAhead(t *testing.T) {
 	require.True(t, b.cur.smallTraffic(part))
 
 	// x's records, then y's, published while nobody can poll the ring.
-	p := yr.st.parts[part]
+	p := yr.st().parts[part]
 	p.LockRX()
 	const xBytes = 48 << 10
 	xbuf := make([]byte, xBytes)

@@ -77,7 +77,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 	if n > 0 {
 		c.ep.noteProgress() // records moved (see state.pollServe)
 	}
-	if n > yieldAbove && (!c.restWaits.Load() || c.cut) && (c.ep.cfg.HandOff || c.st.smallLately()) {
+	if n > yieldAbove && (!c.restWaits.Load() || c.cut) && (c.ep.cfg.HandOff || c.st().smallLately()) {
 		runtime.Gosched() // still in Read: its next records wait for it
 	}
 	c.readerLeft.Store(true)
@@ -150,7 +150,7 @@ func (c *Conn) readLoop(b []byte, sp *spinner) (int, error) {
 			return 0, c.opErr("read", c.failure())
 		}
 		if c.ep.cfg.CoreModel == CoreInline {
-			if n, _ := c.st.poll(c, b); n > 0 {
+			if n, _ := c.st().poll(c, b); n > 0 {
 				return n, nil
 			}
 		}
@@ -197,13 +197,13 @@ func (c *Conn) unpost() int {
 // and its body sent in many small credits.
 func (c *Conn) noteData(part, n int, now int64) {
 	now++ // never 0
-	pt := &c.st.traffic[part]
+	pt := &c.st().traffic[part]
 	if n > smallWrite {
 		c.bigAt.Store(now)
 		if e := now / c.ep.smallFor; c.bulkEpoch.Swap(e+1) != e+1 {
 			pt.bulk.count(e)
-			c.st.bulk.count(e)
-			c.st.noteBulkPeriod(e)
+			c.st().bulk.count(e)
+			c.st().noteBulkPeriod(e)
 		}
 		return
 	}
@@ -288,7 +288,7 @@ func (c *Conn) actLocked(kind uint32, payload []byte) error {
 				c.enqueue(payload[n:])
 			}
 			c.wake(c.rnotify)
-			if len(payload) > smallWrite && int64(len(payload))*4 >= c.st.share() {
+			if len(payload) > smallWrite && int64(len(payload))*4 >= c.st().share() {
 				// A share of a few records stalls its writer on every
 				// record's credit: the record counts as read now, not
 				// when the reader next runs, which with many readers
@@ -322,8 +322,8 @@ func (c *Conn) actLocked(kind uint32, payload []byte) error {
 		if err != nil {
 			return err
 		}
-		if int(to) >= len(c.st.parts) {
-			return fmt.Errorf("connection %d moved to partition %d of %d", c.id, to, len(c.st.parts))
+		if int(to) >= len(c.st().parts) {
+			return fmt.Errorf("connection %d moved to partition %d of %d", c.id, to, len(c.st().parts))
 		}
 		c.rxPart.Store(int32(to))
 		// Replay what came early on the new partition, in order; a
@@ -379,7 +379,7 @@ func (c *Conn) takeRestDirect() bool {
 
 // acceptData reports whether n more bytes fit in our receive window.
 func (c *Conn) acceptData(n int) bool {
-	return c.recvd.Load()+int64(n)-c.read.Load() <= c.st.window
+	return c.recvd.Load()+int64(n)-c.read.Load() <= c.st().window
 }
 
 // enqueue queues accounted bytes for the reader.

@@ -74,7 +74,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 		// does before it sends (not under c.smu: a CREDIT for c takes
 		// it): a writer whose credit never ran out would otherwise leave
 		// its CREDITs in the control ring.
-		c.st.pollRing(c.st.control, nil, nil)
+		c.st().pollRing(c.st().control, nil, nil)
 		return len(b), nil
 	}
 	c.smu.Lock()
@@ -99,7 +99,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 		contended := false
 		if inline {
 			// Credits, ring space, and (for a bulk write) serving the unit.
-			c.st.pollServe(nil, nil, self == nil)
+			c.st().pollServe(nil, nil, self == nil)
 			if c.wdone.Load() {
 				continue
 			}
@@ -252,7 +252,7 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wa
 			return sent, 0, false
 		}
 		chunk := int(min(int64(len(c.out)-c.outOff), int64(cfg.MTU), credit, int64(p.MaxPayload()), int64(budget)))
-		if chunk > smallPiece && cfg.MTU <= DefaultMTU && c.st.smallTraffic(p.Index) {
+		if chunk > smallPiece && cfg.MTU <= DefaultMTU && c.st().smallTraffic(p.Index) {
 			// A piece, and the pass ends with it: published, and the
 			// writer yields before the next (see smallPiece).
 			chunk, budget = smallPiece, smallPiece
@@ -325,7 +325,7 @@ func (c *Conn) txLocked(p *partition.Partition, tag uint32, body []byte) error {
 		return err
 	}
 	if ts := c.ep.taps.Load(); ts != nil {
-		ts.emit(c.st, TapTX, p.Index, tag, c.id, body)
+		ts.emit(c.st(), TapTX, p.Index, tag, c.id, body)
 	}
 	return nil
 }
@@ -370,13 +370,13 @@ func (c *Conn) queueFrame(kind uint32, body []byte) {
 	c.unit.postLocked(c)
 	c.smu.Unlock()
 	if c.ep.cfg.CoreModel == CoreInline {
-		c.st.serveUnits() // full rings: the poller serves on ring space
+		c.st().serveUnits() // full rings: the poller serves on ring space
 	}
 }
 
 // place puts a new connection on a unit (before any frame of it is sent).
 func (c *Conn) placeLocked() error {
-	u, slot, err := c.st.place(c.class())
+	u, slot, err := c.st().place(c.class())
 	if err != nil {
 		return err
 	}
@@ -406,10 +406,10 @@ func (c *Conn) Partition() int {
 // with Config.QoS a unit of 8), in order and losing nothing. The move
 // happens before the connection's next frame; Migrate does not wait.
 func (c *Conn) Migrate(i int) error {
-	if i < 0 || i >= len(c.st.units) {
-		return fmt.Errorf("migrate connection %d: unit %d outside 0..%d", c.id, i, len(c.st.units)-1)
+	if i < 0 || i >= len(c.st().units) {
+		return fmt.Errorf("migrate connection %d: unit %d outside 0..%d", c.id, i, len(c.st().units)-1)
 	}
-	u := c.st.units[i]
+	u := c.st().units[i]
 	c.moveTo(u, u.partFor(c.class()))
 	return nil
 }
@@ -424,7 +424,7 @@ func (c *Conn) moveTo(u *unit, slot int) {
 	}
 	c.smu.Unlock()
 	if c.ep.cfg.CoreModel == CoreInline {
-		c.st.serveUnits()
+		c.st().serveUnits()
 	}
 }
 

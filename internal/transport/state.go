@@ -79,7 +79,7 @@ func (st *state) newConn(c *Conn) error {
 		return fmt.Errorf("%d connections open: %w", len(st.conns)-1, syscall.EMFILE)
 	}
 	c.id = id
-	c.st = st
+	c.stp.Store(st)
 	c.gen = st.nextGen.Add(1)
 	st.conns[id].Store(c)
 	st.live.Add(1)

@@ -109,7 +109,7 @@ func (st *state) want(c *Conn, m wantMsg) error {
 		return nil
 	}
 	sent := int64(m.consumed) + int64(m.inflight)
-	if sent > c.st.window+c.creditOut {
+	if sent > c.st().window+c.creditOut {
 		c.cmu.Unlock()
 		return fmt.Errorf("connection %d: want after %d bytes sent, beyond the window", c.id, sent)
 	}
@@ -131,7 +131,7 @@ func (c *Conn) retireAhead(keep int64) {
 			return
 		}
 		if c.ahead.CompareAndSwap(a, keep) {
-			c.st.turns.used.Add(keep - a)
+			c.st().turns.used.Add(keep - a)
 			return
 		}
 	}
@@ -147,7 +147,7 @@ func (c *Conn) arrived(n, now int64) {
 		c.turnAt.Store(now)
 		r := min(a, n)
 		if c.ahead.CompareAndSwap(a, a-r) {
-			c.st.turns.used.Add(-r)
+			c.st().turns.used.Add(-r)
 			return
 		}
 	}
@@ -293,13 +293,13 @@ func (st *state) writeOffLocked(idle func(c *Conn, ahead int64) bool) {
 func (c *Conn) grantTurn(chunk int64) {
 	c.cmu.Lock()
 	defer c.cmu.Unlock()
-	t := &c.st.turns
+	t := &c.st().turns
 	if c.turnsDone || !c.wants {
 		t.used.Add(-chunk)
 		return
 	}
 	read := c.read.Load()
-	if chunk == 0 || c.st.sharedBound(c, c.st.share()) > 0 {
+	if chunk == 0 || c.st().sharedBound(c, c.st().share()) > 0 {
 		// Not in turns now, or the shared window bounds c beside a
 		// small-message flow: the credit creditLocked gives.
 		t.used.Add(-chunk)
@@ -320,7 +320,7 @@ func (c *Conn) grantTurn(chunk int64) {
 	c.creditOut += d
 	c.ep.counters.turns.Add(1)
 	c.turnAt.Store(c.ep.now())
-	c.sendCreditLocked(min(DefaultMTU, c.st.window) | floorPooled)
+	c.sendCreditLocked(min(DefaultMTU, c.st().window) | floorPooled)
 }
 
 // settleWantLocked ends c's WANT where the rules gave no turn (cmu held;
@@ -356,5 +356,5 @@ func (c *Conn) settleWantLocked(read, out, floor int64) {
 func (c *Conn) sendWant(buf []byte) {
 	v := c.peerRead.Load()
 	m := wantMsg{consumed: uint64(v), gen: c.peerGen, inflight: uint32(c.sent.Load() - v)}
-	c.st.sendLoose(c.st.control, kindWant, c.peerID, c.id, m.encode(buf))
+	c.st().sendLoose(c.st().control, kindWant, c.peerID, c.id, m.encode(buf))
 }

@@ -39,7 +39,7 @@ func TestCreditTurns(t *testing.T) {
 		s, err := ln.AcceptConn()
 		require.NoError(t, err)
 		if st == nil {
-			st = s.st
+			st = s.st()
 		}
 		c.SetDeadline(deadline)
 		s.SetDeadline(deadline)
@@ -54,7 +54,7 @@ func TestCreditTurns(t *testing.T) {
 	// stops.
 	for i := range idle {
 		c, s := pair()
-		window := s.st.window
+		window := s.st().window
 		read := make(chan struct{})
 		wg.Add(2)
 		go func() {
@@ -168,9 +168,9 @@ func TestCreditStepRuns(t *testing.T) {
 		c, s := connPair(t, a, b, 20+i)
 		cs, ss = append(cs, c), append(ss, s)
 	}
-	share := ss[0].st.rxRings / (2 * conns) // once all stream
-	require.Equal(t, int64(creditRun), ss[0].st.creditStep(share), "share %d: the step is creditRun", share)
-	require.Zero(t, ss[0].st.turnChunkAt(share), "no turns at %d connections", conns)
+	share := ss[0].st().rxRings / (2 * conns) // once all stream
+	require.Equal(t, int64(creditRun), ss[0].st().creditStep(share), "share %d: the step is creditRun", share)
+	require.Zero(t, ss[0].st().turnChunkAt(share), "no turns at %d connections", conns)
 
 	before := b.Stats()
 	streamPairs(t, cs, ss, size)
@@ -193,7 +193,7 @@ func TestTurnsFitWindow(t *testing.T) {
 	b.smallFor = int64(time.Hour) // all sixteen count as streaming (see share)
 	const conns, size = 16, 1 << 20
 	cs, ss := deadlinePairs(t, a, b, conns, 60)
-	st := ss[0].st
+	st := ss[0].st()
 	share := st.rxRings / (2 * conns) // once all sixteen stream
 	chunk := st.turnChunkAt(share)
 	t.Logf("rings %d, window %d, share %d: turns of %d", st.rxRings, st.window, share, chunk)
@@ -210,7 +210,7 @@ func TestTurnsQuarterOfRings(t *testing.T) {
 	b.smallFor = int64(time.Hour) // all four count as streaming (see share)
 	const conns, size = 4, 8 << 20
 	cs, ss := deadlinePairs(t, a, b, conns, 20)
-	st := ss[0].st
+	st := ss[0].st()
 	require.Equal(t, st.rxRings/4, st.turnChunkAt(st.rxRings/(2*conns)), "a quarter of the rings a turn")
 	streamPairs(t, cs, ss, size)
 	require.Positive(t, b.Stats().Turns, "the four streams took turns")
@@ -223,7 +223,7 @@ func TestTurnsQuarterOfRings(t *testing.T) {
 func TestIdleTurnWrittenOff(t *testing.T) {
 	a, b := bigLink(t)
 	_, ss := deadlinePairs(t, a, b, 3, 100)
-	st := ss[0].st
+	st := ss[0].st()
 	idle, young, waiting := ss[0], ss[1], ss[2]
 	turn := credit.Pool(st.rxRings) / 2 // two turns fill the pool: the line waits
 	tu := &st.turns
@@ -276,7 +276,7 @@ func TestIdleConnsHoldNoShare(t *testing.T) {
 		c, s := connPair(t, a, b, 80+i)
 		cs, ss = append(cs, c), append(ss, s)
 	}
-	st := ss[0].st
+	st := ss[0].st()
 	half := min(st.window, st.rxRings/2)
 
 	streamPairs(t, cs[:1], ss[:1], size)
@@ -349,7 +349,7 @@ func TestWantStandsWhileReaderBehind(t *testing.T) {
 		require.NoError(t, <-errs)
 	}
 	c, s := cs[0], ss[0]
-	require.Positive(t, s.st.turnChunk(), "credit in turns")
+	require.Positive(t, s.st().turnChunk(), "credit in turns")
 
 	// One record more, of which the reader takes a little.
 	const record, taken = 16 << 10, 1 << 10
