@@ -59,6 +59,31 @@ const (
 // or the peer started a new session.
 var ErrSessionEnded = errors.New("ntb session ended")
 
+// DownError is the cause of a session's end when its link went down. It
+// wraps ErrSessionEnded. Cause says why, as far as the device can tell
+// (ntb.Liveness; CauseNone from a device that cannot): the layer above
+// fails its connections when the peer is gone or closed, and keeps them
+// for the next session otherwise.
+type DownError struct {
+	Cause  ntb.Cause
+	Reason string
+}
+
+func (e *DownError) Error() string {
+	if e.Cause == ntb.CauseNone {
+		return fmt.Sprintf("link down (%s)", e.Reason)
+	}
+	return fmt.Sprintf("link down (%s: %s)", e.Cause, e.Reason)
+}
+
+func (e *DownError) Unwrap() error { return ErrSessionEnded }
+
+// ErrPeerRestarted is wrapped by the cause of a session's end when the peer
+// started a new session over a link that stayed up (it re-attached, or
+// its session failed): the connections of both ends may resume on the
+// new one.
+var ErrPeerRestarted = fmt.Errorf("peer started a new session: %w", ErrSessionEnded)
+
 // Config configures a Link.
 type Config struct {
 	// Partitions is the number of ring pairs (default 1).
@@ -177,7 +202,11 @@ func (l *Link) runSession() {
 		l.dev.ClearDoorbells(sessionBit)
 		up := l.dev.Link() == ntb.LinkUp
 		if !up {
-			end(fmt.Errorf("link down (%s): %w", l.dev.LinkReason(), ErrSessionEnded))
+			cause := ntb.CauseNone
+			if lv, ok := l.dev.(ntb.Liveness); ok {
+				cause = lv.LinkCause()
+			}
+			end(&DownError{Cause: cause, Reason: l.dev.LinkReason()})
 			nonce, epoch, lastHello = 0, 0, 0
 		} else if leader {
 			if s != nil && s.Err() != nil { // failed from above: make the follower start over
@@ -187,7 +216,7 @@ func (l *Link) runSession() {
 				_ = l.dev.RingPeer(sessionBit)
 			}
 			if h := spad(spadHello); h != 0 && h != lastHello {
-				end(fmt.Errorf("peer started a new session: %w", ErrSessionEnded))
+				end(ErrPeerRestarted)
 				epoch, lastHello = nonZero32(), h
 				if err := l.layout.format(l.dev.InboundWindow()); err != nil {
 					l.logf("format window: %v", err)
@@ -208,7 +237,7 @@ func (l *Link) runSession() {
 			}
 			e := spad(spadEpoch)
 			if s != nil && spad(spadEcho) == nonce && e != s.Epoch {
-				end(fmt.Errorf("peer started a new session: %w", ErrSessionEnded))
+				end(ErrPeerRestarted)
 				if e == 0 {
 					nonce = 0
 				}

@@ -107,10 +107,13 @@ func (p *Partition) EndTX() {
 
 // ArmSpace asks the peer to ring SpaceBit when it hands back room, and
 // reports whether room for n payload bytes appeared meanwhile (then do not
-// sleep).
+// sleep). After the session ends it reports false and touches nothing.
 func (p *Partition) ArmSpace(n int) bool {
 	p.txMu.Lock()
 	defer p.txMu.Unlock()
+	if p.sess.dead.Load() {
+		return false // no room will come; the window may already be another session's
+	}
 	p.tx.ArmSpaceWake()
 	free, err := p.tx.Free()
 	return err != nil || free >= n+64 // a record, its padding and the next header

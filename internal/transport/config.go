@@ -111,6 +111,13 @@ type Config struct {
 	// every record to a deliverer; its endpoints for applications leave it
 	// off, where the yield only cost the bulk reader its runs of records.
 	HandOff bool
+	// UserTimeout is how long a connection waits for a peer it cannot
+	// reach — link down, peer suspect, a new session whose peer does not
+	// resume it — before it fails with ETIMEDOUT (default
+	// DefaultUserTimeout, 10 s, the order of TCP's). A peer that is gone
+	// (exited, closed its endpoint) fails connections at once, with
+	// ECONNRESET; any shorter outage costs a pause (resume.go).
+	UserTimeout time.Duration
 	// Fabric configures the emulated fabric for Open.
 	Fabric shm.Options
 	// Logf, if set, receives link and session events.
@@ -145,9 +152,14 @@ func (c *Config) setDefaults() error {
 	if c.SharedWindow == 0 {
 		c.SharedWindow = DefaultSharedWindow
 	}
+	if c.UserTimeout == 0 {
+		c.UserTimeout = DefaultUserTimeout
+	}
 	switch {
 	case c.Window < minWindow || c.Window > maxWindow:
 		return fmt.Errorf("window %d outside [%d, %d]", c.Window, minWindow, maxWindow)
+	case c.UserTimeout < 0:
+		return fmt.Errorf("user timeout %v", c.UserTimeout)
 	case c.MTU < 1:
 		return fmt.Errorf("mtu %d", c.MTU)
 	case c.SharedWindow > 0 && c.SharedWindow < minWindow:

@@ -35,9 +35,10 @@ import (
 type Conn struct {
 	ep            *Endpoint
 	stp           atomic.Pointer[state] // the session it runs on; replaced when it resumes on a new one
-	id            uint32 // ours; frames to us carry it
-	peerID        uint32 // theirs; frames we send carry it
-	gen, peerGen  uint32 // incarnations of id and peerID
+	id            uint32                // ours; frames to us carry it
+	peerID        uint32                // theirs; frames we send carry it
+	gen, peerGen  uint32                // incarnations of id and peerID
+	nonce         uint64                // identity both ends agreed at OPEN, for RESUME (0: the peer cannot resume)
 	local, remote Addr
 
 	rlock, wlock     sync.Mutex    // serialise Read calls and Write calls
@@ -50,6 +51,7 @@ type Conn struct {
 	sendHalf
 
 	sleepers atomic.Int32 // goroutines parked on this connection
+	pausedAt atomic.Int64 // ep.now()+1 since when it waits for a session or the peer's RESUME (0: it does not)
 	sporadic atomic.Bool  // its last park outlasted busySpin: its waits keep SpinBudget (see spinner)
 
 	flags atomic.Uint32 // fast-path summary of the state below

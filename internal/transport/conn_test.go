@@ -158,47 +158,6 @@ func TestCloseSemantics(t *testing.T) {
 	require.NoError(t, c2.Close())
 }
 
-func TestLinkDownFailsConns(t *testing.T) {
-	da, db := ntbtest.NewPair(1 << 20)
-	a, err := Attach(da, Config{})
-	require.NoError(t, err)
-	b, err := Attach(db, Config{})
-	require.NoError(t, err)
-	defer a.Close()
-	defer b.Close()
-	c1, c2 := connPair(t, a, b, 9)
-	errc := make(chan error, 1)
-	go func() {
-		_, err := c2.Read(make([]byte, 10))
-		errc <- err
-	}()
-	require.Eventually(t, func() bool { return c2.inRead.Load() }, 10*time.Second, time.Millisecond, "the Read should start")
-	da.SetLink(ntb.LinkDown, "test")
-	select {
-	case err := <-errc:
-		require.ErrorIs(t, err, ErrLinkDown)
-	case <-time.After(time.Second):
-		t.Fatal("read did not fail after link down")
-	}
-	// a's side learns of the link down at its session's next look (a
-	// write may land in the ring before that, as a TCP write lands in the
-	// send buffer of a connection about to fail); then writes fail.
-	require.Eventually(t, func() bool {
-		_, err := c1.Write([]byte("x"))
-		return errors.Is(err, ErrLinkDown)
-	}, time.Second, time.Millisecond)
-
-	// The link comes back: a new session, new connections.
-	da.SetLink(ntb.LinkUp, "test")
-	c3, c4 := connPair(t, a, b, 10)
-	_, err = c3.Write([]byte("again"))
-	require.NoError(t, err)
-	buf := make([]byte, 5)
-	_, err = io.ReadFull(c4, buf)
-	require.NoError(t, err)
-	require.Equal(t, "again", string(buf))
-}
-
 func TestNettest(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, backend string) {
 		a, b := endpoints(t, backend, Config{})

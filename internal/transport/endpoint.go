@@ -49,6 +49,11 @@ type Endpoint struct {
 	cur       *state        // current session, nil while the link is down
 	sessCh    chan struct{} // closed when a session is installed or the endpoint closes
 	closed    bool
+	// orphan is the last session that ended with connections waiting to
+	// resume on the next one (resume.go).
+	orphan     *state
+	pauseTimer *time.Timer   // runs checkPaused while connections wait
+	watchStop  chan struct{} // closed by Close: ends runWatch
 
 	spaceMu sync.Mutex
 	// spaceMu protects the following fields.
@@ -97,6 +102,7 @@ func Attach(dev ntb.Device, cfg Config) (*Endpoint, error) {
 		spaceCh:     make(chan struct{}),
 		kick:        make(chan struct{}, 1),
 		smallFor:    int64(smallRecent),
+		watchStop:   make(chan struct{}),
 	}
 	ep.quota.Name, ep.quota.Limit = "receive-window memory quota", cfg.MemoryQuota
 	ep.idler, _ = dev.(ntb.Idler)
@@ -105,6 +111,10 @@ func Attach(dev ntb.Device, cfg Config) (*Endpoint, error) {
 		return nil, fmt.Errorf("attach %s: %w", dev.Name(), err)
 	}
 	ep.link = link
+	if lv, ok := dev.(ntb.Liveness); ok {
+		ep.pollers.Add(1)
+		go ep.runWatch(lv)
+	}
 	return ep, nil
 }
 
@@ -157,6 +167,12 @@ func (ep *Endpoint) Close() error {
 	}
 	ep.closed = true
 	close(ep.sessCh)
+	close(ep.watchStop)
+	if ep.pauseTimer != nil {
+		ep.pauseTimer.Stop()
+	}
+	orphan := ep.orphan
+	ep.orphan = nil
 	lns := make([]*Listener, 0, len(ep.listeners))
 	for _, ln := range ep.listeners {
 		lns = append(lns, ln)
@@ -166,6 +182,13 @@ func (ep *Endpoint) Close() error {
 		ln.Close()
 	}
 	errs := []error{ep.link.Close()} // ends the session: connections fail
+	if orphan != nil {
+		for i := range orphan.conns {
+			if c := orphan.conns[i].Load(); c != nil && c.pausedAt.Load() != 0 {
+				c.fail(fmt.Errorf("%w: endpoint closed: %w", ErrLinkDown, net.ErrClosed))
+			}
+		}
+	}
 	ep.pollers.Wait()
 	if ep.ownsDev {
 		errs = append(errs, ep.dev.Close())
@@ -221,9 +244,19 @@ func (ep *Endpoint) install(s *partition.Session) {
 		st.rxRings = st.rxRings * int64(len(st.units)) / int64(len(st.parts))
 	}
 	ep.mu.Lock()
+	old := ep.cur
+	ep.mu.Unlock()
+	if old != nil {
+		old.finish() // ended before this session began; its poller may not have seen it yet
+	}
+	ep.mu.Lock()
 	if ep.closed {
 		ep.mu.Unlock()
 		return
+	}
+	if old = ep.orphan; old != nil {
+		ep.orphan = nil
+		st.adopt(old)
 	}
 	ep.cur = st
 	close(ep.sessCh)
@@ -276,6 +309,22 @@ func (ep *Endpoint) session(ctx context.Context) (*state, error) {
 			return nil, fmt.Errorf("no session with the peer (%s link %v): %w", ep.dev.Name(), ep.dev.Link(), ctx.Err())
 		}
 	}
+}
+
+// sessionDone is closed when c's session ends; for a connection waiting to
+// resume, when the next session is installed or the endpoint closes.
+func (c *Conn) sessionDone() <-chan struct{} {
+	st := c.st()
+	if st.sess.Err() == nil || c.pausedAt.Load() == 0 {
+		return st.sess.Done()
+	}
+	ep := c.ep
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	if ep.cur != nil && ep.cur != st {
+		return ep.cur.sess.Done() // installed: the take-over wakes it
+	}
+	return ep.sessCh
 }
 
 // enterCall and exitCall bracket a Read or Write past its lock. While more

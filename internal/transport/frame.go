@@ -15,7 +15,8 @@ import (
 //	tag bits  0..19  connection id at the receiver (OPEN/ACCEPT/REFUSE: the dialer's)
 //
 //	kind    payload (little endian)                 meaning
-//	OPEN    port u16, 0 u16, window u32, gen u32    dial port; the dialer receives up to window bytes
+//	OPEN    port u16, 0 u16, window u32, gen u32,   dial port; the dialer receives up to window bytes;
+//	        nonce u64                               the connection's identity for RESUME (resume.go)
 //	ACCEPT  acceptor's id u32, window u32, gen u32  connection established
 //	REFUSE  code u32                                no listener / backlog full
 //	DATA    bytes                                   stream bytes, at most the sender's credit
@@ -27,6 +28,9 @@ import (
 //	MOVE    partition u32                           my frames for this connection continue on that partition
 //	WANT    consumed u64, gen u32, inflight u32     I wait for credit: the last CREDIT I had said consumed,
 //	                                                and I have sent inflight bytes beyond it (see turns.go)
+//	RESUME  nonce u64, received u64, credit u64,    on a new session: send again from received (resume.go)
+//	        floor u32, id u32
+//	RESET   nonce u64                               I have no connection for your RESUME
 //
 // A CREDIT's floor may have floorPooled set: credit comes in turns, and the
 // writer sends WANT when it waits for credit.
@@ -56,6 +60,8 @@ const (
 	kindCredit = 7
 	kindMove   = 8
 	kindWant   = 9
+	kindResume = 10
+	kindReset  = 11
 
 	idBits = 20
 	maxID  = 1<<idBits - 1
@@ -77,6 +83,7 @@ type openMsg struct {
 	port   uint16
 	window uint32
 	gen    uint32
+	nonce  uint64 // 0 from a dialer that cannot resume (a 12-byte OPEN)
 }
 
 type acceptMsg struct {
@@ -115,7 +122,8 @@ func (m openMsg) encode(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint16(b, m.port)
 	b = binary.LittleEndian.AppendUint16(b, 0)
 	b = binary.LittleEndian.AppendUint32(b, m.window)
-	return binary.LittleEndian.AppendUint32(b, m.gen)
+	b = binary.LittleEndian.AppendUint32(b, m.gen)
+	return binary.LittleEndian.AppendUint64(b, m.nonce)
 }
 
 func (m acceptMsg) encode(b []byte) []byte {
@@ -137,10 +145,13 @@ func (m creditMsg) encode(b []byte) []byte {
 // Decoders of peer-written payloads: exact lengths, validated values.
 
 func decodeOpen(p []byte) (openMsg, error) {
-	if len(p) != 12 {
-		return openMsg{}, fmt.Errorf("open frame of %d bytes, want 12", len(p))
+	if len(p) != 12 && len(p) != 20 {
+		return openMsg{}, fmt.Errorf("open frame of %d bytes, want 12 or 20", len(p))
 	}
 	m := openMsg{port: binary.LittleEndian.Uint16(p), window: binary.LittleEndian.Uint32(p[4:]), gen: binary.LittleEndian.Uint32(p[8:])}
+	if len(p) == 20 {
+		m.nonce = binary.LittleEndian.Uint64(p[12:])
+	}
 	if m.window < minWindow || m.window > maxWindow {
 		return openMsg{}, fmt.Errorf("open frame window %d outside [%d, %d]", m.window, minWindow, maxWindow)
 	}

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -171,12 +172,28 @@ func (ep *Endpoint) DialClass(ctx context.Context, port int, class qos.Class) (*
 	if !class.Valid() {
 		return nil, opErr(fmt.Errorf("class %d outside 0..%d", class, qos.Lowest))
 	}
+	for {
+		c, err := ep.dial(ctx, port, class, remote)
+		if errors.Is(err, errSessionLost) && ctx.Err() == nil {
+			continue // the session ended before the peer answered: dial again on the next
+		}
+		if err != nil {
+			return nil, opErr(err)
+		}
+		return c, nil
+	}
+}
+
+// dial is one attempt of DialClass, on the current session.
+func (ep *Endpoint) dial(ctx context.Context, port int, class qos.Class, remote Addr) (*Conn, error) {
+	opErr := func(err error) error { return err }
 	st, err := ep.session(ctx)
 	if err != nil {
 		return nil, opErr(dialErr(err))
 	}
 	c := newConn(ep, Addr{Host: ep.localHost()}, remote)
 	c.state = connDialing
+	c.nonce = newNonce()
 	c.prio.Store(uint32(class))
 	if err := ep.quota.Acquire(st.window); err != nil {
 		return nil, opErr(err)
@@ -191,7 +208,7 @@ func (ep *Endpoint) DialClass(ctx context.Context, port int, class qos.Class) (*
 		return nil, opErr(err)
 	}
 	c.local.Port = int(c.id)
-	c.queueFrame(kindOpen, openMsg{port: uint16(port), window: uint32(st.window), gen: c.gen}.encode(nil))
+	c.queueFrame(kindOpen, openMsg{port: uint16(port), window: uint32(st.window), gen: c.gen, nonce: c.nonce}.encode(nil))
 	sp := spinner{ep: ep}
 	defer sp.stop()
 	for {

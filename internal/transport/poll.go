@@ -243,6 +243,7 @@ func (st *state) pollLocked(p *partition.Partition, self *Conn, b []byte, poller
 			if n < len(payload) {
 				st.headOff[part] = n // the rest stays in the ring for the next Read
 				self.restWaits.Store(true)
+				self.ringRest.Store(int64(len(payload) - n))
 			} else {
 				p.Release()
 			}
@@ -353,16 +354,19 @@ func (st *state) takeRest(p *partition.Partition, self *Conn, b []byte, id uint3
 		n := copy(st.piece(part, self, b, len(rest)), rest)
 		if n < len(rest) {
 			st.headOff[part] += n
+			self.ringRest.Add(int64(-n))
 			return n
 		}
 		st.headOff[part] = 0
 		self.restWaits.Store(false)
+		self.ringRest.Store(0)
 		p.Release()
 		return n
 	}
 	st.headOff[part] = 0
 	if c := st.lookup(id); c != nil {
 		c.restWaits.Store(false)
+		c.ringRest.Store(0)
 		c.rxmu.Lock()
 		c.actLocked(kindData, rest) // DATA: never an error
 		c.rxmu.Unlock()

@@ -72,14 +72,14 @@ func (st *state) sendQueued() bool {
 
 // runPoller keeps loose frames moving and rebalances units; in CoreInline
 // it also sleeps on the doorbells while nobody else watches the rings. It
-// ends with the session, failing its connections.
+// ends with the session, acting on its end (state.finish).
 func (st *state) runPoller() {
 	ep := st.ep
 	ctx, cancel := context.WithCancel(context.Background())
 	defer context.AfterFunc(st.sess.Context(), cancel)()
 	defer cancel()
 	defer ep.pollers.Done()
-	defer st.failAll()
+	defer st.finish()
 	timer := time.NewTimer(idleGrace)
 	defer timer.Stop()
 	pause := func(d time.Duration) { // d 0: until kicked

@@ -35,6 +35,9 @@ type recvHalf struct {
 	// waits at the head of its ring (state.headOff). Set and cleared
 	// under the ring's RX lock.
 	restWaits atomic.Bool
+	// ringRest is how much of that record is still in the ring: counted
+	// in recvd, and lost should the session end (see Conn.takeOver).
+	ringRest atomic.Int64
 	// cut: the last poll of this connection's Read took a piece of a
 	// record rather than all b held (state.piece; its goroutine only).
 	cut bool

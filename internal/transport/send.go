@@ -24,7 +24,7 @@ import (
 // Credit: sent-peerRead ≤ window, the peer's receive window. The bytes
 // between peerRead and sent are in the peer's ring or queue, not yet
 // read; a sender that must survive a reset of the link keeps them here
-// until the peer's CREDIT covers them.
+// until the peer's CREDIT covers them (keep, see resume.go).
 type sendHalf struct {
 	window   int64
 	sent     atomic.Int64
@@ -51,6 +51,13 @@ type sendHalf struct {
 	moveSlot   int
 	txBytes    uint64
 	txMark     uint64 // txBytes at the last rebalance
+	// keep retains the bytes between peerRead and sent, stream offset o
+	// at keep[o&(len(keep)-1)] (resume.go).
+	keep       []byte
+	resuming   bool       // on a new session, waiting for the peer's RESUME: no DATA
+	peerResume *resumeMsg // a RESUME that came before our take-over reached the connection
+	resendTo   int64      // retained bytes up to here go again, from sent, before more
+	after      []ctlFrame // frames to send once the retained bytes have gone again
 }
 
 // Write writes b in frames of at most the MTU, blocking while the peer's
@@ -236,6 +243,23 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wa
 		}
 		return true, 0, c.hasWorkLocked()
 	}
+	if c.resuming {
+		return sent, 0, false // the peer's RESUME posts us again
+	}
+	if c.resendTo > c.sent.Load() || len(c.after) > 0 {
+		s, err, wait := c.resendLocked(p, send, c.ep.cfg.Batch)
+		sent = sent || s
+		if err != nil {
+			return failed(err)
+		}
+		if wait {
+			if c.waitCredit {
+				c.ep.counters.creditWaits.Add(1)
+				return sent, 0, false // credit() queues us again
+			}
+			return sent, 0, true
+		}
+	}
 	if c.out == nil {
 		return sent, 0, false
 	}
@@ -300,7 +324,7 @@ func (c *Conn) sendNow(b []byte) bool {
 	c.smu.Lock()
 	defer c.smu.Unlock()
 	u := c.unit
-	if u == nil || u.queued.Load() > 0 || len(c.frames) > 0 || c.moving || c.ep.cfg.PartitionRate != 0 ||
+	if u == nil || u.queued.Load() > 0 || len(c.frames) > 0 || c.moving || c.resuming || c.resendTo > c.sent.Load() || len(c.after) > 0 || c.ep.cfg.PartitionRate != 0 ||
 		c.window-(c.sent.Load()-c.peerRead.Load()) < int64(len(b)) {
 		return false
 	}
@@ -334,11 +358,12 @@ func (c *Conn) txLocked(p *partition.Partition, tag uint32, body []byte) error {
 // held). The bytes count as sent before the record is visible: the peer
 // may credit them before the batch ends.
 func (c *Conn) txDataLocked(p *partition.Partition, b []byte) error {
-	c.sent.Add(int64(len(b)))
+	at := c.sent.Add(int64(len(b))) - int64(len(b))
 	if err := c.txLocked(p, makeTag(kindData, c.peerID), b); err != nil {
 		c.sent.Add(int64(-len(b)))
 		return err
 	}
+	c.keepLocked(at, b)
 	return nil
 }
 
@@ -349,7 +374,9 @@ func (c *Conn) countTx(u *unit, n int) {
 	u.txBytes.Add(uint64(n))
 }
 
-func (c *Conn) hasWorkLocked() bool { return len(c.frames) > 0 || c.moving || c.out != nil }
+func (c *Conn) hasWorkLocked() bool {
+	return len(c.frames) > 0 || c.moving || c.out != nil || c.resendTo > c.sent.Load() || len(c.after) > 0
+}
 
 // queueFrame queues a connection frame (ACCEPT, FIN, CLOSE, OPEN) behind
 // what the connection has sent. CLOSE withdraws a write in progress:
@@ -366,7 +393,11 @@ func (c *Conn) queueFrame(kind uint32, body []byte) {
 	if kind == kindClose {
 		c.out, c.outOff = nil, 0
 	}
-	c.frames = append(c.frames, f)
+	if c.resuming || c.resendTo > c.sent.Load() || len(c.after) > 0 {
+		c.after = append(c.after, f) // behind the bytes that go again (resume.go)
+	} else {
+		c.frames = append(c.frames, f)
+	}
 	c.unit.postLocked(c)
 	c.smu.Unlock()
 	if c.ep.cfg.CoreModel == CoreInline {

@@ -135,7 +135,7 @@ func (c *Conn) parkSelect(notify chan struct{}, dl *deadline.Deadline, extra <-c
 	case <-notify:
 	case <-dl.Wait():
 	case <-c.closedCh:
-	case <-c.st().sess.Done():
+	case <-c.sessionDone():
 	case <-extra:
 	}
 }

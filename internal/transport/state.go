@@ -49,6 +49,8 @@ type state struct {
 	asleep  atomic.Int32 // of them, asleep on the doorbell
 
 	turns turns // writers waiting for credit in turns
+
+	finishOnce sync.Once // the end of the session, acted on (resume.go)
 }
 
 // ctlFrame is a frame waiting for room in its ring.
@@ -57,7 +59,7 @@ type ctlFrame struct {
 	tag   uint32
 	local uint32 // loose frames: our connection's id, for taps (0: none)
 	n     int
-	body  [16]byte // the largest frame body: ACCEPT
+	body  [resumeSize]byte // the largest frame body: RESUME
 }
 
 // newConn allocates an id and registers a connection in the table.
@@ -227,6 +229,12 @@ func (st *state) dispatchControl(kind, id uint32, payload []byte) error {
 // dispatch acts on one frame from data partition part (RX lock held). An
 // error is a protocol violation; it fails the session.
 func (st *state) dispatch(part int, kind, id uint32, payload []byte) error {
+	switch kind {
+	case kindResume:
+		return st.resume(part, id, payload)
+	case kindReset:
+		return st.reset(id, payload)
+	}
 	if kind == kindOpen {
 		m, err := decodeOpen(payload)
 		if err != nil {
@@ -268,7 +276,7 @@ func (st *state) accept(part int, peerID uint32, m openMsg) {
 		return
 	}
 	c := newConn(st.ep, ln.addr, Addr{Host: st.ep.peerHost(), Port: int(peerID)})
-	c.peerID, c.window, c.peerGen = peerID, int64(m.window), m.gen
+	c.peerID, c.window, c.peerGen, c.nonce = peerID, int64(m.window), m.gen, m.nonce
 	c.state = connEstablished
 	c.rxPart.Store(int32(part))
 	c.prio.Store(uint32(ln.Priority()))
@@ -296,27 +304,3 @@ func (st *state) accept(part int, peerID uint32, m openMsg) {
 }
 
 func le32(v uint32) []byte { return []byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)} }
-
-// failAll ends every connection of a finished session.
-func (st *state) failAll() {
-	err := fmt.Errorf("%w: %w", ErrLinkDown, st.sess.Err())
-	st.ep.spaceArrived()
-	st.turns.mu.Lock()
-	if t := st.turns.timer; t != nil {
-		t.Stop()
-	}
-	st.turns.mu.Unlock()
-	for i := range st.conns {
-		if c := st.conns[i].Load(); c != nil {
-			c.fail(err)
-		}
-	}
-	st.ep.mu.Lock()
-	if st.ep.cur == st {
-		st.ep.cur = nil
-	}
-	st.ep.mu.Unlock()
-	if st.ep.cfg.Logf != nil {
-		st.ep.cfg.Logf("%s: connections of session %#x closed: %v", st.ep.dev.Name(), st.sess.Epoch, err)
-	}
-}

@@ -17,11 +17,13 @@ type Stats struct {
 	DataRecords   int64 // DATA records received
 	QueuedRecords int64 // of those, queued (whole or in part) because no Read buffer took them: copied twice
 	TakenAhead    int64 // of those, taken by a small message's reader from behind another connection's bulk record
+	Resumptions   int64 // connections resumed on a new session (resume.go)
+	Resets        int64 // RESUMEs for connections this end did not have, answered with RESET
 }
 
 // counters backs Stats.
 type counters struct {
-	parks, pollerSleeps, ringFull, creditWaits, credits, turns, turnsExpired, migrations, staleFrames, dataRecords, queuedRecords, takenAhead atomic.Int64
+	parks, pollerSleeps, ringFull, creditWaits, credits, turns, turnsExpired, migrations, staleFrames, dataRecords, queuedRecords, takenAhead, resumptions, resets atomic.Int64
 }
 
 // Stats returns the endpoint's counters.
@@ -40,5 +42,7 @@ func (ep *Endpoint) Stats() Stats {
 		DataRecords:   c.dataRecords.Load(),
 		QueuedRecords: c.queuedRecords.Load(),
 		TakenAhead:    c.takenAhead.Load(),
+		Resumptions:   c.resumptions.Load(),
+		Resets:        c.resets.Load(),
 	}
 }

@@ -55,12 +55,14 @@ const (
 	FrameCredit FrameKind = kindCredit
 	FrameMove   FrameKind = kindMove
 	FrameWant   FrameKind = kindWant
+	FrameResume FrameKind = kindResume
+	FrameReset  FrameKind = kindReset
 )
 
 var frameKindNames = [...]string{
 	FrameOpen: "OPEN", FrameAccept: "ACCEPT", FrameRefuse: "REFUSE", FrameData: "DATA",
 	FrameFin: "FIN", FrameClose: "CLOSE", FrameCredit: "CREDIT", FrameMove: "MOVE",
-	FrameWant: "WANT",
+	FrameWant: "WANT", FrameResume: "RESUME", FrameReset: "RESET",
 }
 
 func (k FrameKind) String() string {

@@ -74,7 +74,7 @@ func TestTap(t *testing.T) {
 		require.True(t, ok)
 		require.Equal(t, c1.ID(), open.Conn)
 		require.Equal(t, c1.ID(), open.Local)
-		require.Len(t, open.Payload, 12)
+		require.Len(t, open.Payload, 20)
 		open, ok = lb.find(TapRX, FrameOpen)
 		require.True(t, ok)
 		require.Equal(t, c1.ID(), open.Conn)
