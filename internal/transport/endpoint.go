@@ -52,6 +52,7 @@ type Endpoint struct {
 	// orphan is the last session that ended with connections waiting to
 	// resume on the next one (resume.go).
 	orphan     *state
+	last       *state        // the session installed last, ended or not
 	pauseTimer *time.Timer   // runs checkPaused while connections wait
 	watchStop  chan struct{} // closed by Close: ends runWatch
 
@@ -244,16 +245,17 @@ func (ep *Endpoint) install(s *partition.Session) {
 		st.rxRings = st.rxRings * int64(len(st.units)) / int64(len(st.parts))
 	}
 	ep.mu.Lock()
-	old := ep.cur
+	old := ep.last
 	ep.mu.Unlock()
 	if old != nil {
-		old.finish() // ended before this session began; its poller may not have seen it yet
+		old.finish() // ended before this session began; its poller may not have acted on it yet
 	}
 	ep.mu.Lock()
 	if ep.closed {
 		ep.mu.Unlock()
 		return
 	}
+	ep.last = st
 	if old = ep.orphan; old != nil {
 		ep.orphan = nil
 		st.adopt(old)

@@ -176,6 +176,13 @@ func newEpoch(t *testing.T, ep *Endpoint, old uint32) uint32 {
 	return e
 }
 
+// resumed waits for n resumptions on each of a and b.
+func resumed(t *testing.T, a, b *Endpoint, n int64) {
+	require.Eventually(t, func() bool {
+		return a.Stats().Resumptions >= n && b.Stats().Resumptions >= n
+	}, 30*time.Second, time.Millisecond, "%d resumptions on each end", n)
+}
+
 // restart fails the current session of ep as the link does when its peer
 // starts a new one: both ends begin a new session.
 func restart(ep *Endpoint) {
@@ -200,15 +207,14 @@ func TestResumeSessionRestart(t *testing.T) {
 		first := epoch(a)
 		restart(b) // the follower's: the leader sees a new hello
 		second := newEpoch(t, a, first)
+		resumed(t, a, b, 4)
 		readPast(t, flows, size/2)
 		restart(a) // the leader's
 		newEpoch(t, a, second)
 		wait()
 		// Connections whose flows were done resume too, once a poll
 		// reads their RESUME.
-		require.Eventually(t, func() bool {
-			return a.Stats().Resumptions >= 8 && b.Stats().Resumptions >= 8
-		}, 30*time.Second, time.Millisecond, "every connection resumes twice on each end")
+		resumed(t, a, b, 8)
 		require.Zero(t, a.Stats().Resets+b.Stats().Resets)
 		require.GreaterOrEqual(t, lw.count("resumed on session"), 16, "a log line a resumption")
 	})
@@ -236,9 +242,7 @@ func TestResumeLinkFlap(t *testing.T) {
 		}
 		up()
 		wait()
-		require.Eventually(t, func() bool {
-			return a.Stats().Resumptions >= 3 && b.Stats().Resumptions >= 3
-		}, 30*time.Second, time.Millisecond, "every connection resumes on each end")
+		resumed(t, a, b, 3)
 	})
 }
 
@@ -338,8 +342,7 @@ func TestResumeUserTimeout(t *testing.T) {
 			if mode == "down" {
 				da.SetLink(ntb.LinkDown, "test pull")
 			} else {
-				da.suspect.Store(true)
-				db.suspect.Store(true)
+				da.suspect.Store(true) // a suspects b (b, which a then leaves, sees a restart)
 			}
 			for _, e := range []struct {
 				ch   <-chan error

@@ -160,10 +160,10 @@ func TestTap(t *testing.T) {
 // TestTapKinds names every frame kind.
 func TestTapKinds(t *testing.T) {
 	var names []string
-	for k := FrameOpen; k <= FrameWant; k++ {
+	for k := FrameOpen; k <= FrameReset; k++ {
 		names = append(names, k.String())
 	}
-	require.Equal(t, []string{"OPEN", "ACCEPT", "REFUSE", "DATA", "FIN", "CLOSE", "CREDIT", "MOVE", "WANT"}, names)
-	require.Equal(t, "FrameKind(10)", FrameKind(10).String())
+	require.Equal(t, []string{"OPEN", "ACCEPT", "REFUSE", "DATA", "FIN", "CLOSE", "CREDIT", "MOVE", "WANT", "RESUME", "RESET"}, names)
+	require.Equal(t, "FrameKind(12)", FrameKind(12).String())
 	require.Equal(t, "rx", TapRX.String())
 }
