@@ -21,7 +21,13 @@
 // end of the stream, net.ErrClosed after Close, deadlines that wake
 // blocked calls with errors satisfying os.ErrDeadlineExceeded, every other
 // error a *net.OpError; a refused connection wraps syscall.ECONNREFUSED and
-// a taken port syscall.EADDRINUSE.
+// a taken port syscall.EADDRINUSE. A connection outlives its link's
+// outages: a link that flaps or restarts its session costs a pause, and
+// the connection resumes, losing nothing. It fails only when its peer is
+// gone — its process exited, or it closed its Endpoint: the error wraps
+// syscall.ECONNRESET, and says which — or unreachable for longer than
+// Config.UserTimeout (syscall.ETIMEDOUT); every such error also wraps
+// ErrLinkDown.
 //
 // Flow control is by credit: a connection's writer never has more than the
 // reader's receive window (Config.Window) unread, so one slow reader slows
@@ -90,6 +96,12 @@ type Config struct {
 	// connections together (0: none); a dial beyond it fails, wrapping
 	// qos.ErrQuota.
 	MemoryQuota int64
+	// UserTimeout is how long a connection waits for a peer it cannot
+	// reach (link down, peer silent) before it fails with ETIMEDOUT
+	// (default transport.DefaultUserTimeout, 10 s). Shorter outages, and
+	// the peer's link restarting, cost a pause: the connection resumes
+	// where it was.
+	UserTimeout time.Duration
 	// Fabric configures the emulated fabric for Open.
 	Fabric shm.Options
 	// Logf, if set, receives link and session events.
@@ -108,6 +120,7 @@ func (c Config) engine() transport.Config {
 		QoS:         c.QoS,
 		CoreModel:   transport.CoreModel(c.CoreModel),
 		MemoryQuota: c.MemoryQuota,
+		UserTimeout: c.UserTimeout,
 		Fabric:      c.Fabric,
 		Logf:        c.Logf,
 	}
