@@ -65,6 +65,14 @@ import (
 // peer (link down, peer suspect, resume unanswered) before it fails.
 const DefaultUserTimeout = 10 * time.Second
 
+// watchMin and watchMax bound the period of runWatch's looks at a
+// device's suspicion: an idle endpoint wakes for it at most every
+// watchMax, at least every watchMin.
+const (
+	watchMin = 100 * time.Millisecond
+	watchMax = 2500 * time.Millisecond
+)
+
 // keepMin is the least retention buffer allocated.
 const keepMin = 4 << 10
 
@@ -578,15 +586,17 @@ func (ep *Endpoint) runWatch(lv ntb.Liveness) {
 			changed = watcher.LinkChanged()
 		}
 		suspect := ep.dev.Link() == ntb.LinkUp && lv.Suspect()
-		// A look every quarter of the user timeout: a suspicion is
-		// acted on between one and one and a quarter timeouts after it
-		// began (a device need not signal LinkChanged when it suspects).
-		period := max(ep.cfg.UserTimeout/4, time.Millisecond)
+		// A look every quarter of the user timeout (a device need not
+		// signal LinkChanged when it suspects), at least watchMin apart:
+		// a suspicion is acted on between one and one and a quarter
+		// timeouts after it began, or watchMin after.
+		period := min(max(ep.cfg.UserTimeout/4, watchMin), watchMax)
 		switch {
 		case !suspect:
 			since = time.Time{}
 		case since.IsZero():
 			since = time.Now()
+			period = min(period, ep.cfg.UserTimeout)
 			ep.logf("peer suspect: connections pause, %v at most", ep.cfg.UserTimeout)
 		case time.Since(since) >= ep.cfg.UserTimeout:
 			ep.mu.Lock()

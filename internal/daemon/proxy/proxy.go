@@ -119,6 +119,12 @@ const forwarderSpinYield = 16
 
 // New opens the NTB links of cfg's peers. It does not serve applications
 // until Serve.
+// rackUserTimeout is how long a rack link's connections wait for their
+// link to come back before they fail and their legs move to the fallback
+// path: long enough for the session to restart over a link that stayed
+// up, short beside the legs' own resume.
+const rackUserTimeout = 20 * time.Millisecond
+
 func New(cfg *config.Config, o Options) (_ *Server, err error) {
 	s := &Server{
 		cfg:       cfg,
@@ -164,6 +170,10 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 			HandOff:    true,
 			MTU:        transport.DefaultMTU + legHdr, // a leg frame of a full record is one record
 			Partitions: cfg.Proxy.Partitions,
+			// A leg moves to the next path itself (leg.go): its transport
+			// connection waits for the link only through a session
+			// restart, not an outage.
+			UserTimeout: rackUserTimeout,
 			// FutexWait: the pool legs spin runnable while they wait, and a
 			// FIFO read through the runtime's poller would be seen only
 			// once they stop (see shm's bell).
