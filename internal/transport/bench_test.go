@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"fmt"
 	"io"
 	"testing"
 )
@@ -61,4 +62,22 @@ func BenchmarkStream64K(b *testing.B) {
 	b.StopTimer()
 	c1.Close()
 	c2.Close()
+}
+
+// BenchmarkKeep is the retention copy a DATA record costs its sender
+// (resume.go), with a window's worth in flight.
+func BenchmarkKeep(b *testing.B) {
+	for _, size := range []int{64, 64 << 10} {
+		b.Run(fmt.Sprint(size), func(b *testing.B) {
+			c := &Conn{}
+			buf := make([]byte, size)
+			var sent int64
+			b.SetBytes(int64(size))
+			for range b.N {
+				c.keepLocked(sent, buf)
+				sent += int64(size)
+				c.peerRead.Store(max(0, sent-DefaultWindow/2))
+			}
+		})
+	}
 }

@@ -498,6 +498,10 @@ func (c *Conn) resendLocked(p *partition.Partition, send func(uint32, []byte) er
 		credit := c.window - (s - c.peerRead.Load())
 		if credit <= 0 {
 			c.waitCredit = true
+			if c.peerPooled && !c.wantSent {
+				c.wantSent = true
+				c.wantOut.Store(true)
+			}
 			return sent, nil, true
 		}
 		chunk := min(c.resendTo-s, int64(c.ep.cfg.MTU), credit, int64(p.MaxPayload()), int64(budget), int64(len(c.keep))-s&mask)

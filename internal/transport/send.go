@@ -332,11 +332,13 @@ func (c *Conn) sendNow(b []byte) bool {
 	if !p.TryBeginTX() {
 		return false
 	}
-	err := c.txDataLocked(p, b)
-	p.EndTX() // publishes it: the counting below is off the round trip
+	at := c.sent.Load()
+	err := c.sendDataLocked(p, b)
+	p.EndTX() // publishes it: the retention copy and the counting below are off the round trip
 	if err != nil {
 		return false
 	}
+	c.keepLocked(at, b)
 	c.countTx(u, len(b))
 	c.ep.noteProgress()
 	return true
@@ -358,12 +360,22 @@ func (c *Conn) txLocked(p *partition.Partition, tag uint32, body []byte) error {
 // held). The bytes count as sent before the record is visible: the peer
 // may credit them before the batch ends.
 func (c *Conn) txDataLocked(p *partition.Partition, b []byte) error {
-	at := c.sent.Add(int64(len(b))) - int64(len(b))
+	at := c.sent.Load()
+	if err := c.sendDataLocked(p, b); err != nil {
+		return err
+	}
+	c.keepLocked(at, b) // before the write returns and b is the caller's again
+	return nil
+}
+
+// sendDataLocked is txDataLocked without the retention copy, which the
+// caller makes before b is the application's again.
+func (c *Conn) sendDataLocked(p *partition.Partition, b []byte) error {
+	c.sent.Add(int64(len(b)))
 	if err := c.txLocked(p, makeTag(kindData, c.peerID), b); err != nil {
 		c.sent.Add(int64(-len(b)))
 		return err
 	}
-	c.keepLocked(at, b)
 	return nil
 }
 

@@ -67,7 +67,9 @@ const LinkType = layers.LinkType(147)
 // So a packet's original length is 24+length and its captured length
 // 24+min(length, snap). The payload of each kind is as in internal/transport/frame.go:
 //
-//	OPEN    port u16, 0 u16, window u32, gen u32     (12 bytes)
+//	OPEN    port u16, 0 u16, window u32, gen u32[, nonce u64] (12 or 20)
+//	RESUME  nonce u64, received u64, credit u64, floor u32, id u32 (32)
+//	RESET   nonce u64 (8)
 //	ACCEPT  id u32, window u32, gen u32[, dialgen u32] (12 or 16)
 //	REFUSE  code u32                                 (4)
 //	DATA    stream bytes (on a FlagLeg link: leg frames, see LegHeaderLen)

@@ -84,12 +84,16 @@ func (n *NTStack) NextLayerType() gopacket.LayerType {
 	return gopacket.LayerTypePayload
 }
 
-// bodyLen is the payload length of each control kind (ACCEPT: 12 or 16),
-// -1 for DATA's any length.
+// bodyLen is the payload length of each control kind (ACCEPT: 12 or 16,
+// OPEN: 12 or 20), -1 for DATA's any length.
 func bodyLen(k transport.FrameKind) (int, bool) {
 	switch k {
 	case transport.FrameOpen, transport.FrameAccept:
 		return 12, true
+	case transport.FrameResume:
+		return 32, true
+	case transport.FrameReset:
+		return 8, true
 	case transport.FrameCredit, transport.FrameWant:
 		return 16, true
 	case transport.FrameRefuse, transport.FrameMove:
@@ -138,7 +142,8 @@ func (n *NTStack) DecodeFromBytes(data []byte, df gopacket.DecodeFeedback) error
 	switch {
 	case !known:
 		n.Malformed = true
-	case want >= 0 && int64(n.Length) != int64(want) && !(n.Kind == transport.FrameAccept && n.Length == 16):
+	case want >= 0 && int64(n.Length) != int64(want) && !(n.Kind == transport.FrameAccept && n.Length == 16) &&
+		!(n.Kind == transport.FrameOpen && n.Length == 20):
 		n.Malformed = true
 	}
 	le := binary.LittleEndian
