@@ -220,6 +220,24 @@ func TestResumeSessionRestart(t *testing.T) {
 	})
 }
 
+// The worker core models resume as the inline one does.
+func TestResumeWorkers(t *testing.T) {
+	for _, m := range []CoreModel{CoreShared, CoreSplit} {
+		t.Run(m.String(), func(t *testing.T) {
+			a, b := endpoints(t, "ntbtest", Config{CoreModel: m, Partitions: 2})
+			pairs := pairsOf(t, a, b, 2, 700)
+			const size = 1 << 20
+			flows, wait := xfer(t, pairs, size)
+			readPast(t, flows, size/4)
+			first := epoch(a)
+			restart(b)
+			newEpoch(t, a, first)
+			wait()
+			resumed(t, a, b, 2)
+		})
+	}
+}
+
 // A link forced down for a while mid-stream, then up: the transfer
 // completes byte-exact on the same Conns.
 func TestResumeLinkFlap(t *testing.T) {
