@@ -22,7 +22,16 @@
 // goroutine, which watches the doorbell while everybody sleeps, poller.go;
 // spin-then-park spin.go; the classification of traffic into small
 // messages and bulk flows traffic.go; frames and their encodings frame.go;
-// taps (frame capture) tap.go; counters stats.go.
+// taps (frame capture) tap.go; counters stats.go; the retention of sent
+// bytes, the resumption of connections on a new session and the errors a
+// lost peer gives resume.go.
+//
+// Sessions end; connections need not (DESIGN.md invariant 9). A sender
+// keeps what it sent until the peer's CREDIT covers it; when a session
+// ends for a reason that leaves hope (the link flapped, the peer started
+// a new session, the peer is only suspect), connections pause and resume
+// on the next session, losing nothing. Only a peer gone or closed, or
+// unreachable past Config.UserTimeout, fails them (resume.go).
 //
 // Data path (Config.CoreModel). The link's window holds Config.Partitions
 // data ring pairs and a control ring for credits; partitions are grouped
