@@ -3,7 +3,6 @@ package pool
 import (
 	"math"
 	"testing"
-	"unsafe"
 )
 
 // FuzzGeometry: a pool's geometry arrives in the Welcome (the application
@@ -42,14 +41,13 @@ func FuzzGeometry(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if uintptr(unsafe.Pointer(&mem[0]))%8 != 0 || ring < MinRing || ring&(ring-1) != 0 || len(mem) < SlotSize(ring) {
+		if addr(mem)%8 != 0 || ring < MinRing || ring&(ring-1) != 0 || len(mem) < SlotSize(ring) {
 			t.Fatalf("accepted rings of %d in %d bytes at offset %d", ring, len(mem), off)
 		}
 		if s.Ring() != ring || len(s.In) != ring || cap(s.Out) != ring || cap(s.In) != ring {
 			t.Fatalf("rings of %d and %d (caps %d, %d), asked %d", len(s.Out), len(s.In), cap(s.Out), cap(s.In), ring)
 		}
-		base := uintptr(unsafe.Pointer(&mem[0]))
-		out, in := uintptr(unsafe.Pointer(&s.Out[0]))-base, uintptr(unsafe.Pointer(&s.In[0]))-base
+		out, in := addr(s.Out)-addr(mem), addr(s.In)-addr(mem)
 		if out < HeaderSize || in < out+uintptr(ring) || in+uintptr(ring) > uintptr(len(mem)) {
 			t.Fatalf("rings at %d and %d of %d bytes in %d", out, in, ring, len(mem))
 		}
