@@ -21,7 +21,9 @@ import (
 // A frame that does not resume a/7 from a host the connection may come
 // from never touches the leg. One that does moves the leg onto the
 // connection when its RxSeq lies in base..base+held, and otherwise ends
-// the leg (the peer and this side disagree on the stream).
+// the leg (the peer and this side disagree on the stream). Every open
+// that can be read is answered: with a refusal and its code, or for a
+// resume with how much of the leg this side has received.
 func FuzzResumeAccept(f *testing.F) {
 	frame := func(v any) []byte {
 		body, err := json.Marshal(v)
@@ -65,8 +67,22 @@ func FuzzResumeAccept(f *testing.F) {
 		s.wg.Wait()
 
 		var open appproto.RackOpen
-		names := appproto.ReadFrame(bytes.NewReader(in), &open) == nil && open.Resume == key.token &&
-			open.From == key.from && (from == "" || from == key.from)
+		readable := appproto.ReadFrame(bytes.NewReader(in), &open) == nil
+		names := readable && open.Resume == key.token && open.From == key.from && (from == "" || from == key.from)
+		// A readable open is answered: a refusal with its code, or (a
+		// resume) how much of the leg this side has received, nothing yet.
+		var reply appproto.DialReply
+		err := appproto.ReadFrame(bytes.NewReader(fc.written()), &reply)
+		switch {
+		case !readable && err == nil:
+			t.Fatalf("unreadable open answered %+v", reply)
+		case readable && err != nil:
+			t.Fatalf("open %+v not answered: %v", open, err)
+		case readable && !names && reply.Code == ctlapi.OK:
+			t.Fatalf("open %+v via %q answered %+v", open, from, reply)
+		case names && (reply.Code != ctlapi.OK || reply.RxSeq != 0):
+			t.Fatalf("resume %+v answered %+v", open, reply)
+		}
 		l.mu.Lock()
 		switches, closed, cur := l.switches, l.closed, l.cur
 		l.mu.Unlock()
