@@ -6,7 +6,6 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
-	"reflect"
 	"testing"
 )
 
@@ -27,7 +26,8 @@ func (c *countingBody) Close() error { return nil }
 // decodeAs runs Decode on body, as ntmon's and ntproxy's handlers do on a
 // local caller's request: it reads at most 64 KiB, fails only with an
 // *Error of CodeBadRequest, and what it accepts encodes and decodes back
-// to the same value.
+// to a value of the same encoding (omitempty makes an empty list and none
+// one).
 func decodeAs[T any](t *testing.T, body []byte) {
 	req := httptest.NewRequest(http.MethodPost, "http://local"+PathResolve, nil)
 	cb := &countingBody{r: bytes.NewReader(body)}
@@ -54,8 +54,8 @@ func decodeAs[T any](t *testing.T, body []byte) {
 		if err := Decode(req, &w); err != nil {
 			t.Fatalf("decode %s: %v", again, err)
 		}
-		if !reflect.DeepEqual(v, w) {
-			t.Fatalf("round trip changed %+v into %+v", v, w)
+		if b, err := json.Marshal(w); err != nil || !bytes.Equal(b, again) {
+			t.Fatalf("round trip changed %s into %s (%v)", again, b, err)
 		}
 	}
 }
