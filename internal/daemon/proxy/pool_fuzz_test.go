@@ -19,6 +19,12 @@ const (
 	poolOpAck          // the peer acknowledges up to v
 	poolOpFin          // the peer finishes at v
 	poolOps
+
+	// poolMaxSteps bounds an execution. The fuzzer minimises every input
+	// it keeps at a cost that grows with the square of its length: bytes
+	// past what the target reads are cut at once, and what it reads stays
+	// short. 32 steps fill and drain both rings and finish both ways.
+	poolMaxSteps = 32
 )
 
 // poolOp encodes one step of FuzzPoolSlot's input.
@@ -66,7 +72,7 @@ func FuzzPoolSlot(f *testing.F) {
 		c := newMemConn(nil, 0)
 		l := s.newLeg(pc, newMemConn(nil, 0), config.Peer{Host: "b"}, legKey{"b", 1}, false, c, "ntb", 0)
 		data := make([]byte, ring)
-		for ; len(in) >= 9; in = in[9:] {
+		for k := 0; len(in) >= 9 && k < poolMaxSteps; in, k = in[9:], k+1 {
 			op, v := int(in[0])%poolOps, binary.LittleEndian.Uint64(in[1:])
 			var err error
 			switch op {
