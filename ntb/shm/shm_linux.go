@@ -421,16 +421,7 @@ func (d *Device) initFile(window int) error {
 	defer d.unlock(lockInit)
 	var hdr [16]byte
 	if n, _ := d.file.ReadAt(hdr[:], 0); n == len(hdr) && le.Uint32(hdr[offFileMagic:]) != 0 {
-		magic, version, size := le.Uint32(hdr[offFileMagic:]), le.Uint32(hdr[offFileVersion:]), le.Uint64(hdr[offFileWindow:])
-		mismatch := ""
-		switch {
-		case magic != fileMagic:
-			mismatch = fmt.Sprintf("magic %#x is not an ntstack link", magic)
-		case version != fileVersion:
-			mismatch = fmt.Sprintf("layout version %d, this build speaks %d", version, fileVersion)
-		case size != uint64(window):
-			mismatch = fmt.Sprintf("window size %d, this end asks for %d", size, window)
-		}
+		mismatch := checkHeader(hdr, window)
 		if mismatch == "" {
 			var st unix.Stat_t
 			if err := unix.Fstat(int(d.file.Fd()), &st); err != nil {
@@ -456,6 +447,22 @@ func (d *Device) initFile(window int) error {
 		return err
 	}
 	return stampHeader(d.file, window)
+}
+
+// checkHeader says how the link header hdr (written by whoever created
+// the file) differs from one for a window of the given size, or "" if it
+// does not.
+func checkHeader(hdr [16]byte, window int) string {
+	magic, version, size := le.Uint32(hdr[offFileMagic:]), le.Uint32(hdr[offFileVersion:]), le.Uint64(hdr[offFileWindow:])
+	switch {
+	case magic != fileMagic:
+		return fmt.Sprintf("magic %#x is not an ntstack link", magic)
+	case version != fileVersion:
+		return fmt.Sprintf("layout version %d, this build speaks %d", version, fileVersion)
+	case size != uint64(window):
+		return fmt.Sprintf("window size %d, this end asks for %d", size, window)
+	}
+	return ""
 }
 
 func (d *Device) lock(b int, wait bool) error { return lockByte(d.file, b, wait) }
@@ -733,10 +740,7 @@ func (d *Device) runMonitor() {
 	t := time.NewTimer(d.interval)
 	defer t.Stop()
 	beats := d.remote.Load64(regHeartbeat)
-	lastBeat := d.local.Load64(regHeartbeat)
-	var lastMove time.Time // zero until the peer's heartbeat moves
-	var upGen uint64
-	state := ntb.LinkDown
+	w := watch{lastBeat: d.local.Load64(regHeartbeat), state: ntb.LinkDown}
 	for {
 		now := time.Now()
 		d.checkPaths()
@@ -745,7 +749,7 @@ func (d *Device) runMonitor() {
 			var moved bool
 			if met, moved = d.meetPeer(); moved {
 				// Other memory, other counters: start over as at attach.
-				beats, lastBeat, lastMove = d.remote.Load64(regHeartbeat), d.local.Load64(regHeartbeat), time.Time{}
+				beats, w.lastBeat, w.lastMove = d.remote.Load64(regHeartbeat), d.local.Load64(regHeartbeat), time.Time{}
 				attached = d.peerAttached()
 			}
 		}
@@ -753,38 +757,58 @@ func (d *Device) runMonitor() {
 			beats++
 			d.remote.Store64(regHeartbeat, beats)
 		}
-		gen, beat := d.local.Load64(regGeneration), d.local.Load64(regHeartbeat)
-		if beat != lastBeat {
-			lastBeat, lastMove = beat, now
-		}
-		next, why := ntb.LinkUp, "peer attached"
-		switch {
-		case d.forceDown.Load():
-			next, why = ntb.LinkDown, "forced down"
-		case !attached && met != "":
-			next, why = ntb.LinkDown, "peer process gone; "+met
-		case !attached:
-			next, why = ntb.LinkDown, "peer process gone"
-		case gen == 0:
-			next, why = ntb.LinkDown, "peer detached"
-		case d.local.Load32(regPeerDown) != 0:
-			next, why = ntb.LinkDown, "peer forced the link down"
-		case lastMove.IsZero():
-			next = ntb.LinkDown
-		case now.Sub(lastMove) > d.timeout:
-			next, why = ntb.LinkDown, fmt.Sprintf("peer heartbeat silent for %v", now.Sub(lastMove).Round(time.Millisecond))
-		}
-		if state == ntb.LinkUp && next == ntb.LinkUp && gen != upGen {
-			d.setLink(ntb.LinkDown, "peer re-attached", now) // the peer we knew is gone
-			state = ntb.LinkDown
-		}
-		if next != state {
-			d.setLink(next, why, now)
-			state, upGen = next, gen
-		}
+		w.observe(d.local, d.forceDown.Load(), attached, met, now, d.timeout, func(s ntb.LinkState, why string) {
+			d.setLink(s, why, now)
+		})
 		if !d.sleep(t, now) {
 			return
 		}
+	}
+}
+
+// watch is runMonitor's reading of the peer's registers from one beat to
+// the next.
+type watch struct {
+	lastBeat uint64    // the peer's heartbeat count last seen
+	lastMove time.Time // when it last moved; zero until it moves after we attached
+	upGen    uint64    // the peer's generation when the link last came up
+	state    ntb.LinkState
+}
+
+// observe reads the peer-written registers in ours (regs) at now and
+// reports each change of link state they imply to set: none, one, or a
+// re-attached peer's down before its up. forced is our own fault
+// injection; attached says whether the peer's process holds its side, and
+// met how this end met the peer's memory when it did not (for the reason).
+func (w *watch) observe(regs shmem.Mem, forced, attached bool, met string, now time.Time, timeout time.Duration, set func(ntb.LinkState, string)) {
+	gen, beat := regs.Load64(regGeneration), regs.Load64(regHeartbeat)
+	if beat != w.lastBeat {
+		w.lastBeat, w.lastMove = beat, now
+	}
+	next, why := ntb.LinkUp, "peer attached"
+	switch {
+	case forced:
+		next, why = ntb.LinkDown, "forced down"
+	case !attached && met != "":
+		next, why = ntb.LinkDown, "peer process gone; "+met
+	case !attached:
+		next, why = ntb.LinkDown, "peer process gone"
+	case gen == 0:
+		next, why = ntb.LinkDown, "peer detached"
+	case regs.Load32(regPeerDown) != 0:
+		next, why = ntb.LinkDown, "peer forced the link down"
+	case w.lastMove.IsZero():
+		next = ntb.LinkDown
+	case now.Sub(w.lastMove) > timeout:
+		next, why = ntb.LinkDown, fmt.Sprintf("peer heartbeat silent for %v", now.Sub(w.lastMove).Round(time.Millisecond))
+	}
+	if w.state == ntb.LinkUp && next == ntb.LinkUp && gen != w.upGen {
+		set(ntb.LinkDown, "peer re-attached") // the peer we knew is gone
+		w.state = ntb.LinkDown
+	}
+	if next != w.state {
+		set(next, why)
+		w.state, w.upGen = next, gen
 	}
 }
 
