@@ -45,6 +45,7 @@ const (
 	DefaultWindowSize        = 16 << 20
 	DefaultHeartbeatInterval = 50 * time.Millisecond
 	DefaultHeartbeatTimeout  = 500 * time.Millisecond
+	DefaultSilentTimeout     = 10 * time.Second
 )
 
 // Side selects which end of a link to attach.
@@ -64,7 +65,14 @@ type Options struct {
 	Side              Side
 	WindowSize        int // per side; both ends must agree
 	HeartbeatInterval time.Duration
-	HeartbeatTimeout  time.Duration
+	// HeartbeatTimeout is how long the peer's heartbeat may stand still
+	// before the link turns suspect (an up link, LinkEvent.Suspect): the
+	// peer is attached but may be starved or stopped.
+	HeartbeatTimeout time.Duration
+	// SilentTimeout is how long it may stand still before the link goes
+	// down with ntb.CauseSilent — the user timeout, of the order of TCP's
+	// (DefaultSilentTimeout). Never shorter than HeartbeatTimeout.
+	SilentTimeout time.Duration
 	// FutexWait: sleep in futex waits on the doorbell word rather than
 	// reading a FIFO through the runtime's poller (see bell_linux.go) —
 	// for a process whose goroutines spin while they wait, as ntproxy's
@@ -90,6 +98,10 @@ func (o *Options) setDefaults() {
 	if o.HeartbeatTimeout == 0 {
 		o.HeartbeatTimeout = DefaultHeartbeatTimeout
 	}
+	if o.SilentTimeout == 0 {
+		o.SilentTimeout = DefaultSilentTimeout
+	}
+	o.SilentTimeout = max(o.SilentTimeout, o.HeartbeatTimeout)
 }
 
 // Device is one end of an emulated link.
@@ -120,13 +132,19 @@ type Device struct {
 	in     []byte
 	out    []byte
 
-	gen      uint64 // our attach generation
-	interval time.Duration
-	idle     time.Duration // the interval while this end's user is idle (idleInterval)
-	timeout  time.Duration
-	idlers   atomic.Int32  // Idle(true) calls not yet ended
-	busy     chan struct{} // Idle(false) wakes the monitor
-	now      chan struct{} // checkNow: the monitor looks at once
+	gen         uint64 // our attach generation
+	interval    time.Duration
+	idle        time.Duration // the interval while this end's user is idle (idleInterval)
+	timeout     time.Duration // the peer's heartbeat stands still this long: suspect
+	silentAfter time.Duration // and this long: down (CauseSilent)
+	// seenGen is the peer generation the monitor last looked at; a
+	// WaitDoorbell that finds another in our registers has the monitor
+	// look at once (noticePeer), so an arrival or a detach is seen at the
+	// peer's wake-up rather than at our next beat.
+	seenGen atomic.Uint64
+	idlers  atomic.Int32  // Idle(true) calls not yet ended
+	busy    chan struct{} // Idle(false) wakes the monitor
+	now     chan struct{} // checkNow: the monitor looks at once
 
 	links *ntb.LinkTracker
 	stop  chan struct{}
@@ -163,6 +181,7 @@ type Device struct {
 var (
 	_ ntb.Device      = (*Device)(nil)
 	_ ntb.LinkWatcher = (*Device)(nil)
+	_ ntb.Liveness    = (*Device)(nil)
 )
 
 // Open attaches one end of the link called name: the memory its peer
@@ -208,7 +227,8 @@ func Open(name string, o Options) (_ *Device, err error) {
 		}
 	}()
 	for s := range 2 {
-		if f, side, err := fetch(sockPath(d.path, s)); err == nil {
+		if f, side, c, err := fetchHeld(sockPath(d.path, s)); err == nil {
+			defer c.Close() // after start: tells the server we are here (runServe)
 			if side != s {
 				f.Close()
 				continue
@@ -314,7 +334,8 @@ func OpenFile(f *os.File, name string, o Options) (_ *Device, err error) {
 
 func newDevice(name string, o Options) *Device {
 	return &Device{name: name, window: o.WindowSize, logFn: o.Logf, interval: o.HeartbeatInterval,
-		idle: idleInterval(o.HeartbeatInterval, o.HeartbeatTimeout), timeout: o.HeartbeatTimeout}
+		busy: make(chan struct{}, 1), now: make(chan struct{}, 1),
+		idle: idleInterval(o.HeartbeatInterval, o.HeartbeatTimeout), timeout: o.HeartbeatTimeout, silentAfter: o.SilentTimeout}
 }
 
 // attach maps the link memory d.file, on which d holds its side's lock,
@@ -368,14 +389,22 @@ func (d *Device) stampRegsLocked() {
 	d.remote.Store32(regBells, bells)
 }
 
-// start runs the monitor.
+// start runs the monitor, and tells a peer already attached that this
+// end arrived: a wake-up where it sleeps, whose WaitDoorbell then finds
+// our new generation (noticePeer), so its link comes up now rather than
+// at its next beat. (A peer of a link opened by name also hears it from
+// its socket, see runServe.)
 func (d *Device) start() {
 	d.links = ntb.NewLinkTracker()
 	d.stop = make(chan struct{})
 	d.done = make(chan struct{})
-	d.busy = make(chan struct{}, 1)
-	d.now = make(chan struct{}, 1)
+	d.seenGen.Store(d.local.Load64(regGeneration))
 	go d.runMonitor()
+	d.mu.Lock()
+	d.ringSeq++
+	storeFutex(d.remote, regDoorbellSeq, d.ringSeq)
+	d.mu.Unlock()
+	d.wakePeer()
 }
 
 func (d *Device) logf(format string, args ...any) {
@@ -591,6 +620,7 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 	for {
 		kick := loadFutex(d.kick, 0)
 		seq := loadFutex(d.local, regDoorbellSeq)
+		d.noticePeer()
 		if done, p, err := d.waitOver(ctx, want, linkSeq); done {
 			return p, err
 		}
@@ -603,6 +633,7 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 func (d *Device) waitBell(ctx context.Context, want uint64, linkSeq uint64) (uint64, error) {
 	for {
 		rung := d.bell.waiting()
+		d.noticePeer()
 		if done, p, err := d.waitOver(ctx, want, linkSeq); done {
 			return p, err
 		}
@@ -611,6 +642,15 @@ func (d *Device) waitBell(ctx context.Context, want uint64, linkSeq uint64) (uin
 		case <-ctx.Done():
 		}
 		d.wakeup.Add(1)
+	}
+}
+
+// noticePeer has the monitor look at once if the peer's generation in
+// our registers is not the one it last saw: the peer arrived, detached or
+// was replaced, and woke us to say so.
+func (d *Device) noticePeer() {
+	if d.local.Load64(regGeneration) != d.seenGen.Load() {
+		d.checkNow()
 	}
 }
 
@@ -651,6 +691,13 @@ func (d *Device) SetPeerScratchpad(i int, v uint32) error {
 
 func (d *Device) Link() ntb.LinkState { return d.links.Link() }
 
+// Suspect reports an up link whose peer's heartbeat has stood still
+// longer than Options.HeartbeatTimeout (see ntb.Liveness).
+func (d *Device) Suspect() bool { return d.links.Suspect() }
+
+// LinkCause says why the link is down (see ntb.Liveness).
+func (d *Device) LinkCause() ntb.Cause { return d.links.Cause() }
+
 // LinkReason says why the link entered its current state.
 func (d *Device) LinkReason() string { return d.links.Reason() }
 
@@ -661,7 +708,8 @@ func (d *Device) LinkEvents() <-chan ntb.LinkEvent { return d.links.Events() }
 func (d *Device) LinkChanged() <-chan struct{} { return d.links.Changed() }
 
 // ForceLinkDown is fault injection, a cable pull: both ends report the
-// link down (the peer within one heartbeat interval) until ForceLinkUp.
+// link down (the peer within one heartbeat interval) until ForceLinkUp,
+// this end with ntb.CauseLocal, the peer with ntb.CauseHardware.
 func (d *Device) ForceLinkDown() {
 	d.forceDown.Store(true)
 	if d.enter() {
@@ -692,8 +740,8 @@ func (d *Device) checkNow() {
 }
 
 // SilenceHeartbeat is fault injection, a hung process: while on, the device
-// stops heartbeating, and the peer declares the link down after its
-// heartbeat timeout.
+// stops heartbeating; the peer finds the link suspect after its heartbeat
+// timeout and takes it down after its silent timeout.
 func (d *Device) SilenceHeartbeat(on bool) { d.silent.Store(on) }
 
 // peerAttached asks the kernel whether a process holds the peer's side
@@ -724,63 +772,96 @@ func (d *Device) CorruptInbound(off, n int, seed uint64) {
 
 // runMonitor beats our heart in the peer's registers and watches the
 // peer's in ours. The link is up while the peer's process holds its side
-// lock, its generation is unchanged, it has not forced the link down, and
-// its heartbeat has moved since we attached (so a dead peer's leftover
-// registers never look alive) and within the heartbeat timeout.
+// lock, its generation is one a live process stamped, it has not forced
+// the link down, and its heartbeat has moved within the silent timeout;
+// it is suspect while the heartbeat has stood still longer than the
+// heartbeat timeout. A peer is up from the look that finds it attached,
+// without waiting for its heartbeat to move: the lock says a process
+// holds the peer's side, and a generation left by a process that is gone
+// (staleGen) is never taken for a live one.
 func (d *Device) runMonitor() {
 	defer close(d.done)
-	defer d.links.Close()
 	t := time.NewTimer(d.interval)
 	defer t.Stop()
 	beats := d.remote.Load64(regHeartbeat)
 	lastBeat := d.local.Load64(regHeartbeat)
-	var lastMove time.Time // zero until the peer's heartbeat moves
-	var upGen uint64
-	state := ntb.LinkDown
+	var lastMove time.Time // the peer's heartbeat last moved, or its generation changed
+	var upGen, staleGen, seen uint64
+	state, suspect := ntb.LinkDown, false
 	for {
 		now := time.Now()
 		d.checkPaths()
+		// The generation is read before the lock is asked: if nobody
+		// holds the peer's side then, the generation read is a gone
+		// process's (a new one claims the lock before it stamps).
+		gen := d.local.Load64(regGeneration)
 		attached, met := d.peerAttached(), ""
 		if !attached {
+			staleGen = gen
 			var moved bool
 			if met, moved = d.meetPeer(); moved {
 				// Other memory, other counters: start over as at attach.
-				beats, lastBeat, lastMove = d.remote.Load64(regHeartbeat), d.local.Load64(regHeartbeat), time.Time{}
-				attached = d.peerAttached()
+				beats, lastBeat = d.remote.Load64(regHeartbeat), d.local.Load64(regHeartbeat)
+				gen = d.local.Load64(regGeneration)
+				if attached = d.peerAttached(); !attached {
+					staleGen = gen
+				}
 			}
 		}
 		if !d.silent.Load() {
 			beats++
 			d.remote.Store64(regHeartbeat, beats)
 		}
-		gen, beat := d.local.Load64(regGeneration), d.local.Load64(regHeartbeat)
-		if beat != lastBeat {
+		if !attached {
+			// A peer that closed in order between the two looks left
+			// generation 0 behind.
+			gen = d.local.Load64(regGeneration)
+		}
+		d.seenGen.Store(gen)
+		if gen != seen {
+			seen, lastMove = gen, now
+		}
+		if beat := d.local.Load64(regHeartbeat); beat != lastBeat {
 			lastBeat, lastMove = beat, now
 		}
-		next, why := ntb.LinkUp, "peer attached"
+		ev := ntb.LinkEvent{State: ntb.LinkUp, Reason: "peer attached", Time: now}
+		down := func(c ntb.Cause, why string) { ev.State, ev.Cause, ev.Reason = ntb.LinkDown, c, why }
+		quiet := now.Sub(lastMove)
 		switch {
 		case d.forceDown.Load():
-			next, why = ntb.LinkDown, "forced down"
-		case !attached && met != "":
-			next, why = ntb.LinkDown, "peer process gone; "+met
-		case !attached:
-			next, why = ntb.LinkDown, "peer process gone"
+			down(ntb.CauseLocal, "forced down")
 		case gen == 0:
-			next, why = ntb.LinkDown, "peer detached"
+			down(ntb.CauseClosed, "peer detached")
+		case !attached && met != "":
+			down(ntb.CauseGone, "peer process gone; "+met)
+		case !attached || gen == staleGen:
+			down(ntb.CauseGone, "peer process gone")
 		case d.local.Load32(regPeerDown) != 0:
-			next, why = ntb.LinkDown, "peer forced the link down"
-		case lastMove.IsZero():
-			next = ntb.LinkDown
-		case now.Sub(lastMove) > d.timeout:
-			next, why = ntb.LinkDown, fmt.Sprintf("peer heartbeat silent for %v", now.Sub(lastMove).Round(time.Millisecond))
+			down(ntb.CauseHardware, "peer forced the link down")
+		case quiet > d.silentAfter:
+			down(ntb.CauseSilent, fmt.Sprintf("peer heartbeat silent for %v", quiet.Round(time.Millisecond)))
+		case quiet > d.timeout:
+			ev.Suspect, ev.Reason = true, fmt.Sprintf("peer heartbeat silent for %v", quiet.Round(time.Millisecond))
 		}
-		if state == ntb.LinkUp && next == ntb.LinkUp && gen != upGen {
-			d.setLink(ntb.LinkDown, "peer re-attached", now) // the peer we knew is gone
+		if state == ntb.LinkUp && ev.State == ntb.LinkUp && gen != upGen {
+			// The peer we knew is gone; another took its side.
+			d.setLink(ntb.LinkEvent{State: ntb.LinkDown, Cause: ntb.CauseGone, Reason: "peer re-attached", Time: now})
 			state = ntb.LinkDown
 		}
-		if next != state {
-			d.setLink(next, why, now)
-			state, upGen = next, gen
+		switch {
+		case ev.State != state:
+			if ev.State == ntb.LinkUp && ev.Suspect {
+				ev.Suspect = false // suspicion is of a peer we knew up
+				ev.Reason = "peer attached"
+			}
+			d.setLink(ev)
+			state, upGen, suspect = ev.State, gen, false
+		case state == ntb.LinkUp && ev.Suspect != suspect:
+			if !ev.Suspect {
+				ev.Reason = "peer heard again"
+			}
+			d.setLink(ev)
+			suspect = ev.Suspect
 		}
 		if !d.sleep(t, now) {
 			return
@@ -839,8 +920,8 @@ func idleInterval(interval, timeout time.Duration) time.Duration {
 	return max(interval, min(2*interval, timeout/5))
 }
 
-func (d *Device) setLink(s ntb.LinkState, why string, at time.Time) {
-	d.links.Set(s, why, at)
+func (d *Device) setLink(ev ntb.LinkEvent) {
+	d.links.Publish(ev)
 	d.wakeLocal()
 }
 
@@ -850,6 +931,7 @@ func (d *Device) Close() error {
 		close(d.stop)
 		<-d.done
 		d.closed.Store(true)
+		d.links.CloseLocal(time.Now())
 		d.remote.Store64(regGeneration, 0)
 		d.wakePeer()
 		d.wakeLocal()
