@@ -248,4 +248,3 @@ func TestUpWhenPeerArrives(t *testing.T) {
 		check(t, a, b)
 	})
 }
-
