@@ -55,3 +55,30 @@ func TestHandshakeWithoutTimers(t *testing.T) {
 	require.Equal(t, a.Epoch, b.Epoch)
 	exchange(t, a, b)
 }
+
+// BenchmarkSessionOpen is the time to open an embedded link: both ends of
+// an emulated link attached, the link up at both, and the session
+// handshake done at both.
+func BenchmarkSessionOpen(b *testing.B) {
+	dir := filepath.Join("/dev/shm", fmt.Sprintf("ntstack-partition-bench-%d", os.Getpid()))
+	require.NoError(b, os.MkdirAll(dir, 0o700))
+	b.Cleanup(func() { os.RemoveAll(dir) })
+	o := shm.Options{Dir: dir, WindowSize: 1 << 20}
+	for b.Loop() {
+		sa, sb := make(sessions, 4), make(sessions, 4)
+		da, err := shm.Open("l", o)
+		require.NoError(b, err)
+		la, err := Open(da, Config{OnSession: func(s *Session) { sa <- s }})
+		require.NoError(b, err)
+		db, err := shm.Open("l", o)
+		require.NoError(b, err)
+		lb, err := Open(db, Config{OnSession: func(s *Session) { sb <- s }})
+		require.NoError(b, err)
+		<-sa
+		<-sb
+		la.Close()
+		lb.Close()
+		da.Close()
+		db.Close()
+	}
+}
