@@ -450,16 +450,7 @@ func (d *Device) initFile(window int) error {
 	defer d.unlock(lockInit)
 	var hdr [16]byte
 	if n, _ := d.file.ReadAt(hdr[:], 0); n == len(hdr) && le.Uint32(hdr[offFileMagic:]) != 0 {
-		magic, version, size := le.Uint32(hdr[offFileMagic:]), le.Uint32(hdr[offFileVersion:]), le.Uint64(hdr[offFileWindow:])
-		mismatch := ""
-		switch {
-		case magic != fileMagic:
-			mismatch = fmt.Sprintf("magic %#x is not an ntstack link", magic)
-		case version != fileVersion:
-			mismatch = fmt.Sprintf("layout version %d, this build speaks %d", version, fileVersion)
-		case size != uint64(window):
-			mismatch = fmt.Sprintf("window size %d, this end asks for %d", size, window)
-		}
+		mismatch := checkHeader(hdr, window)
 		if mismatch == "" {
 			var st unix.Stat_t
 			if err := unix.Fstat(int(d.file.Fd()), &st); err != nil {
@@ -485,6 +476,22 @@ func (d *Device) initFile(window int) error {
 		return err
 	}
 	return stampHeader(d.file, window)
+}
+
+// checkHeader says how the link header hdr (written by whoever created
+// the file) differs from one for a window of the given size, or "" if it
+// does not.
+func checkHeader(hdr [16]byte, window int) string {
+	magic, version, size := le.Uint32(hdr[offFileMagic:]), le.Uint32(hdr[offFileVersion:]), le.Uint64(hdr[offFileWindow:])
+	switch {
+	case magic != fileMagic:
+		return fmt.Sprintf("magic %#x is not an ntstack link", magic)
+	case version != fileVersion:
+		return fmt.Sprintf("layout version %d, this build speaks %d", version, fileVersion)
+	case size != uint64(window):
+		return fmt.Sprintf("window size %d, this end asks for %d", size, window)
+	}
+	return ""
 }
 
 func (d *Device) lock(b int, wait bool) error { return lockByte(d.file, b, wait) }
@@ -771,101 +778,116 @@ func (d *Device) CorruptInbound(off, n int, seed uint64) {
 }
 
 // runMonitor beats our heart in the peer's registers and watches the
-// peer's in ours. The link is up while the peer's process holds its side
-// lock, its generation is one a live process stamped, it has not forced
-// the link down, and its heartbeat has moved within the silent timeout;
-// it is suspect while the heartbeat has stood still longer than the
-// heartbeat timeout. A peer is up from the look that finds it attached,
-// without waiting for its heartbeat to move: the lock says a process
-// holds the peer's side, and a generation left by a process that is gone
-// (staleGen) is never taken for a live one.
+// peer's in ours (see watch.observe).
 func (d *Device) runMonitor() {
 	defer close(d.done)
 	t := time.NewTimer(d.interval)
 	defer t.Stop()
 	beats := d.remote.Load64(regHeartbeat)
-	lastBeat := d.local.Load64(regHeartbeat)
-	var lastMove time.Time // the peer's heartbeat last moved, or its generation changed
-	var upGen, staleGen, seen uint64
-	state, suspect := ntb.LinkDown, false
+	w := watch{lastBeat: d.local.Load64(regHeartbeat), state: ntb.LinkDown}
 	for {
 		now := time.Now()
 		d.checkPaths()
 		// The generation is read before the lock is asked: if nobody
 		// holds the peer's side then, the generation read is a gone
 		// process's (a new one claims the lock before it stamps).
-		gen := d.local.Load64(regGeneration)
+		before := d.local.Load64(regGeneration)
 		attached, met := d.peerAttached(), ""
 		if !attached {
-			staleGen = gen
 			var moved bool
 			if met, moved = d.meetPeer(); moved {
 				// Other memory, other counters: start over as at attach.
-				beats, lastBeat = d.remote.Load64(regHeartbeat), d.local.Load64(regHeartbeat)
-				gen = d.local.Load64(regGeneration)
-				if attached = d.peerAttached(); !attached {
-					staleGen = gen
-				}
+				beats, w = d.remote.Load64(regHeartbeat), watch{lastBeat: d.local.Load64(regHeartbeat), state: w.state, suspect: w.suspect, upGen: w.upGen}
+				before = d.local.Load64(regGeneration)
+				attached = d.peerAttached()
 			}
 		}
 		if !d.silent.Load() {
 			beats++
 			d.remote.Store64(regHeartbeat, beats)
 		}
-		if !attached {
-			// A peer that closed in order between the two looks left
-			// generation 0 behind.
-			gen = d.local.Load64(regGeneration)
-		}
-		d.seenGen.Store(gen)
-		if gen != seen {
-			seen, lastMove = gen, now
-		}
-		if beat := d.local.Load64(regHeartbeat); beat != lastBeat {
-			lastBeat, lastMove = beat, now
-		}
-		ev := ntb.LinkEvent{State: ntb.LinkUp, Reason: "peer attached", Time: now}
-		down := func(c ntb.Cause, why string) { ev.State, ev.Cause, ev.Reason = ntb.LinkDown, c, why }
-		quiet := now.Sub(lastMove)
-		switch {
-		case d.forceDown.Load():
-			down(ntb.CauseLocal, "forced down")
-		case gen == 0:
-			down(ntb.CauseClosed, "peer detached")
-		case !attached && met != "":
-			down(ntb.CauseGone, "peer process gone; "+met)
-		case !attached || gen == staleGen:
-			down(ntb.CauseGone, "peer process gone")
-		case d.local.Load32(regPeerDown) != 0:
-			down(ntb.CauseHardware, "peer forced the link down")
-		case quiet > d.silentAfter:
-			down(ntb.CauseSilent, fmt.Sprintf("peer heartbeat silent for %v", quiet.Round(time.Millisecond)))
-		case quiet > d.timeout:
-			ev.Suspect, ev.Reason = true, fmt.Sprintf("peer heartbeat silent for %v", quiet.Round(time.Millisecond))
-		}
-		if state == ntb.LinkUp && ev.State == ntb.LinkUp && gen != upGen {
-			// The peer we knew is gone; another took its side.
-			d.setLink(ntb.LinkEvent{State: ntb.LinkDown, Cause: ntb.CauseGone, Reason: "peer re-attached", Time: now})
-			state = ntb.LinkDown
-		}
-		switch {
-		case ev.State != state:
-			if ev.State == ntb.LinkUp && ev.Suspect {
-				ev.Suspect = false // suspicion is of a peer we knew up
-				ev.Reason = "peer attached"
-			}
-			d.setLink(ev)
-			state, upGen, suspect = ev.State, gen, false
-		case state == ntb.LinkUp && ev.Suspect != suspect:
-			if !ev.Suspect {
-				ev.Reason = "peer heard again"
-			}
-			d.setLink(ev)
-			suspect = ev.Suspect
-		}
+		w.observe(d.local, before, d.forceDown.Load(), attached, met, now, d.timeout, d.silentAfter, d.setLink)
+		d.seenGen.Store(w.seen)
 		if !d.sleep(t, now) {
 			return
 		}
+	}
+}
+
+// watch is runMonitor's reading of the peer's registers from one beat to
+// the next.
+type watch struct {
+	lastBeat uint64    // the peer's heartbeat count last seen
+	lastMove time.Time // when it last moved, or the generation changed
+	seen     uint64    // the peer's generation last seen
+	staleGen uint64    // a generation a process that is gone left behind
+	upGen    uint64    // the peer's generation when the link last came up
+	state    ntb.LinkState
+	suspect  bool
+}
+
+// observe reads the peer-written registers in ours (regs) at now and
+// reports each change they imply to set: of link state (none, one, or a
+// re-attached peer's down before its up), or of an up link's suspicion.
+// before is the peer's generation as read before attached was asked
+// (whether the peer's process holds its side); forced is our own fault
+// injection, and met how this end met the peer's memory when the peer was
+// not attached (for the reason).
+//
+// The link is up while the peer's process holds its side, its generation
+// is not 0 and not one a gone process left, neither end forces the link
+// down, and its heartbeat (or generation) moved within silentAfter; it is
+// suspect while that was longer than suspectAfter ago. A peer is up from
+// the look that finds it attached, without waiting for its heartbeat to
+// move: the lock says a process holds its side, and a generation read
+// while nobody held it is never taken for a live one.
+func (w *watch) observe(regs shmem.Mem, before uint64, forced, attached bool, met string, now time.Time, suspectAfter, silentAfter time.Duration, set func(ntb.LinkEvent)) {
+	if !attached {
+		w.staleGen = before
+	}
+	// Read again: a peer that closed in order between the two looks left
+	// generation 0 behind.
+	gen, beat := regs.Load64(regGeneration), regs.Load64(regHeartbeat)
+	if gen != w.seen {
+		w.seen, w.lastMove = gen, now
+	}
+	if beat != w.lastBeat {
+		w.lastBeat, w.lastMove = beat, now
+	}
+	ev := ntb.LinkEvent{State: ntb.LinkUp, Reason: "peer attached", Time: now}
+	down := func(c ntb.Cause, why string) { ev.State, ev.Cause, ev.Reason = ntb.LinkDown, c, why }
+	quiet := now.Sub(w.lastMove)
+	switch {
+	case forced:
+		down(ntb.CauseLocal, "forced down")
+	case gen == 0:
+		down(ntb.CauseClosed, "peer detached")
+	case !attached && met != "":
+		down(ntb.CauseGone, "peer process gone; "+met)
+	case !attached || gen == w.staleGen:
+		down(ntb.CauseGone, "peer process gone")
+	case regs.Load32(regPeerDown) != 0:
+		down(ntb.CauseHardware, "peer forced the link down")
+	case quiet > silentAfter:
+		down(ntb.CauseSilent, fmt.Sprintf("peer heartbeat silent for %v", quiet.Round(time.Millisecond)))
+	case quiet > suspectAfter:
+		ev.Suspect, ev.Reason = true, fmt.Sprintf("peer heartbeat silent for %v", quiet.Round(time.Millisecond))
+	}
+	if w.state == ntb.LinkUp && ev.State == ntb.LinkUp && gen != w.upGen {
+		// The peer we knew is gone; another took its side.
+		set(ntb.LinkEvent{State: ntb.LinkDown, Cause: ntb.CauseGone, Reason: "peer re-attached", Time: now})
+		w.state, w.suspect = ntb.LinkDown, false
+	}
+	switch {
+	case ev.State != w.state:
+		set(ev)
+		w.state, w.upGen, w.suspect = ev.State, gen, ev.Suspect
+	case w.state == ntb.LinkUp && ev.Suspect != w.suspect:
+		if !ev.Suspect {
+			ev.Reason = "peer heard again"
+		}
+		set(ev)
+		w.suspect = ev.Suspect
 	}
 }
 
