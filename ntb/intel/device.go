@@ -547,9 +547,8 @@ func (d *Device) runMonitor() {
 		d.reason.Store(&ev.Reason)
 		switch {
 		case ev.State != state:
-			ev.Suspect = false // suspicion is of a peer we knew up
 			d.setLink(ev)
-			state, upNonce, suspect = ev.State, nonce, false
+			state, upNonce, suspect = ev.State, nonce, ev.Suspect
 		case state == ntb.LinkUp && ev.Suspect != suspect:
 			if !ev.Suspect {
 				ev.Reason = "peer heard again"

@@ -714,9 +714,8 @@ func (d *Device) runMonitor() {
 		}
 		switch {
 		case ev.State != state:
-			ev.Suspect = false // suspicion is of a peer we knew up
 			d.setLink(ev)
-			state, upGen, suspect = ev.State, w.gen, false
+			state, upGen, suspect = ev.State, w.gen, ev.Suspect
 		case state == ntb.LinkUp && ev.Suspect != suspect:
 			if !ev.Suspect {
 				ev.Reason = "peer heard again"
