@@ -13,7 +13,10 @@
 // beside the lock file (name.bell0, name.bell1), which it reads through
 // the Go runtime's poller, or, for a memory link without a directory,
 // through a futex word in the memory (see bell_linux.go). The link is up
-// while both sides are attached and their heartbeats keep moving.
+// from the moment both sides are attached; it is suspect while the peer's
+// heartbeat stands still, and goes down when the peer's process is gone,
+// it detaches, either end forces the link down, or it stays silent past
+// Options.SilentTimeout (layout.go, Liveness).
 //
 // Concurrency: a Device is safe for concurrent use. Lifetime: the window
 // slices are unmapped by Close; using them afterwards faults, so owners
