@@ -159,7 +159,7 @@ func (l *Link) runSession() {
 			l.logf("format window: %v", err)
 			return
 		}
-		if !l.wait(h.s, up) {
+		if !l.wait(h.s, up, h.retry(up, l.cfg.HelloTimeout)) {
 			return
 		}
 	}
@@ -173,6 +173,15 @@ type handshake struct {
 	helloAt   time.Time // follower: when we said it
 	lastHello uint32    // leader: the hello our epoch answers
 	epoch     uint32    // leader: the epoch we announced
+}
+
+// retry is how long until the follower says hello again, if it waits for
+// an answer (0: it does not).
+func (h *handshake) retry(up bool, helloTimeout time.Duration) time.Duration {
+	if h.leader || h.s != nil || !up || h.nonce == 0 {
+		return 0
+	}
+	return max(time.Until(h.helloAt.Add(helloTimeout)), time.Millisecond)
 }
 
 // end ends h's session, if any, with cause.
@@ -253,20 +262,22 @@ func (l *Link) step(h *handshake) (up bool, err error) {
 
 // wait sleeps until the session bit rings, the link changes, the session
 // fails, the Link closes or a re-check is due, and reports whether to go
-// on. The re-check is frequent while there is no session (hello retries).
-// With one, WaitDoorbell notices link changes only from the moment it is
+// on. WaitDoorbell notices link changes only from the moment it is
 // called, so a change between the caller's look at the link and the call
 // would be missed until the next doorbell: a device that can say when its
-// link changes (ntb.LinkWatcher) is asked before the look and needs no
-// re-check; with any other a second a session lasts costs one re-check.
-// (Each costs more than a wake-up: a wait entered anew keeps the runtime's
-// sysmon polling for 10 ms. An idle pair of processes spent ~0.25 % of a
-// core on it.)
-func (l *Link) wait(s *Session, up bool) bool {
+// link changes (ntb.LinkWatcher) is asked before the look, so every step
+// of the handshake — the link coming up, each scratchpad write and its
+// doorbell — wakes the wait at once, and the only timer is the follower's
+// hello retry (retry, 0 for none). With any other device the wait also
+// re-checks on a timer, frequently while there is no session, once a
+// second with one. (A re-check costs more than a wake-up: a wait entered
+// anew keeps the runtime's sysmon polling for 10 ms. An idle pair of
+// processes spent ~0.25 % of a core on it.)
+func (l *Link) wait(s *Session, up bool, retry time.Duration) bool {
 	var changed <-chan struct{}
 	period := recheck
-	if w, ok := l.dev.(ntb.LinkWatcher); ok && s != nil {
-		changed, period = w.LinkChanged(), 0
+	if w, ok := l.dev.(ntb.LinkWatcher); ok {
+		changed, period = w.LinkChanged(), retry
 	} else if s != nil {
 		period = establishedRecheck
 	}

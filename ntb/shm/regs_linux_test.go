@@ -40,10 +40,12 @@ func regOp(op int, a uint8, v uint32) []byte {
 // pending exactly while its counter differs from what our last clear saw;
 // scratchpad i reads word i, and an index outside 0..63 is an error; the
 // monitor reports the link up only while we are not forcing it down, the
-// peer's process is there, its generation is not 0, it is not forcing the
-// link down, and its heartbeat moved since we attached and within the
-// timeout — and reports only changes. A header is accepted exactly when
-// magic, version and window size all match.
+// peer's process is there, its generation is not 0 nor one seen while its
+// process was not, it is not forcing the link down, and its heartbeat or
+// generation moved within the silent timeout; suspect exactly while that
+// was longer than the heartbeat timeout ago; every down carries a cause;
+// and it reports only changes. A header is accepted exactly when magic,
+// version and window size all match.
 func FuzzRegisters(f *testing.F) {
 	hdr := func(magic, version uint32, window uint64) []byte {
 		b := binary.LittleEndian.AppendUint32(nil, magic)
@@ -63,7 +65,12 @@ func FuzzRegisters(f *testing.F) {
 	f.Add(hdr(fileMagic, fileVersion, DefaultWindowSize), up)
 	f.Add(hdr(fileMagic, fileVersion, 4096), cat(up, regOp(regOpStore64, regGeneration/4, 0xabc3), regOp(regOpStore64, regHeartbeat/4, 2),
 		regOp(regOpBeat, beat, 0))) // re-attached
-	f.Add(hdr(fileMagic, fileVersion+1, DefaultWindowSize), cat(up, regOp(regOpBeat, 150, 0))) // heartbeat silent
+	f.Add(hdr(fileMagic, fileVersion+1, DefaultWindowSize), cat(up, regOp(regOpBeat, 150, 0))) // heartbeat suspect
+	f.Add(hdr(fileMagic, fileVersion, DefaultWindowSize), cat(up, regOp(regOpBeat, 255, 0), regOp(regOpBeat, 255, 0), regOp(regOpBeat, 255, 0),
+		regOp(regOpBeat, 255, 0), regOp(regOpBeat, 255, 0), regOp(regOpBeat, 255, 0), regOp(regOpBeat, 255, 0), regOp(regOpBeat, 255, 0),
+		regOp(regOpBeat, 255, 0), regOp(regOpBeat, 255, 0), regOp(regOpBeat, 255, 0))) // heartbeat silent
+	f.Add(hdr(fileMagic, fileVersion, DefaultWindowSize), cat(up, regOp(regOpBeat, beat, 2), regOp(regOpBeat, beat, 0),
+		regOp(regOpStore64, regGeneration/4, 0xabc5), regOp(regOpBeat, beat, 0))) // gone, its generation stale, then a new peer
 	f.Add(hdr(fileMagic^1, fileVersion, DefaultWindowSize), cat(up, regOp(regOpStore32, regPeerDown/4, 1), regOp(regOpBeat, beat, 0),
 		regOp(regOpBeat, beat, 1), regOp(regOpBeat, beat, 2)))
 	f.Add(hdr(fileMagic, fileVersion, 1<<63), cat(regOp(regOpStore32, regDoorbells/4+63, 5), regOp(regOpPoll, 0, 0),
@@ -86,7 +93,8 @@ func FuzzRegisters(f *testing.F) {
 		var rung [doorbellBits]uint32 // our rings of each bit
 		now := time.Unix(1e9, 0)
 		w := watch{state: ntb.LinkDown}
-		moved, lastMove, lastBeat := false, time.Time{}, uint64(0)
+		var lastMove time.Time
+		var lastBeat, lastGen, stale uint64
 		for k := 0; len(steps) >= regStep && k < regMaxSteps; steps, k = steps[regStep:], k+1 {
 			op, a, v := int(steps[0])%regOps, int(steps[1]), binary.LittleEndian.Uint32(steps[2:])
 			bits := uint64(v) << (32 * (a & 1))
@@ -114,23 +122,37 @@ func FuzzRegisters(f *testing.F) {
 			case regOpBeat:
 				now = now.Add(time.Duration(4*a) * time.Millisecond)
 				forced, attached := v&1 != 0, v&2 == 0
+				gen := local.Load64(regGeneration)
+				if !attached {
+					stale = gen
+				}
+				if gen != lastGen {
+					lastGen, lastMove = gen, now
+				}
 				if b := local.Load64(regHeartbeat); b != lastBeat {
-					moved, lastMove, lastBeat = true, now, b
+					lastBeat, lastMove = b, now
 				}
-				state := w.state
-				w.observe(local, forced, attached, "", now, DefaultHeartbeatTimeout, func(s ntb.LinkState, why string) {
-					if s == state {
-						t.Fatalf("reported %v (%s) while %v", s, why, state)
+				state, susp := w.state, w.suspect
+				w.observe(local, gen, forced, attached, "", now, DefaultHeartbeatTimeout, DefaultSilentTimeout, func(ev ntb.LinkEvent) {
+					if ev.State == state && (ev.State == ntb.LinkDown || ev.Suspect == susp) {
+						t.Fatalf("reported %+v while %v (suspect %v)", ev, state, susp)
 					}
-					state = s
+					if (ev.State == ntb.LinkDown) != (ev.Cause != ntb.CauseNone) || ev.State == ntb.LinkDown && ev.Suspect {
+						t.Fatalf("reported %+v", ev)
+					}
+					state, susp = ev.State, ev.Suspect
 				})
-				if state != w.state {
-					t.Fatalf("reported %v, watching %v", state, w.state)
+				if state != w.state || susp != w.suspect {
+					t.Fatalf("reported %v (suspect %v), watching %v (suspect %v)", state, susp, w.state, w.suspect)
 				}
-				if w.state == ntb.LinkUp && (forced || !attached || local.Load64(regGeneration) == 0 || local.Load32(regPeerDown) != 0 ||
-					!moved || now.Sub(lastMove) > DefaultHeartbeatTimeout) {
-					t.Fatalf("link up: forced %v, attached %v, generation %#x, peer down %d, heartbeat moved %v, %v ago",
-						forced, attached, local.Load64(regGeneration), local.Load32(regPeerDown), moved, now.Sub(lastMove))
+				quiet := now.Sub(lastMove)
+				live := !forced && attached && gen != 0 && gen != stale && local.Load32(regPeerDown) == 0 && quiet <= DefaultSilentTimeout
+				if (w.state == ntb.LinkUp) != live {
+					t.Fatalf("link %v: forced %v, attached %v, generation %#x (stale %#x), peer down %d, heartbeat still for %v",
+						w.state, forced, attached, gen, stale, local.Load32(regPeerDown), quiet)
+				}
+				if w.state == ntb.LinkUp && w.suspect != (quiet > DefaultHeartbeatTimeout) {
+					t.Fatalf("suspect %v with the heartbeat still for %v", w.suspect, quiet)
 				}
 			case regOpSpads:
 				for i := -1; i <= scratchpadRegs; i++ {

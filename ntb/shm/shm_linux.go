@@ -13,7 +13,10 @@
 // beside the lock file (name.bell0, name.bell1), which it reads through
 // the Go runtime's poller, or, for a memory link without a directory,
 // through a futex word in the memory (see bell_linux.go). The link is up
-// while both sides are attached and their heartbeats keep moving.
+// from the moment both sides are attached; it is suspect while the peer's
+// heartbeat stands still, and goes down when the peer's process is gone,
+// it detaches, either end forces the link down, or it stays silent past
+// Options.SilentTimeout (layout.go, Liveness).
 //
 // Concurrency: a Device is safe for concurrent use. Lifetime: the window
 // slices are unmapped by Close; using them afterwards faults, so owners
@@ -45,6 +48,7 @@ const (
 	DefaultWindowSize        = 16 << 20
 	DefaultHeartbeatInterval = 50 * time.Millisecond
 	DefaultHeartbeatTimeout  = 500 * time.Millisecond
+	DefaultSilentTimeout     = 10 * time.Second
 )
 
 // Side selects which end of a link to attach.
@@ -64,7 +68,14 @@ type Options struct {
 	Side              Side
 	WindowSize        int // per side; both ends must agree
 	HeartbeatInterval time.Duration
-	HeartbeatTimeout  time.Duration
+	// HeartbeatTimeout is how long the peer's heartbeat may stand still
+	// before the link turns suspect (an up link, LinkEvent.Suspect): the
+	// peer is attached but may be starved or stopped.
+	HeartbeatTimeout time.Duration
+	// SilentTimeout is how long it may stand still before the link goes
+	// down with ntb.CauseSilent — the user timeout, of the order of TCP's
+	// (DefaultSilentTimeout). Never shorter than HeartbeatTimeout.
+	SilentTimeout time.Duration
 	// FutexWait: sleep in futex waits on the doorbell word rather than
 	// reading a FIFO through the runtime's poller (see bell_linux.go) —
 	// for a process whose goroutines spin while they wait, as ntproxy's
@@ -90,6 +101,10 @@ func (o *Options) setDefaults() {
 	if o.HeartbeatTimeout == 0 {
 		o.HeartbeatTimeout = DefaultHeartbeatTimeout
 	}
+	if o.SilentTimeout == 0 {
+		o.SilentTimeout = DefaultSilentTimeout
+	}
+	o.SilentTimeout = max(o.SilentTimeout, o.HeartbeatTimeout)
 }
 
 // Device is one end of an emulated link.
@@ -120,13 +135,19 @@ type Device struct {
 	in     []byte
 	out    []byte
 
-	gen      uint64 // our attach generation
-	interval time.Duration
-	idle     time.Duration // the interval while this end's user is idle (idleInterval)
-	timeout  time.Duration
-	idlers   atomic.Int32  // Idle(true) calls not yet ended
-	busy     chan struct{} // Idle(false) wakes the monitor
-	now      chan struct{} // checkNow: the monitor looks at once
+	gen         uint64 // our attach generation
+	interval    time.Duration
+	idle        time.Duration // the interval while this end's user is idle (idleInterval)
+	timeout     time.Duration // the peer's heartbeat stands still this long: suspect
+	silentAfter time.Duration // and this long: down (CauseSilent)
+	// seenGen is the peer generation the monitor last looked at; a
+	// WaitDoorbell that finds another in our registers has the monitor
+	// look at once (noticePeer), so an arrival or a detach is seen at the
+	// peer's wake-up rather than at our next beat.
+	seenGen atomic.Uint64
+	idlers  atomic.Int32  // Idle(true) calls not yet ended
+	busy    chan struct{} // Idle(false) wakes the monitor
+	now     chan struct{} // checkNow: the monitor looks at once
 
 	links *ntb.LinkTracker
 	stop  chan struct{}
@@ -163,6 +184,7 @@ type Device struct {
 var (
 	_ ntb.Device      = (*Device)(nil)
 	_ ntb.LinkWatcher = (*Device)(nil)
+	_ ntb.Liveness    = (*Device)(nil)
 )
 
 // Open attaches one end of the link called name: the memory its peer
@@ -208,7 +230,8 @@ func Open(name string, o Options) (_ *Device, err error) {
 		}
 	}()
 	for s := range 2 {
-		if f, side, err := fetch(sockPath(d.path, s)); err == nil {
+		if f, side, c, err := fetchHeld(sockPath(d.path, s)); err == nil {
+			defer c.Close() // after start: tells the server we are here (runServe)
 			if side != s {
 				f.Close()
 				continue
@@ -314,7 +337,8 @@ func OpenFile(f *os.File, name string, o Options) (_ *Device, err error) {
 
 func newDevice(name string, o Options) *Device {
 	return &Device{name: name, window: o.WindowSize, logFn: o.Logf, interval: o.HeartbeatInterval,
-		idle: idleInterval(o.HeartbeatInterval, o.HeartbeatTimeout), timeout: o.HeartbeatTimeout}
+		busy: make(chan struct{}, 1), now: make(chan struct{}, 1),
+		idle: idleInterval(o.HeartbeatInterval, o.HeartbeatTimeout), timeout: o.HeartbeatTimeout, silentAfter: o.SilentTimeout}
 }
 
 // attach maps the link memory d.file, on which d holds its side's lock,
@@ -368,14 +392,22 @@ func (d *Device) stampRegsLocked() {
 	d.remote.Store32(regBells, bells)
 }
 
-// start runs the monitor.
+// start runs the monitor, and tells a peer already attached that this
+// end arrived: a wake-up where it sleeps, whose WaitDoorbell then finds
+// our new generation (noticePeer), so its link comes up now rather than
+// at its next beat. (A peer of a link opened by name also hears it from
+// its socket, see runServe.)
 func (d *Device) start() {
 	d.links = ntb.NewLinkTracker()
 	d.stop = make(chan struct{})
 	d.done = make(chan struct{})
-	d.busy = make(chan struct{}, 1)
-	d.now = make(chan struct{}, 1)
+	d.seenGen.Store(d.local.Load64(regGeneration))
 	go d.runMonitor()
+	d.mu.Lock()
+	d.ringSeq++
+	storeFutex(d.remote, regDoorbellSeq, d.ringSeq)
+	d.mu.Unlock()
+	d.wakePeer()
 }
 
 func (d *Device) logf(format string, args ...any) {
@@ -598,6 +630,7 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 	for {
 		kick := loadFutex(d.kick, 0)
 		seq := loadFutex(d.local, regDoorbellSeq)
+		d.noticePeer()
 		if done, p, err := d.waitOver(ctx, want, linkSeq); done {
 			return p, err
 		}
@@ -610,6 +643,7 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 func (d *Device) waitBell(ctx context.Context, want uint64, linkSeq uint64) (uint64, error) {
 	for {
 		rung := d.bell.waiting()
+		d.noticePeer()
 		if done, p, err := d.waitOver(ctx, want, linkSeq); done {
 			return p, err
 		}
@@ -618,6 +652,15 @@ func (d *Device) waitBell(ctx context.Context, want uint64, linkSeq uint64) (uin
 		case <-ctx.Done():
 		}
 		d.wakeup.Add(1)
+	}
+}
+
+// noticePeer has the monitor look at once if the peer's generation in
+// our registers is not the one it last saw: the peer arrived, detached or
+// was replaced, and woke us to say so.
+func (d *Device) noticePeer() {
+	if d.local.Load64(regGeneration) != d.seenGen.Load() {
+		d.checkNow()
 	}
 }
 
@@ -658,6 +701,13 @@ func (d *Device) SetPeerScratchpad(i int, v uint32) error {
 
 func (d *Device) Link() ntb.LinkState { return d.links.Link() }
 
+// Suspect reports an up link whose peer's heartbeat has stood still
+// longer than Options.HeartbeatTimeout (see ntb.Liveness).
+func (d *Device) Suspect() bool { return d.links.Suspect() }
+
+// LinkCause says why the link is down (see ntb.Liveness).
+func (d *Device) LinkCause() ntb.Cause { return d.links.Cause() }
+
 // LinkReason says why the link entered its current state.
 func (d *Device) LinkReason() string { return d.links.Reason() }
 
@@ -668,7 +718,8 @@ func (d *Device) LinkEvents() <-chan ntb.LinkEvent { return d.links.Events() }
 func (d *Device) LinkChanged() <-chan struct{} { return d.links.Changed() }
 
 // ForceLinkDown is fault injection, a cable pull: both ends report the
-// link down (the peer within one heartbeat interval) until ForceLinkUp.
+// link down (the peer within one heartbeat interval) until ForceLinkUp,
+// this end with ntb.CauseLocal, the peer with ntb.CauseHardware.
 func (d *Device) ForceLinkDown() {
 	d.forceDown.Store(true)
 	if d.enter() {
@@ -699,8 +750,8 @@ func (d *Device) checkNow() {
 }
 
 // SilenceHeartbeat is fault injection, a hung process: while on, the device
-// stops heartbeating, and the peer declares the link down after its
-// heartbeat timeout.
+// stops heartbeating; the peer finds the link suspect after its heartbeat
+// timeout and takes it down after its silent timeout.
 func (d *Device) SilenceHeartbeat(on bool) { d.silent.Store(on) }
 
 // peerAttached asks the kernel whether a process holds the peer's side
@@ -730,13 +781,9 @@ func (d *Device) CorruptInbound(off, n int, seed uint64) {
 }
 
 // runMonitor beats our heart in the peer's registers and watches the
-// peer's in ours. The link is up while the peer's process holds its side
-// lock, its generation is unchanged, it has not forced the link down, and
-// its heartbeat has moved since we attached (so a dead peer's leftover
-// registers never look alive) and within the heartbeat timeout.
+// peer's in ours (see watch.observe).
 func (d *Device) runMonitor() {
 	defer close(d.done)
-	defer d.links.Close()
 	t := time.NewTimer(d.interval)
 	defer t.Stop()
 	beats := d.remote.Load64(regHeartbeat)
@@ -744,12 +791,17 @@ func (d *Device) runMonitor() {
 	for {
 		now := time.Now()
 		d.checkPaths()
+		// The generation is read before the lock is asked: if nobody
+		// holds the peer's side then, the generation read is a gone
+		// process's (a new one claims the lock before it stamps).
+		before := d.local.Load64(regGeneration)
 		attached, met := d.peerAttached(), ""
 		if !attached {
 			var moved bool
 			if met, moved = d.meetPeer(); moved {
 				// Other memory, other counters: start over as at attach.
-				beats, w.lastBeat, w.lastMove = d.remote.Load64(regHeartbeat), d.local.Load64(regHeartbeat), time.Time{}
+				beats, w = d.remote.Load64(regHeartbeat), watch{lastBeat: d.local.Load64(regHeartbeat), state: w.state, suspect: w.suspect, upGen: w.upGen}
+				before = d.local.Load64(regGeneration)
 				attached = d.peerAttached()
 			}
 		}
@@ -757,9 +809,8 @@ func (d *Device) runMonitor() {
 			beats++
 			d.remote.Store64(regHeartbeat, beats)
 		}
-		w.observe(d.local, d.forceDown.Load(), attached, met, now, d.timeout, func(s ntb.LinkState, why string) {
-			d.setLink(s, why, now)
-		})
+		w.observe(d.local, before, d.forceDown.Load(), attached, met, now, d.timeout, d.silentAfter, d.setLink)
+		d.seenGen.Store(w.seen)
 		if !d.sleep(t, now) {
 			return
 		}
@@ -770,45 +821,76 @@ func (d *Device) runMonitor() {
 // the next.
 type watch struct {
 	lastBeat uint64    // the peer's heartbeat count last seen
-	lastMove time.Time // when it last moved; zero until it moves after we attached
+	lastMove time.Time // when it last moved, or the generation changed
+	seen     uint64    // the peer's generation last seen
+	staleGen uint64    // a generation a process that is gone left behind
 	upGen    uint64    // the peer's generation when the link last came up
 	state    ntb.LinkState
+	suspect  bool
 }
 
 // observe reads the peer-written registers in ours (regs) at now and
-// reports each change of link state they imply to set: none, one, or a
-// re-attached peer's down before its up. forced is our own fault
-// injection; attached says whether the peer's process holds its side, and
-// met how this end met the peer's memory when it did not (for the reason).
-func (w *watch) observe(regs shmem.Mem, forced, attached bool, met string, now time.Time, timeout time.Duration, set func(ntb.LinkState, string)) {
+// reports each change they imply to set: of link state (none, one, or a
+// re-attached peer's down before its up), or of an up link's suspicion.
+// before is the peer's generation as read before attached was asked
+// (whether the peer's process holds its side); forced is our own fault
+// injection, and met how this end met the peer's memory when the peer was
+// not attached (for the reason).
+//
+// The link is up while the peer's process holds its side, its generation
+// is not 0 and not one a gone process left, neither end forces the link
+// down, and its heartbeat (or generation) moved within silentAfter; it is
+// suspect while that was longer than suspectAfter ago. A peer is up from
+// the look that finds it attached, without waiting for its heartbeat to
+// move: the lock says a process holds its side, and a generation read
+// while nobody held it is never taken for a live one.
+func (w *watch) observe(regs shmem.Mem, before uint64, forced, attached bool, met string, now time.Time, suspectAfter, silentAfter time.Duration, set func(ntb.LinkEvent)) {
+	if !attached {
+		w.staleGen = before
+	}
+	// Read again: a peer that closed in order between the two looks left
+	// generation 0 behind.
 	gen, beat := regs.Load64(regGeneration), regs.Load64(regHeartbeat)
+	if gen != w.seen {
+		w.seen, w.lastMove = gen, now
+	}
 	if beat != w.lastBeat {
 		w.lastBeat, w.lastMove = beat, now
 	}
-	next, why := ntb.LinkUp, "peer attached"
+	ev := ntb.LinkEvent{State: ntb.LinkUp, Reason: "peer attached", Time: now}
+	down := func(c ntb.Cause, why string) { ev.State, ev.Cause, ev.Reason = ntb.LinkDown, c, why }
+	quiet := now.Sub(w.lastMove)
 	switch {
 	case forced:
-		next, why = ntb.LinkDown, "forced down"
-	case !attached && met != "":
-		next, why = ntb.LinkDown, "peer process gone; "+met
-	case !attached:
-		next, why = ntb.LinkDown, "peer process gone"
+		down(ntb.CauseLocal, "forced down")
 	case gen == 0:
-		next, why = ntb.LinkDown, "peer detached"
+		down(ntb.CauseClosed, "peer detached")
+	case !attached && met != "":
+		down(ntb.CauseGone, "peer process gone; "+met)
+	case !attached || gen == w.staleGen:
+		down(ntb.CauseGone, "peer process gone")
 	case regs.Load32(regPeerDown) != 0:
-		next, why = ntb.LinkDown, "peer forced the link down"
-	case w.lastMove.IsZero():
-		next = ntb.LinkDown
-	case now.Sub(w.lastMove) > timeout:
-		next, why = ntb.LinkDown, fmt.Sprintf("peer heartbeat silent for %v", now.Sub(w.lastMove).Round(time.Millisecond))
+		down(ntb.CauseHardware, "peer forced the link down")
+	case quiet > silentAfter:
+		down(ntb.CauseSilent, fmt.Sprintf("peer heartbeat silent for %v", quiet.Round(time.Millisecond)))
+	case quiet > suspectAfter:
+		ev.Suspect, ev.Reason = true, fmt.Sprintf("peer heartbeat silent for %v", quiet.Round(time.Millisecond))
 	}
-	if w.state == ntb.LinkUp && next == ntb.LinkUp && gen != w.upGen {
-		set(ntb.LinkDown, "peer re-attached") // the peer we knew is gone
-		w.state = ntb.LinkDown
+	if w.state == ntb.LinkUp && ev.State == ntb.LinkUp && gen != w.upGen {
+		// The peer we knew is gone; another took its side.
+		set(ntb.LinkEvent{State: ntb.LinkDown, Cause: ntb.CauseGone, Reason: "peer re-attached", Time: now})
+		w.state, w.suspect = ntb.LinkDown, false
 	}
-	if next != w.state {
-		set(next, why)
-		w.state, w.upGen = next, gen
+	switch {
+	case ev.State != w.state:
+		set(ev)
+		w.state, w.upGen, w.suspect = ev.State, gen, ev.Suspect
+	case w.state == ntb.LinkUp && ev.Suspect != w.suspect:
+		if !ev.Suspect {
+			ev.Reason = "peer heard again"
+		}
+		set(ev)
+		w.suspect = ev.Suspect
 	}
 }
 
@@ -863,8 +945,8 @@ func idleInterval(interval, timeout time.Duration) time.Duration {
 	return max(interval, min(2*interval, timeout/5))
 }
 
-func (d *Device) setLink(s ntb.LinkState, why string, at time.Time) {
-	d.links.Set(s, why, at)
+func (d *Device) setLink(ev ntb.LinkEvent) {
+	d.links.Publish(ev)
 	d.wakeLocal()
 }
 
@@ -874,6 +956,7 @@ func (d *Device) Close() error {
 		close(d.stop)
 		<-d.done
 		d.closed.Store(true)
+		d.links.CloseLocal(time.Now())
 		d.remote.Store64(regGeneration, 0)
 		d.wakePeer()
 		d.wakeLocal()
