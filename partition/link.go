@@ -176,111 +176,137 @@ func nonZero32() uint32 {
 // runSession drives the handshake; see the package comment.
 func (l *Link) runSession() {
 	defer close(l.done)
-	leader := l.dev.Port() == 0
-	var (
-		s         *Session
-		nonce     uint32    // follower: our latest hello
-		helloAt   time.Time // follower: when we said it
-		lastHello uint32    // leader: the hello our epoch answers
-		epoch     uint32    // leader: the epoch we announced
-	)
-	end := func(cause error) {
-		if s != nil {
-			s.fail(cause)
-			s.quiesce()
-			l.logf("session %#x ended: %v", s.Epoch, s.Err())
-			s = nil
-		}
-	}
-	defer func() { end(fmt.Errorf("link closed: %w", ErrSessionEnded)) }()
-	spad := func(i int) uint32 {
-		v, _ := l.dev.Scratchpad(i)
-		return v
-	}
-	tell := func(i int, v uint32) { _ = l.dev.SetPeerScratchpad(i, v) }
+	h := &handshake{leader: l.dev.Port() == 0}
+	defer func() { l.end(h, fmt.Errorf("link closed: %w", ErrSessionEnded)) }()
 	for {
-		l.dev.ClearDoorbells(sessionBit)
-		up := l.dev.Link() == ntb.LinkUp
-		if !up {
-			cause := ntb.CauseNone
-			if lv, ok := l.dev.(ntb.Liveness); ok {
-				cause = lv.LinkCause()
-			}
-			end(&DownError{Cause: cause, Reason: l.dev.LinkReason()})
-			nonce, epoch, lastHello = 0, 0, 0
-		} else if leader {
-			if s != nil && s.Err() != nil { // failed from above: make the follower start over
-				end(nil)
-				epoch = 0
-				tell(spadEpoch, 0)
-				_ = l.dev.RingPeer(sessionBit)
-			}
-			if h := spad(spadHello); h != 0 && h != lastHello {
-				end(ErrPeerRestarted)
-				epoch, lastHello = nonZero32(), h
-				if err := l.layout.format(l.dev.InboundWindow()); err != nil {
-					l.logf("format window: %v", err)
-					return
-				}
-				tell(spadEcho, h)
-				tell(spadEpoch, epoch)
-				_ = l.dev.RingPeer(sessionBit)
-				l.logf("answered hello %#x with epoch %#x", h, epoch)
-			}
-			if s == nil && epoch != 0 && spad(spadAck) == epoch {
-				s = l.attach(epoch)
-			}
-		} else {
-			if s != nil && s.Err() != nil {
-				end(nil)
-				nonce = 0
-			}
-			e := spad(spadEpoch)
-			if s != nil && spad(spadEcho) == nonce && e != s.Epoch {
-				end(ErrPeerRestarted)
-				if e == 0 {
-					nonce = 0
-				}
-			}
-			if s == nil && nonce != 0 && spad(spadEcho) == nonce && e != 0 {
-				if err := l.layout.format(l.dev.InboundWindow()); err != nil {
-					l.logf("format window: %v", err)
-					return
-				}
-				if s = l.attach(e); s != nil {
-					tell(spadAck, e)
-					_ = l.dev.RingPeer(sessionBit)
-				}
-			}
-			if s == nil && (nonce == 0 || time.Since(helloAt) > l.cfg.HelloTimeout) {
-				nonce, helloAt = nonZero32(), time.Now()
-				tell(spadHello, nonce)
-				_ = l.dev.RingPeer(sessionBit)
-				l.logf("hello %#x", nonce)
-			}
+		up, err := l.step(h)
+		if err != nil {
+			l.logf("format window: %v", err)
+			return
 		}
-		if !l.wait(s, up) {
+		if !l.wait(h.s, up, h.retry(up, l.cfg.HelloTimeout)) {
 			return
 		}
 	}
 }
 
+// handshake is what runSession remembers between two looks at the link.
+type handshake struct {
+	leader    bool
+	s         *Session  // the established session, or nil
+	nonce     uint32    // follower: our latest hello
+	helloAt   time.Time // follower: when we said it
+	lastHello uint32    // leader: the hello our epoch answers
+	epoch     uint32    // leader: the epoch we announced
+}
+
+// retry is how long until the follower says hello again, if it waits for
+// an answer (0: it does not).
+func (h *handshake) retry(up bool, helloTimeout time.Duration) time.Duration {
+	if h.leader || h.s != nil || !up || h.nonce == 0 {
+		return 0
+	}
+	return max(time.Until(h.helloAt.Add(helloTimeout)), time.Millisecond)
+}
+
+// end ends h's session, if any, with cause.
+func (l *Link) end(h *handshake, cause error) {
+	if s := h.s; s != nil {
+		s.fail(cause)
+		s.quiesce()
+		l.logf("session %#x ended: %v", s.Epoch, s.Err())
+		h.s = nil
+	}
+}
+
+// step takes one look at the link and at the scratchpads the peer writes,
+// and moves the handshake on (see the package comment). It reports whether
+// the link was up; it fails only if our own window cannot be formatted.
+func (l *Link) step(h *handshake) (up bool, err error) {
+	spad := func(i int) uint32 {
+		v, _ := l.dev.Scratchpad(i)
+		return v
+	}
+	tell := func(i int, v uint32) { _ = l.dev.SetPeerScratchpad(i, v) }
+	l.dev.ClearDoorbells(sessionBit)
+	up = l.dev.Link() == ntb.LinkUp
+	if !up {
+		cause := ntb.CauseNone
+		if lv, ok := l.dev.(ntb.Liveness); ok {
+			cause = lv.LinkCause()
+		}
+		l.end(h, &DownError{Cause: cause, Reason: l.dev.LinkReason()})
+		h.nonce, h.epoch, h.lastHello = 0, 0, 0
+	} else if h.leader {
+		if h.s != nil && h.s.Err() != nil { // failed from above: make the follower start over
+			l.end(h, nil)
+			h.epoch = 0
+			tell(spadEpoch, 0)
+			_ = l.dev.RingPeer(sessionBit)
+		}
+		if hello := spad(spadHello); hello != 0 && hello != h.lastHello {
+			l.end(h, ErrPeerRestarted)
+			h.epoch, h.lastHello = nonZero32(), hello
+			if err := l.layout.format(l.dev.InboundWindow()); err != nil {
+				return up, err
+			}
+			tell(spadEcho, hello)
+			tell(spadEpoch, h.epoch)
+			_ = l.dev.RingPeer(sessionBit)
+			l.logf("answered hello %#x with epoch %#x", hello, h.epoch)
+		}
+		if h.s == nil && h.epoch != 0 && spad(spadAck) == h.epoch {
+			h.s = l.attach(h.epoch)
+		}
+	} else {
+		if h.s != nil && h.s.Err() != nil {
+			l.end(h, nil)
+			h.nonce = 0
+		}
+		e := spad(spadEpoch)
+		if h.s != nil && spad(spadEcho) == h.nonce && e != h.s.Epoch {
+			l.end(h, ErrPeerRestarted)
+			if e == 0 {
+				h.nonce = 0
+			}
+		}
+		if h.s == nil && h.nonce != 0 && spad(spadEcho) == h.nonce && e != 0 {
+			if err := l.layout.format(l.dev.InboundWindow()); err != nil {
+				return up, err
+			}
+			if h.s = l.attach(e); h.s != nil {
+				tell(spadAck, e)
+				_ = l.dev.RingPeer(sessionBit)
+			}
+		}
+		if h.s == nil && (h.nonce == 0 || time.Since(h.helloAt) > l.cfg.HelloTimeout) {
+			h.nonce, h.helloAt = nonZero32(), time.Now()
+			tell(spadHello, h.nonce)
+			_ = l.dev.RingPeer(sessionBit)
+			l.logf("hello %#x", h.nonce)
+		}
+	}
+	return up, nil
+}
+
 // wait sleeps until the session bit rings, the link changes, the session
 // fails, the Link closes or a re-check is due, and reports whether to go
-// on. The re-check is frequent while there is no session (hello retries).
-// With one, WaitDoorbell notices link changes only from the moment it is
+// on. WaitDoorbell notices link changes only from the moment it is
 // called, so a change between the caller's look at the link and the call
 // would be missed until the next doorbell: a device that can say when its
-// link changes (ntb.LinkWatcher) is asked before the look and needs no
-// re-check; with any other a second a session lasts costs one re-check.
-// (Each costs more than a wake-up: a wait entered anew keeps the runtime's
-// sysmon polling for 10 ms. An idle pair of processes spent ~0.25 % of a
-// core on it.)
-func (l *Link) wait(s *Session, up bool) bool {
+// link changes (ntb.LinkWatcher) is asked before the look, so every step
+// of the handshake — the link coming up, each scratchpad write and its
+// doorbell — wakes the wait at once, and the only timer is the follower's
+// hello retry (retry, 0 for none). With any other device the wait also
+// re-checks on a timer, frequently while there is no session, once a
+// second with one. (A re-check costs more than a wake-up: a wait entered
+// anew keeps the runtime's sysmon polling for 10 ms. An idle pair of
+// processes spent ~0.25 % of a core on it.)
+func (l *Link) wait(s *Session, up bool, retry time.Duration) bool {
 	var changed <-chan struct{}
 	period := recheck
-	if w, ok := l.dev.(ntb.LinkWatcher); ok && s != nil {
-		changed, period = w.LinkChanged(), 0
+	if w, ok := l.dev.(ntb.LinkWatcher); ok {
+		changed, period = w.LinkChanged(), retry
 	} else if s != nil {
 		period = establishedRecheck
 	}

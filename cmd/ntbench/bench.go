@@ -226,7 +226,11 @@ func (r *runner) measure(t transport, m mode, srv *serverProc, size int) (res []
 			c.Close()
 		}
 	}()
-	for range r.o.conns + r.o.idle { // the measured ones first
+	dials := r.o.conns + r.o.idle
+	if m.dialer != nil {
+		dials = r.o.idle // each client dials its own
+	}
+	for range dials { // the measured ones first
 		c, err := t.dial(r.o, srv.addr)
 		if err != nil {
 			return nil, fmt.Errorf("dial %s: %w", srv.addr, err)
@@ -253,7 +257,11 @@ func (r *runner) measure(t transport, m mode, srv *serverProc, size int) (res []
 	}()
 
 	var clients []client
-	if m.client == nil { // mixed (o.check: two connections or more)
+	if m.dialer != nil {
+		for range r.o.conns {
+			clients = append(clients, m.dialer(func() (net.Conn, error) { return t.dial(r.o, srv.addr) }, size, r.o))
+		}
+	} else if m.client == nil { // mixed (o.check: two connections or more)
 		if clients, err = mixedClients(conns[:r.o.conns], size, r.o); err != nil {
 			return nil, err
 		}
@@ -293,7 +301,7 @@ func (r *runner) measure(t transport, m mode, srv *serverProc, size int) (res []
 		return nil, err
 	}
 	for _, p := range measured {
-		if m.client == nil {
+		if m.client == nil && m.dialer == nil {
 			rr := r.result(t, "mixed-rr", mixedRRSize, p.samples[:1], p)
 			rr.Beside = len(p.samples) - 1
 			res = append(res, rr, r.result(t, "mixed-bulk", size, p.samples[1:], p))

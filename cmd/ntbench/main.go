@@ -57,6 +57,12 @@
 //	          as two rows, mixed-rr (the pingpong flow alone) and mixed-bulk
 //	          (the stream flows together); every flow runs for -duration,
 //	          whatever -count says, so that each row is beside the other
+//	dial      dial a fresh connection, exchange one size-byte message,
+//	          close, again and again (-conns dialers side by side); the
+//	          latency columns are the dials' times, until the dial returned
+//	          a connection: TCP's connect beside the time ntstack takes to
+//	          open a connection (for direct, a link of its own); -warmup
+//	          counts at most 10 dials
 //
 // # Reading the figures
 //
@@ -301,7 +307,7 @@ Flags:
 	o.transports = transportNames(false)
 	fs.Var((*listFlag)(&o.transports), "transports", "comma-separated `list` of transports to compare: "+strings.Join(transportNames(true), ", ")+" (copy, stream only: a ring transport's two copies and nothing else)")
 	o.modes = []string{"pingpong", "stream"}
-	fs.Var((*listFlag)(&o.modes), "modes", "comma-separated `list` of modes: pingpong, stream, rate, mixed")
+	fs.Var((*listFlag)(&o.modes), "modes", "comma-separated `list` of modes: pingpong, stream, rate, mixed, dial")
 	o.sizes = []int{64, 4096, 65536}
 	fs.Var(&intsFlag{&o.sizes, "size"}, "size", "comma-separated `list` of message sizes in bytes")
 	fs.IntVar(&o.count, "count", 100_000, "measured messages per connection, at most")

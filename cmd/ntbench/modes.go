@@ -21,14 +21,83 @@ type mode struct {
 	name   string
 	serve  func(c net.Conn, o *options) error
 	client func(c net.Conn, size int, o *options) client
+	// dialer, set instead of client, is a client that dials connections
+	// of its own (dial mode).
+	dialer func(dial func() (net.Conn, error), size int, o *options) client
 }
 
 // modes lists the modes in the order -h names them.
 var modes = []mode{
-	{"pingpong", echo, newPingpong},
-	{"stream", sink, newStream},
-	{"rate", echo, newRate},
-	{"mixed", mixedServe, nil}, // clients: see mixedClients
+	{"pingpong", echo, newPingpong, nil},
+	{"stream", sink, newStream, nil},
+	{"rate", echo, newRate, nil},
+	{"mixed", mixedServe, nil, nil}, // clients: see mixedClients
+	{"dial", echo, nil, newDialing},
+}
+
+// Dial mode: each client dials a fresh connection, exchanges one
+// size-byte message and its echo (untimed: the connection works and the
+// server took it), and closes it, one after the other; the time of each
+// dial, until it returned a connection, is the sample.
+
+// dialWarmup bounds the warm-up dials: a dial may set up a link of its
+// own (direct mode), and -warmup is meant for messages.
+const dialWarmup = 10
+
+type dialing struct {
+	dial func() (net.Conn, error)
+	o    *options
+	msg  []byte
+	buf  []byte
+	n    int
+}
+
+func newDialing(dial func() (net.Conn, error), size int, o *options) client {
+	return &dialing{dial: dial, o: o, msg: newPattern(size).at(0, size), buf: make([]byte, size)}
+}
+
+// once dials, exchanges one message and closes, and returns how long the
+// dial took.
+func (d *dialing) once() (time.Duration, error) {
+	start := time.Now()
+	c, err := d.dial()
+	took := time.Since(start)
+	if err != nil {
+		return 0, fmt.Errorf("dial %d: %w", d.n, err)
+	}
+	defer c.Close()
+	d.n++
+	if _, err := c.Write(d.msg); err != nil {
+		return 0, fmt.Errorf("dial %d: write: %w", d.n-1, err)
+	}
+	if _, err := io.ReadFull(c, d.buf); err != nil {
+		return 0, fmt.Errorf("dial %d: read echo: %w", d.n-1, err)
+	}
+	if d.o.verify && !bytes.Equal(d.buf, d.msg) {
+		return 0, fmt.Errorf("verify: echo on dial %d differs from the message sent", d.n-1)
+	}
+	return took, c.Close()
+}
+
+func (d *dialing) warmup() error {
+	for range min(d.o.warmup, dialWarmup) {
+		if _, err := d.once(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *dialing) measure(deadline time.Time) (sample, error) {
+	rtts := newRTTs(d.o.count)
+	for len(rtts) < d.o.count && time.Now().Before(deadline) {
+		took, err := d.once()
+		if err != nil {
+			return sample{}, err
+		}
+		rtts = append(rtts, took)
+	}
+	return sample{rtts: rtts, msgs: len(rtts)}, nil
 }
 
 // Mixed mode: the first byte of a connection says what it carries.

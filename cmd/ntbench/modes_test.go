@@ -2,10 +2,12 @@ package main
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -222,5 +224,48 @@ func TestStreamChecksAck(t *testing.T) {
 	err := newStream(cc, 100, o).warmup()
 	if err == nil || !strings.Contains(err.Error(), "server acknowledged 199 bytes, 200 were sent") {
 		t.Errorf("warmup = %v, want an ack mismatch", err)
+	}
+}
+
+// Dial mode dials a fresh connection per sample, exchanges one message on
+// it and closes it; a dial error ends the measurement with it.
+func TestDialMode(t *testing.T) {
+	m, ok := modeNamed("dial")
+	if !ok {
+		t.Fatal("no dial mode")
+	}
+	o := &options{count: 20, warmup: 1000, verify: true, readBuf: defaultReadBuf}
+	var served sync.WaitGroup
+	dials := 0
+	dial := func() (net.Conn, error) {
+		dials++
+		cc, sc := net.Pipe()
+		served.Go(func() {
+			if err := m.serve(sc, o); err != nil {
+				t.Errorf("server: %v", err)
+			}
+		})
+		return cc, nil
+	}
+	c := m.dialer(dial, 64, o)
+	if err := c.warmup(); err != nil {
+		t.Fatalf("warmup: %v", err)
+	}
+	if dials != dialWarmup {
+		t.Errorf("warm-up dialled %d times, want %d", dials, dialWarmup)
+	}
+	s, err := c.measure(time.Now().Add(time.Minute))
+	if err != nil {
+		t.Fatalf("measure: %v", err)
+	}
+	if s.msgs != o.count || len(s.rtts) != o.count || dials != dialWarmup+o.count {
+		t.Errorf("measured %d dials (%d times), dialled %d; want %d", s.msgs, len(s.rtts), dials, o.count)
+	}
+	served.Wait()
+
+	refused := errors.New("refused")
+	_, err = m.dialer(func() (net.Conn, error) { return nil, refused }, 64, o).measure(time.Now().Add(time.Minute))
+	if !errors.Is(err, refused) {
+		t.Errorf("measure with a failing dial = %v, want it", err)
 	}
 }

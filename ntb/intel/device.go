@@ -15,14 +15,18 @@ import (
 	"github.com/ntstack/ntstack/vfio"
 )
 
-// Defaults for Options. A dead peer is declared down after
-// DefaultHeartbeatTimeout plus at most one interval: 70 ms, inside
-// ntstack's 100 ms promise. Each tick costs a handful of register
+// Defaults for Options. A peer whose heartbeat stands still for
+// DefaultHeartbeatTimeout (plus at most one interval: 70 ms) makes the
+// link suspect; only DefaultSilentTimeout of silence, a user timeout like
+// TCP's, takes it down, since a driver that is starved of CPU beats late
+// and is not gone. A peer that detaches, and the PCIe link going down,
+// are seen at the next poll. Each tick costs a handful of register
 // accesses: nothing measurable at idle.
 const (
 	DefaultWindowSize        = 16 << 20
 	DefaultHeartbeatInterval = 10 * time.Millisecond
 	DefaultHeartbeatTimeout  = 60 * time.Millisecond
+	DefaultSilentTimeout     = 10 * time.Second
 )
 
 // Options configure Open and SimulatedPair.Open. The zero value is usable.
@@ -42,7 +46,12 @@ type Options struct {
 	// PCIe write: expect a fraction of the bandwidth.
 	AllowUncachedWindow bool
 	HeartbeatInterval   time.Duration
-	HeartbeatTimeout    time.Duration
+	// HeartbeatTimeout is how long the peer's heartbeat may stand still
+	// before the link turns suspect (ntb.LinkEvent.Suspect).
+	HeartbeatTimeout time.Duration
+	// SilentTimeout is how long it may stand still before the link goes
+	// down with ntb.CauseSilent; never shorter than HeartbeatTimeout.
+	SilentTimeout time.Duration
 }
 
 func (o *Options) setDefaults() {
@@ -52,6 +61,10 @@ func (o *Options) setDefaults() {
 	if o.HeartbeatTimeout <= 0 {
 		o.HeartbeatTimeout = DefaultHeartbeatTimeout
 	}
+	if o.SilentTimeout <= 0 {
+		o.SilentTimeout = DefaultSilentTimeout
+	}
+	o.SilentTimeout = max(o.SilentTimeout, o.HeartbeatTimeout)
 }
 
 // windowSize checks o.WindowSize against a window BAR of barSize bytes.
@@ -107,7 +120,7 @@ type Device struct {
 	valid uint64 // doorbell bits offered
 	nonce uint32 // this instance, as the peer sees it
 
-	interval, timeout time.Duration
+	interval, timeout, silentAfter time.Duration
 
 	links  *ntb.LinkTracker
 	stop   chan struct{}
@@ -133,6 +146,7 @@ type Device struct {
 var (
 	_ ntb.Device      = (*Device)(nil)
 	_ ntb.LinkWatcher = (*Device)(nil)
+	_ ntb.Liveness    = (*Device)(nil)
 )
 
 // start brings the port up and starts its goroutines. It releases hw on
@@ -140,17 +154,18 @@ var (
 func start(hw hardware, o Options) (*Device, error) {
 	o.setDefaults()
 	d := &Device{
-		hw:       hw,
-		regs:     hw.regs,
-		valid:    uint64(1)<<hw.lay.doorbells - 1,
-		nonce:    rand.Uint32() | 1,
-		interval: o.HeartbeatInterval,
-		timeout:  o.HeartbeatTimeout,
-		links:    ntb.NewLinkTracker(),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
-		irqEnd:   make(chan struct{}),
-		nudge:    make(chan struct{}, 1),
+		hw:          hw,
+		regs:        hw.regs,
+		valid:       uint64(1)<<hw.lay.doorbells - 1,
+		nonce:       rand.Uint32() | 1,
+		interval:    o.HeartbeatInterval,
+		timeout:     o.HeartbeatTimeout,
+		silentAfter: o.SilentTimeout,
+		links:       ntb.NewLinkTracker(),
+		stop:        make(chan struct{}),
+		done:        make(chan struct{}),
+		irqEnd:      make(chan struct{}),
+		nudge:       make(chan struct{}, 1),
 	}
 	why := "waiting for the peer"
 	d.reason.Store(&why)
@@ -433,6 +448,18 @@ func (d *Device) SetPeerScratchpad(i int, v uint32) error {
 // completed the handshake and keeps heartbeating.
 func (d *Device) Link() ntb.LinkState { return d.links.Link() }
 
+// Suspect reports an up link whose peer's heartbeat has stood still
+// longer than Options.HeartbeatTimeout (see ntb.Liveness).
+func (d *Device) Suspect() bool { return d.links.Suspect() }
+
+// LinkCause says why the link is down (see ntb.Liveness). A peer host
+// that crashed cannot be told from one that hangs: both end silent.
+func (d *Device) LinkCause() ntb.Cause { return d.links.Cause() }
+
+// SilenceHeartbeat is fault injection, a hung driver: while on, this end
+// stops heartbeating (the peer finds the link suspect, then silent).
+func (d *Device) SilenceHeartbeat(on bool) { d.silent.Store(on) }
+
 // LinkReason says why the link is in its current state.
 func (d *Device) LinkReason() string { return *d.reason.Load() }
 
@@ -465,14 +492,13 @@ func (d *Device) runInterrupts() {
 // scratchpads while the PCIe link is up, and judges the peer's.
 func (d *Device) runMonitor() {
 	defer close(d.done)
-	defer d.links.Close()
 	t := time.NewTicker(d.interval)
 	defer t.Stop()
 	r, peer := d.regs, d.hw.lay.peerSpad
 	pages := uint32(len(d.hw.in) / minWindow)
 	var beat, lastBeat, upNonce uint32
 	var lastMove time.Time // zero until the peer's heartbeat moves
-	state := ntb.LinkDown
+	state, suspect := ntb.LinkDown, false
 	for {
 		now := time.Now()
 		sta := d.pollLink()
@@ -492,29 +518,43 @@ func (d *Device) runMonitor() {
 		} else if peerBeat != lastBeat {
 			lastBeat, lastMove = peerBeat, now
 		}
-		next, why := ntb.LinkUp, "peer driver ready"
+		ev := ntb.LinkEvent{State: ntb.LinkUp, Reason: "peer driver ready", Time: now}
+		down := func(c ntb.Cause, why string) { ev.State, ev.Cause, ev.Reason = ntb.LinkDown, c, why }
+		quiet := now.Sub(lastMove)
 		switch {
+		case !hw && nonce == 0 && upNonce != 0:
+			// The peer's driver cleared its nonce, then disabled the link.
+			down(ntb.CauseClosed, fmt.Sprintf("peer driver detached (link status %#04x)", sta))
 		case !hw:
-			next, why = ntb.LinkDown, fmt.Sprintf("pcie link down (link status %#04x)", sta)
+			down(ntb.CauseHardware, fmt.Sprintf("pcie link down (link status %#04x)", sta))
 		case magic == 0 || nonce == 0:
-			next, why = ntb.LinkDown, "peer driver not attached"
+			down(ntb.CauseClosed, "peer driver not attached")
 		case magic != handshakeWord:
-			next, why = ntb.LinkDown, fmt.Sprintf("peer handshake %#x, this end speaks %#x", magic, handshakeWord)
+			down(ntb.CauseHardware, fmt.Sprintf("peer handshake %#x, this end speaks %#x", magic, handshakeWord))
 		case window != pages:
-			next, why = ntb.LinkDown, fmt.Sprintf("peer window %d KiB, this end's %d KiB", window*4, pages*4)
+			down(ntb.CauseHardware, fmt.Sprintf("peer window %d KiB, this end's %d KiB", window*4, pages*4))
 		case lastMove.IsZero():
-			next, why = ntb.LinkDown, "waiting for the peer's heartbeat"
-		case now.Sub(lastMove) > d.timeout:
-			next, why = ntb.LinkDown, fmt.Sprintf("peer heartbeat silent for %v", now.Sub(lastMove).Round(time.Millisecond))
+			down(ntb.CauseNone, "waiting for the peer's heartbeat")
+		case quiet > d.silentAfter:
+			down(ntb.CauseSilent, fmt.Sprintf("peer heartbeat silent for %v", quiet.Round(time.Millisecond)))
+		case quiet > d.timeout:
+			ev.Suspect, ev.Reason = true, fmt.Sprintf("peer heartbeat silent for %v", quiet.Round(time.Millisecond))
 		}
-		if state == ntb.LinkUp && next == ntb.LinkUp && nonce != upNonce {
-			d.setLink(ntb.LinkDown, "peer driver re-attached", now)
+		if state == ntb.LinkUp && ev.State == ntb.LinkUp && nonce != upNonce {
+			d.setLink(ntb.LinkEvent{State: ntb.LinkDown, Cause: ntb.CauseGone, Reason: "peer driver re-attached", Time: now})
 			state = ntb.LinkDown
 		}
-		d.reason.Store(&why)
-		if next != state {
-			d.setLink(next, why, now)
-			state, upNonce = next, nonce
+		d.reason.Store(&ev.Reason)
+		switch {
+		case ev.State != state:
+			d.setLink(ev)
+			state, upNonce, suspect = ev.State, nonce, ev.Suspect
+		case state == ntb.LinkUp && ev.Suspect != suspect:
+			if !ev.Suspect {
+				ev.Reason = "peer heard again"
+			}
+			d.setLink(ev)
+			suspect = ev.Suspect
 		}
 		select {
 		case <-d.stop:
@@ -525,8 +565,8 @@ func (d *Device) runMonitor() {
 	}
 }
 
-func (d *Device) setLink(s ntb.LinkState, why string, at time.Time) {
-	d.links.Set(s, why, at)
+func (d *Device) setLink(ev ntb.LinkEvent) {
+	d.links.Publish(ev)
 	d.kick()
 }
 
@@ -540,6 +580,7 @@ func (d *Device) Close() error {
 		<-d.done
 		<-d.irqEnd
 		d.closed.Store(true)
+		d.links.CloseLocal(time.Now())
 		d.kick()
 		d.users.Lock() // wait for methods in flight
 		if d.hwUp.Load() {
@@ -547,7 +588,6 @@ func (d *Device) Close() error {
 		}
 		d.quiesce()
 		d.hwUp.Store(false)
-		d.links.ForceDown()
 		d.closeErr = errors.Join(irqErr, d.hw.release())
 		d.users.Unlock()
 	})

@@ -32,10 +32,13 @@
 // The link is reported up only when the PCIe link is active and the
 // peer's driver has written the handshake into our scratchpads (magic and
 // version, a per-instance nonce, its window size, which must equal ours)
-// and its heartbeat scratchpad keeps moving. Close clears the nonce on
-// the peer, shuts the inbound translation and disables the link, so the
-// peer sees it go down at its next poll; a hung or dead peer is declared
-// down after HeartbeatTimeout.
+// and its heartbeat scratchpad has moved. Close clears the nonce on the
+// peer, shuts the inbound translation and disables the link, so the peer
+// sees it go down at its next poll (ntb.CauseClosed; a link that fails
+// under a live peer is ntb.CauseHardware). A peer whose heartbeat stands
+// still past HeartbeatTimeout makes the link suspect; past SilentTimeout
+// the link goes down (ntb.CauseSilent): across hosts a crashed peer cannot
+// be told from a hung one.
 //
 // Modelled by the simulator: the registers above, with their side effects
 // across the pair (doorbells, scratchpads, link enable per generation,

@@ -21,7 +21,7 @@ import (
 const testWindow = 64 << 10
 
 // fast polls often and never times a peer out on a loaded machine.
-var fast = Options{HeartbeatInterval: 5 * time.Millisecond, HeartbeatTimeout: 5 * time.Second}
+var fast = Options{HeartbeatInterval: 5 * time.Millisecond, HeartbeatTimeout: 500 * time.Millisecond}
 
 var gens = []Gen{Gen3, Gen4}
 
@@ -221,14 +221,23 @@ func TestCablePull(t *testing.T) {
 	ntbtest.WaitLink(t, b, ntb.LinkUp, 5*time.Second)
 }
 
+// A hung driver (link and registers fine, no beats) makes the link
+// suspect, then down as silent past the silent timeout; beating again
+// brings it back.
 func TestHeartbeatSilence(t *testing.T) {
-	o := Options{HeartbeatInterval: 5 * time.Millisecond, HeartbeatTimeout: 50 * time.Millisecond}
+	o := Options{HeartbeatInterval: 5 * time.Millisecond, HeartbeatTimeout: 50 * time.Millisecond, SilentTimeout: 300 * time.Millisecond}
 	_, a, b := openPair(t, Gen4, o)
-	b.silent.Store(true) // a hung driver: link and registers fine, no beats
-	ntbtest.WaitLink(t, a, ntb.LinkDown, 5*time.Second)
+	ntbtest.WaitLink(t, a, ntb.LinkUp, ntbtest.LivenessTimeout)
+	b.SilenceHeartbeat(true)
+	_, before := ntbtest.WaitEvent(t, a, ntbtest.LivenessTimeout, "suspect", ntbtest.IsSuspect(true))
+	for _, ev := range before {
+		require.NotEqual(t, ntb.LinkDown, ev.State, "down before suspect: %+v", ev)
+	}
+	ntbtest.WaitEvent(t, a, ntbtest.LivenessTimeout, "silent", ntbtest.IsDown(ntb.CauseSilent))
 	waitReason(t, a, "peer heartbeat silent")
-	b.silent.Store(false)
-	ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
+	b.SilenceHeartbeat(false)
+	ntbtest.WaitLink(t, a, ntb.LinkUp, ntbtest.LivenessTimeout)
+	require.False(t, a.Suspect())
 }
 
 func TestWindowMismatch(t *testing.T) {

@@ -34,13 +34,15 @@ package ivshmem
 // carry the same generation and hold the other side. It then accepts that
 // generation by writing it into the peer's ack register and rings the peer.
 // The link is up while the peer has accepted our current generation and
-// its heartbeat has not been seen standing still for HeartbeatTimeout
-// (time counts only while the monitor runs on time, so a stall of our own
-// process or VM never condemns the peer). So registers left behind by
-// a dead attachment are never trusted: it cannot accept a generation drawn
-// after it died. Close clears the presence slot and the identity words and
-// rings the peer, which sees the link down at once; a peer that vanishes
-// is declared down after HeartbeatTimeout. A holder that finds its side
+// its heartbeat has not been seen standing still for SilentTimeout; past
+// HeartbeatTimeout it is suspect (time counts only while the monitor runs
+// on time, so a stall of our own process or VM never condemns the peer).
+// So registers left behind by a dead attachment are never trusted: it
+// cannot accept a generation drawn after it died. Close clears the
+// presence slot and the identity words and rings the peer, which sees the
+// link down at once (ntb.CauseClosed); a peer whose process exits is seen
+// gone at the next beat where the Port lists its peers (ntb.CauseGone),
+// and otherwise goes down silent after SilentTimeout (ntb.CauseSilent). A holder that finds its side
 // taken over (it was silent long enough to be declared dead) reports the
 // link down for good and stops writing the peer's registers.
 //
@@ -66,6 +68,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,9 +87,14 @@ const (
 	// at the next beat.
 	DefaultHeartbeatInterval = 50 * time.Millisecond
 	// DefaultHeartbeatTimeout is how long a peer may stay silent before
-	// it is declared dead: five beats, since a loaded machine fires Go
-	// timers tens of milliseconds late and a slow peer is not a dead one.
+	// the link turns suspect, and a contender for its side is judged
+	// dead: five beats, since a loaded machine fires Go timers tens of
+	// milliseconds late.
 	DefaultHeartbeatTimeout = 250 * time.Millisecond
+	// DefaultSilentTimeout is how long a peer may stay silent before the
+	// link goes down (ntb.CauseSilent): a user timeout like TCP's, since
+	// a peer that is starved of CPU or stopped is not a dead one.
+	DefaultSilentTimeout = 10 * time.Second
 
 	// devClaimPoll is the pause between looks at the presence table
 	// while a side claim waits or backs off.
@@ -124,9 +132,12 @@ type DeviceConfig struct {
 	Side Side
 	// HeartbeatInterval is how often the device beats and checks the
 	// peer; HeartbeatTimeout (> interval) how long a silent peer stays
-	// up. Both ends should use the same values.
+	// up and trusted (then the link is suspect, and another attachment
+	// may take the peer's side); SilentTimeout (never shorter) how long
+	// until the link goes down. Both ends should use the same values.
 	HeartbeatInterval time.Duration
 	HeartbeatTimeout  time.Duration
+	SilentTimeout     time.Duration
 }
 
 func (c *DeviceConfig) setDefaults(id int) {
@@ -139,17 +150,22 @@ func (c *DeviceConfig) setDefaults(id int) {
 	if c.HeartbeatTimeout == 0 {
 		c.HeartbeatTimeout = DefaultHeartbeatTimeout
 	}
+	if c.SilentTimeout == 0 {
+		c.SilentTimeout = DefaultSilentTimeout
+	}
+	c.SilentTimeout = max(c.SilentTimeout, c.HeartbeatTimeout)
 }
 
 // Device is one end of an NTB link emulated on an ivshmem region.
 type Device struct {
-	port     Port
-	name     string
-	id       int // our peer id, and presence slot
-	side     int
-	gen      uint64 // our generation
-	interval time.Duration
-	timeout  time.Duration
+	port        Port
+	name        string
+	id          int // our peer id, and presence slot
+	side        int
+	gen         uint64 // our generation
+	interval    time.Duration
+	timeout     time.Duration // the peer's heartbeat stands still this long: suspect
+	silentAfter time.Duration // and this long: down (ntb.CauseSilent)
 
 	mem    shmem.Mem // the whole region
 	self   shmem.Mem // our presence slot
@@ -188,6 +204,7 @@ type Device struct {
 var (
 	_ ntb.Device      = (*Device)(nil)
 	_ ntb.LinkWatcher = (*Device)(nil)
+	_ ntb.Liveness    = (*Device)(nil)
 )
 
 // NewDevice attaches one end of the link laid out in p's region, stamping
@@ -228,13 +245,14 @@ func NewDevice(p Port, cfg DeviceConfig) (_ *Device, err error) {
 	}
 
 	d := &Device{
-		port:     p,
-		id:       id,
-		gen:      rand.Uint64() | 1,
-		interval: cfg.HeartbeatInterval,
-		timeout:  cfg.HeartbeatTimeout,
-		mem:      mem,
-		self:     mem[devSlotOffset(id) : devSlotOffset(id)+devSlotSize],
+		port:        p,
+		id:          id,
+		gen:         rand.Uint64() | 1,
+		interval:    cfg.HeartbeatInterval,
+		timeout:     cfg.HeartbeatTimeout,
+		silentAfter: cfg.SilentTimeout,
+		mem:         mem,
+		self:        mem[devSlotOffset(id) : devSlotOffset(id)+devSlotSize],
 	}
 	// Announce ourselves (idle) before looking at anyone else.
 	d.self.Store32(devSlotState, devStateIdle)
@@ -617,6 +635,15 @@ func (d *Device) SetPeerScratchpad(i int, v uint32) error {
 
 func (d *Device) Link() ntb.LinkState { return d.links.Link() }
 
+// Suspect reports an up link whose peer's heartbeat has stood still
+// longer than DeviceConfig.HeartbeatTimeout (see ntb.Liveness).
+func (d *Device) Suspect() bool { return d.links.Suspect() }
+
+// LinkCause says why the link is down (see ntb.Liveness). A peer whose
+// process exited is gone at once where the Port lists its peers (the
+// host-side Client); behind a PCI port it ends silent.
+func (d *Device) LinkCause() ntb.Cause { return d.links.Cause() }
+
 // LinkReason says why the link entered its current state.
 func (d *Device) LinkReason() string { return d.links.Reason() }
 
@@ -627,8 +654,9 @@ func (d *Device) LinkEvents() <-chan ntb.LinkEvent { return d.links.Events() }
 func (d *Device) LinkChanged() <-chan struct{} { return d.links.Changed() }
 
 // SilenceHeartbeat is fault injection, a hung attachment: while on, the
-// device stops heartbeating, so the peer declares the link down after its
-// heartbeat timeout, and a new attachment may take the side over.
+// device stops heartbeating, so the peer finds the link suspect after its
+// heartbeat timeout (and a new attachment may take the side over) and
+// takes it down after its silent timeout.
 func (d *Device) SilenceHeartbeat(on bool) { d.silent.Store(on) }
 
 // runDoorbells waits on the doorbell vector and wakes WaitDoorbell callers
@@ -668,25 +696,32 @@ type peerWatch struct {
 // whenever the doorbell vector fires.
 func (d *Device) runMonitor() {
 	defer close(d.monitorDone)
-	defer d.links.Close()
 	t := time.NewTicker(d.interval)
 	defer t.Stop()
 	var w peerWatch
 	var upGen uint64
-	state := ntb.LinkDown
+	state, suspect := ntb.LinkDown, false
 	for {
 		now := time.Now()
 		if !d.silent.Load() {
 			d.self.Store64(devSlotBeat, d.beats.Add(1))
 		}
-		next, why := d.checkPeer(now, &w)
-		if state == ntb.LinkUp && next == ntb.LinkUp && w.gen != upGen {
-			d.setLink(ntb.LinkDown, "peer re-attached", now) // the peer we knew is gone
+		ev := d.checkPeer(now, &w)
+		if state == ntb.LinkUp && ev.State == ntb.LinkUp && w.gen != upGen {
+			// The peer we knew is gone; another took its side.
+			d.setLink(ntb.LinkEvent{State: ntb.LinkDown, Cause: ntb.CauseGone, Reason: "peer re-attached", Time: now})
 			state = ntb.LinkDown
 		}
-		if next != state {
-			d.setLink(next, why, now)
-			state, upGen = next, w.gen
+		switch {
+		case ev.State != state:
+			d.setLink(ev)
+			state, upGen, suspect = ev.State, w.gen, ev.Suspect
+		case state == ntb.LinkUp && ev.Suspect != suspect:
+			if !ev.Suspect {
+				ev.Reason = "peer heard again"
+			}
+			d.setLink(ev)
+			suspect = ev.Suspect
 		}
 		select {
 		case <-d.stop:
@@ -697,10 +732,18 @@ func (d *Device) runMonitor() {
 	}
 }
 
+// peerLister is a Port that knows which peers are connected (the
+// host-side Client: the server announces a peer's exit when its process's
+// socket closes).
+type peerLister interface{ Peers() []int }
+
 // checkPeer validates what the registers and the presence table say about
 // the peer, accepts a new peer generation, and says whether the link is up
-// and why.
-func (d *Device) checkPeer(now time.Time, w *peerWatch) (ntb.LinkState, string) {
+// or suspect, or why it is down.
+func (d *Device) checkPeer(now time.Time, w *peerWatch) ntb.LinkEvent {
+	down := func(c ntb.Cause, format string, args ...any) ntb.LinkEvent {
+		return ntb.LinkEvent{State: ntb.LinkDown, Cause: c, Reason: fmt.Sprintf(format, args...), Time: now}
+	}
 	// Silence counts only while we watch: a round of ours that comes late
 	// (the process or the VM was not running, which on a loaded host
 	// stalls both ends alike) adds at most two intervals, so our own
@@ -712,7 +755,7 @@ func (d *Device) checkPeer(now time.Time, w *peerWatch) (ntb.LinkState, string) 
 	}
 	w.last = now
 	if d.evicted.Load() {
-		return ntb.LinkDown, fmt.Sprintf("side %d taken over by another attachment", d.side)
+		return down(ntb.CauseLocal, "side %d taken over by another attachment", d.side)
 	}
 	// Still ours? An attachment that judged us dead may have taken over.
 	// (A read of the words we write: ivshmem memory is all local, and
@@ -721,16 +764,21 @@ func (d *Device) checkPeer(now time.Time, w *peerWatch) (ntb.LinkState, string) 
 		d.self.Load64(devSlotGen) != d.gen {
 		d.evicted.Store(true)
 		d.self.Store32(devSlotState, devStateIdle)
-		return ntb.LinkDown, fmt.Sprintf("side %d taken over by another attachment", d.side)
+		return down(ntb.CauseLocal, "side %d taken over by another attachment", d.side)
 	}
 	id, ok := d.peerID()
 	gen := d.local.Load64(devRegPeerGen)
 	if !ok || gen == 0 {
-		return ntb.LinkDown, "peer detached"
+		return down(ntb.CauseClosed, "peer detached")
 	}
 	s := d.slot(id)
 	if s.Load64(devSlotGen) != gen || s.Load32(devSlotState) != devStateHold+uint32(1-d.side) {
-		return ntb.LinkDown, fmt.Sprintf("peer %d detached", id)
+		return down(ntb.CauseClosed, "peer %d detached", id)
+	}
+	if pl, ok := d.port.(peerLister); ok && gen == w.acked && !slices.Contains(pl.Peers(), id) {
+		// Only a peer we accepted: a new one may reach our registers
+		// before the server's announcement of it reaches us.
+		return down(ntb.CauseGone, "peer %d gone (its process left the ivshmem server)", id)
 	}
 	beat := s.Load64(devSlotBeat)
 	switch {
@@ -747,16 +795,20 @@ func (d *Device) checkPeer(now time.Time, w *peerWatch) (ntb.LinkState, string) 
 		_ = d.port.Ring(id, devVector) // "accepted": the peer checks now
 	}
 	if d.local.Load64(devRegPeerAck) != d.gen {
-		return ntb.LinkDown, fmt.Sprintf("peer %d has not accepted us", id)
+		return down(ntb.CauseNone, "peer %d has not accepted us", id)
+	}
+	if w.silent > d.silentAfter {
+		return down(ntb.CauseSilent, "peer %d heartbeat silent for %v", id, w.silent.Round(time.Millisecond))
 	}
 	if w.silent > d.timeout {
-		return ntb.LinkDown, fmt.Sprintf("peer %d heartbeat silent for %v", id, w.silent.Round(time.Millisecond))
+		return ntb.LinkEvent{State: ntb.LinkUp, Suspect: true, Time: now,
+			Reason: fmt.Sprintf("peer %d heartbeat silent for %v", id, w.silent.Round(time.Millisecond))}
 	}
-	return ntb.LinkUp, fmt.Sprintf("peer %d attached", id)
+	return ntb.LinkEvent{State: ntb.LinkUp, Reason: fmt.Sprintf("peer %d attached", id), Time: now}
 }
 
-func (d *Device) setLink(s ntb.LinkState, why string, at time.Time) {
-	d.links.Set(s, why, at)
+func (d *Device) setLink(ev ntb.LinkEvent) {
+	d.links.Publish(ev)
 	d.wakeLocal()
 }
 
@@ -767,6 +819,7 @@ func (d *Device) Close() error {
 		close(d.stop)
 		<-d.monitorDone
 		d.closed.Store(true)
+		d.links.CloseLocal(time.Now())
 		d.wakeLocal()  // WaitDoorbell callers return ErrClosed
 		d.users.Lock() // and methods in flight finish: nothing writes after us
 		defer d.users.Unlock()

@@ -286,12 +286,17 @@ func TestDeviceRestart(t *testing.T) {
 }
 
 func TestDeviceHeartbeatLossAndTakeover(t *testing.T) {
-	cfg := DeviceConfig{HeartbeatInterval: 5 * time.Millisecond, HeartbeatTimeout: 50 * time.Millisecond}
+	cfg := DeviceConfig{HeartbeatInterval: 5 * time.Millisecond, HeartbeatTimeout: 50 * time.Millisecond, SilentTimeout: 300 * time.Millisecond}
 	s, a, b := upPair(t, deviceRegion, cfg)
 
-	b.SilenceHeartbeat(true) // hung: attached, but silent
-	ntbtest.WaitLink(t, a, ntb.LinkDown, time.Second)
-	if ev := downEvent(t, a); !strings.Contains(ev.Reason, "heartbeat silent") {
+	b.SilenceHeartbeat(true) // hung: attached, but silent: suspect, then down
+	_, before := ntbtest.WaitEvent(t, a, ntbtest.LivenessTimeout, "suspect", ntbtest.IsSuspect(true))
+	for _, ev := range before {
+		if ev.State == ntb.LinkDown {
+			t.Fatalf("down before suspect: %+v", ev)
+		}
+	}
+	if ev, _ := ntbtest.WaitEvent(t, a, ntbtest.LivenessTimeout, "silent", ntbtest.IsDown(ntb.CauseSilent)); !strings.Contains(ev.Reason, "heartbeat silent") {
 		t.Errorf("down because %q", ev.Reason)
 	}
 	b.SilenceHeartbeat(false)

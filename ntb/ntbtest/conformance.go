@@ -25,8 +25,55 @@ func WaitLink(t testing.TB, d ntb.Device, s ntb.LinkState, timeout time.Duration
 	}
 }
 
+// LivenessTimeout bounds the waits of the liveness cases: long, so that
+// a loaded machine never fails them; they assert what happened, not how
+// fast.
+const LivenessTimeout = 30 * time.Second
+
+// Silencer is a Device whose heartbeat a test can stop, as a hung or
+// starved process's stops: its peer's link turns suspect, not down.
+type Silencer interface {
+	SilenceHeartbeat(on bool)
+}
+
+// WaitEvent reads d's link events until one satisfies want and returns
+// it with the events before it; it fails the test after timeout, or if
+// the channel closes first.
+func WaitEvent(t testing.TB, d ntb.Device, timeout time.Duration, what string, want func(ntb.LinkEvent) bool) (ntb.LinkEvent, []ntb.LinkEvent) {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	var before []ntb.LinkEvent
+	for {
+		select {
+		case ev, ok := <-d.LinkEvents():
+			if !ok {
+				t.Fatalf("%s: link events ended waiting for %s (after %+v)", d.Name(), what, before)
+			}
+			if want(ev) {
+				return ev, before
+			}
+			before = append(before, ev)
+		case <-deadline.C:
+			t.Fatalf("%s: no %s within %v (events %+v; link %v: %s)", d.Name(), what, timeout, before, d.Link(), d.LinkReason())
+		}
+	}
+}
+
+// IsDown matches a down event with cause c.
+func IsDown(c ntb.Cause) func(ntb.LinkEvent) bool {
+	return func(ev ntb.LinkEvent) bool { return ev.State == ntb.LinkDown && ev.Cause == c }
+}
+
+// IsSuspect matches an up event whose suspicion is on.
+func IsSuspect(on bool) func(ntb.LinkEvent) bool {
+	return func(ev ntb.LinkEvent) bool { return ev.State == ntb.LinkUp && ev.Suspect == on }
+}
+
 // Conformance checks that a backend behaves as ntb.Device promises. pair
-// returns two fresh, connected ends; the suite closes them.
+// returns two fresh, connected ends; the suite closes them. A backend that
+// implements ntb.Liveness is held to its contract too: causes on close,
+// and, where its ends are Silencers, a silent peer is suspect, not down.
 func Conformance(t *testing.T, pair func(t *testing.T) (a, b ntb.Device)) {
 	t.Run("Windows", func(t *testing.T) {
 		a, b := pair(t)
@@ -158,6 +205,70 @@ func Conformance(t *testing.T, pair func(t *testing.T) (a, b ntb.Device)) {
 		t.Logf("peer close detected in %v (%s)", time.Since(start).Round(time.Millisecond), ev.Reason)
 		if err := a.RingPeer(1); !errors.Is(err, ntb.ErrClosed) {
 			t.Fatalf("RingPeer after Close: %v, want ErrClosed", err)
+		}
+	})
+
+	conformLiveness(t, pair)
+}
+
+// conformLiveness is the part of Conformance for ntb.Liveness.
+func conformLiveness(t *testing.T, pair func(t *testing.T) (a, b ntb.Device)) {
+	t.Run("CloseCauses", func(t *testing.T) {
+		a, b := pair(t)
+		defer b.Close()
+		la, okA := a.(ntb.Liveness)
+		lb, okB := b.(ntb.Liveness)
+		if !okA || !okB {
+			a.Close()
+			t.Skipf("%T does not implement ntb.Liveness", a)
+		}
+		WaitLink(t, a, ntb.LinkUp, LivenessTimeout)
+		WaitLink(t, b, ntb.LinkUp, LivenessTimeout)
+		if err := a.Close(); err != nil {
+			t.Fatal(err)
+		}
+		ev, _ := WaitEvent(t, b, LivenessTimeout, "down (peer closed)", func(ev ntb.LinkEvent) bool { return ev.State == ntb.LinkDown })
+		if ev.Cause != ntb.CauseClosed || lb.LinkCause() != ntb.CauseClosed {
+			t.Fatalf("peer's orderly close: event %+v, LinkCause %v; want %v", ev, lb.LinkCause(), ntb.CauseClosed)
+		}
+		var last ntb.LinkEvent
+		for last = range drain(a.LinkEvents()) {
+		}
+		if last.State != ntb.LinkDown || last.Cause != ntb.CauseLocal || la.LinkCause() != ntb.CauseLocal {
+			t.Fatalf("closing end: last event %+v, LinkCause %v; want down, %v", last, la.LinkCause(), ntb.CauseLocal)
+		}
+	})
+
+	t.Run("SilentPeerIsSuspectNotDown", func(t *testing.T) {
+		a, b := pair(t)
+		defer a.Close()
+		defer b.Close()
+		s, okA := a.(Silencer)
+		lb, okB := b.(ntb.Liveness)
+		if !okA || !okB {
+			t.Skipf("%T cannot be silenced or %T does not implement ntb.Liveness", a, b)
+		}
+		WaitLink(t, a, ntb.LinkUp, LivenessTimeout)
+		WaitLink(t, b, ntb.LinkUp, LivenessTimeout)
+		s.SilenceHeartbeat(true)
+		_, before := WaitEvent(t, b, LivenessTimeout, "suspect", IsSuspect(true))
+		for _, ev := range before {
+			if ev.State == ntb.LinkDown {
+				t.Fatalf("silent peer took the link down: %+v", ev)
+			}
+		}
+		if b.Link() != ntb.LinkUp || !lb.Suspect() {
+			t.Fatalf("after a suspect event: link %v, suspect %v", b.Link(), lb.Suspect())
+		}
+		s.SilenceHeartbeat(false)
+		_, before = WaitEvent(t, b, LivenessTimeout, "peer heard again", IsSuspect(false))
+		for _, ev := range before {
+			if ev.State == ntb.LinkDown {
+				t.Fatalf("silent peer took the link down: %+v", ev)
+			}
+		}
+		if b.Link() != ntb.LinkUp || lb.Suspect() || lb.LinkCause() != ntb.CauseNone {
+			t.Fatalf("peer heard again: link %v, suspect %v, cause %v", b.Link(), lb.Suspect(), lb.LinkCause())
 		}
 	})
 }

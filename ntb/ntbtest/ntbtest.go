@@ -4,7 +4,9 @@
 // The two ends share heap memory: what one writes through its outbound
 // window appears in the other's inbound window. Doorbells, scratchpads and
 // link state behave like the emulated fabric's, without files, processes or
-// privileges. The pair starts with the link up.
+// privileges. The pair starts with the link up. Liveness is driven by the
+// test: SilenceHeartbeat makes the peer's link suspect, ExpireSilence takes
+// it down as silent, Kill is a process that died, SetLink a cable pull.
 package ntbtest
 
 import (
@@ -35,13 +37,18 @@ type Device struct {
 	spads   [scratchpadRegs]uint32
 	link    ntb.LinkState
 	reason  string // why link is what it is
+	cause   ntb.Cause
+	suspect bool
 	closed  bool
 	notify  chan struct{} // closed and replaced on every change waiters care about
 
 	events chan ntb.LinkEvent
 }
 
-var _ ntb.Device = (*Device)(nil)
+var (
+	_ ntb.Device   = (*Device)(nil)
+	_ ntb.Liveness = (*Device)(nil)
+)
 
 // NewPair returns two connected ends with windows of the given size each.
 func NewPair(window int) (*Device, *Device) {
@@ -176,40 +183,100 @@ func (d *Device) LinkReason() string {
 
 func (d *Device) LinkEvents() <-chan ntb.LinkEvent { return d.events }
 
-// SetLink changes the link state on both ends, as a cable pull or a
-// retrain would.
-func (d *Device) SetLink(s ntb.LinkState, reason string) {
-	d.setLink(s, reason)
-	d.peer.setLink(s, reason)
-}
-
-func (d *Device) setLink(s ntb.LinkState, reason string) {
+// Suspect reports an up link whose peer is silenced (see ntb.Liveness).
+func (d *Device) Suspect() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.closed || d.link == s {
+	return d.suspect
+}
+
+// LinkCause says why the link is down (see ntb.Liveness).
+func (d *Device) LinkCause() ntb.Cause {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.cause
+}
+
+// SetLink changes the link state on both ends, as a cable pull or a
+// retrain would: down with ntb.CauseHardware.
+func (d *Device) SetLink(s ntb.LinkState, reason string) {
+	d.setLink(ntb.LinkEvent{State: s, Cause: ntb.CauseHardware, Reason: reason})
+	d.peer.setLink(ntb.LinkEvent{State: s, Cause: ntb.CauseHardware, Reason: reason})
+}
+
+// SilenceHeartbeat makes this end a hung process: while on, the peer's
+// link is suspect (an event with Suspect set), and an event with it clear
+// says the peer heard from us again. A link ExpireSilence took down comes
+// back up when the silence ends.
+func (d *Device) SilenceHeartbeat(on bool) {
+	if on {
+		if d.peer.Link() == ntb.LinkUp {
+			d.peer.setLink(ntb.LinkEvent{State: ntb.LinkUp, Suspect: true, Reason: "peer heartbeat silent"})
+		}
 		return
 	}
-	d.link, d.reason = s, reason
-	d.changedLocked()
-	select {
-	case d.events <- ntb.LinkEvent{State: s, Reason: reason, Time: time.Now()}:
-	default:
+	p := d.peer
+	p.mu.Lock()
+	silenced := p.suspect || p.link == ntb.LinkDown && p.cause == ntb.CauseSilent
+	p.mu.Unlock()
+	if silenced {
+		p.setLink(ntb.LinkEvent{State: ntb.LinkUp, Reason: "peer heard again"})
 	}
 }
 
-// Close takes the link down on both ends.
+// ExpireSilence is the peer's silent timeout running out while this end
+// is silenced: the peer takes its link down with ntb.CauseSilent.
+func (d *Device) ExpireSilence() {
+	d.peer.setLink(ntb.LinkEvent{State: ntb.LinkDown, Cause: ntb.CauseSilent, Reason: "peer heartbeat silent past the timeout"})
+}
+
+// Kill is this end's process dying: it closes without detaching, and the
+// peer sees the link down with ntb.CauseGone.
+func (d *Device) Kill() { d.close(ntb.CauseGone, "peer process gone") }
+
+// setLink applies ev if it changes the state or, on an up link, the
+// suspicion.
+func (d *Device) setLink(ev ntb.LinkEvent) {
+	if ev.State == ntb.LinkUp {
+		ev.Cause = ntb.CauseNone
+	} else {
+		ev.Suspect = false
+	}
+	ev.Time = time.Now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed || d.link == ev.State && d.suspect == ev.Suspect {
+		return
+	}
+	d.link, d.reason, d.cause, d.suspect = ev.State, ev.Reason, ev.Cause, ev.Suspect
+	d.changedLocked()
+	select {
+	case d.events <- ev:
+	default: // full: drop the oldest, keep the newest
+		<-d.events
+		d.events <- ev
+	}
+}
+
+// Close takes the link down on both ends: this one with ntb.CauseLocal,
+// the peer with ntb.CauseClosed.
 func (d *Device) Close() error {
+	d.close(ntb.CauseClosed, "peer detached")
+	return nil
+}
+
+func (d *Device) close(peerCause ntb.Cause, why string) {
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
-		return nil
+		return
 	}
 	d.mu.Unlock()
-	d.SetLink(ntb.LinkDown, "peer detached")
+	d.setLink(ntb.LinkEvent{State: ntb.LinkDown, Cause: ntb.CauseLocal, Reason: "closed"})
+	d.peer.setLink(ntb.LinkEvent{State: ntb.LinkDown, Cause: peerCause, Reason: why})
 	d.mu.Lock()
 	d.closed = true
 	d.changedLocked()
 	close(d.events)
 	d.mu.Unlock()
-	return nil
 }

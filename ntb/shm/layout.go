@@ -44,12 +44,18 @@ import "github.com/ntstack/ntstack/internal/prim/shmem"
 // peer's registers and checks the peer: whether a process still holds the
 // peer's side lock (the kernel answers, F_OFD_GETLK, and drops the lock the
 // moment a process dies), whether the peer detached or forced the link down,
-// and whether its heartbeat moved within HeartbeatTimeout. A peer that
-// exits, crashes, detaches or pulls the link is therefore seen within one
-// interval (50 ms by default; 100 ms while the user is idle, see
-// Device.Idle); the timeout (500 ms) only catches a peer that is alive but
-// hung, and is long enough that a merely slow peer — a loaded machine
-// fires Go timers tens of milliseconds late — is not declared dead.
+// and how long its heartbeat has stood still. A peer that exits or crashes
+// (ntb.CauseGone), detaches (ntb.CauseClosed) or pulls the link
+// (ntb.CauseHardware) is therefore seen within one interval (50 ms by
+// default; 100 ms while the user is idle, see Device.Idle), and sooner
+// when it wakes us to say so. A heartbeat that stands still is no proof of
+// death — a loaded machine fires Go timers hundreds of milliseconds late,
+// and a stopped or starved process holds its lock — so past
+// HeartbeatTimeout (500 ms) the link only turns suspect, and it goes down
+// (ntb.CauseSilent) only past SilentTimeout (10 s, a user timeout like
+// TCP's). A peer that attaches is up at once: the one that arrives finds
+// the other attached at its first look, and wakes it (its socket, its
+// doorbell) so that it looks too.
 // The interval is set by idle cost: on this VM class every timer wake-up
 // costs ~150-200 µs of CPU, so a 10 ms beat alone would cost 1.4% of a core
 // per process; 50 ms costs ~0.5%, 100 ms half that.

@@ -126,18 +126,33 @@ func checkLinkMemory(f *os.File, window int) error {
 // fetch asks the process serving sock for its link memory and which side
 // it holds. The descriptor is unchecked (checkLinkMemory).
 func fetch(sock string) (*os.File, int, error) {
+	f, side, c, err := fetchHeld(sock)
+	if c != nil {
+		c.Close()
+	}
+	return f, side, err
+}
+
+// fetchHeld is fetch that also returns the connection, open: the server
+// takes its closing for the news that this end has attached (runServe),
+// so Open closes it once its monitor runs.
+func fetchHeld(sock string) (_ *os.File, _ int, _ net.Conn, err error) {
 	c, err := net.DialTimeout("unix", sock, fetchTimeout)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, nil, err
 	}
-	defer c.Close()
+	defer func() {
+		if err != nil {
+			c.Close()
+		}
+	}()
 	uc := c.(*net.UnixConn)
 	uc.SetDeadline(time.Now().Add(fetchTimeout))
 	var b [1]byte
 	oob := make([]byte, unix.CmsgSpace(4*4)) // room to see a sender that sends more than one
 	n, oobn, _, _, err := uc.ReadMsgUnix(b[:], oob)
 	if err != nil {
-		return nil, 0, fmt.Errorf("read %s: %w", sock, err)
+		return nil, 0, nil, fmt.Errorf("read %s: %w", sock, err)
 	}
 	var fds []int
 	if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
@@ -151,9 +166,10 @@ func fetch(sock string) (*os.File, int, error) {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
-		return nil, 0, fmt.Errorf("%s: no link memory in the answer (%d bytes, %d descriptors)", sock, n, len(fds))
+		return nil, 0, nil, fmt.Errorf("%s: no link memory in the answer (%d bytes, %d descriptors)", sock, n, len(fds))
 	}
-	return os.NewFile(uintptr(fds[0]), "memfd from "+sock), int(b[0]), nil
+	uc.SetDeadline(time.Time{})
+	return os.NewFile(uintptr(fds[0]), "memfd from "+sock), int(b[0]), c, nil
 }
 
 // sameFile reports whether a and b are one file.
@@ -200,7 +216,11 @@ func (d *Device) listen() error {
 }
 
 // runServe hands the link memory to every process that connects, until
-// the listener closes. Accept errors (out of descriptors) back off.
+// the listener closes. Accept errors (out of descriptors) back off. A
+// process that attaches the other end holds its connection open until it
+// has (see Open), so its closing has the monitor look at once: the link
+// comes up when the peer arrives, not at our next beat. A connection held
+// longer than fetchTimeout is dropped.
 func (d *Device) runServe(srv *server) {
 	defer close(srv.done)
 	var backoff time.Duration
@@ -222,10 +242,18 @@ func (d *Device) runServe(srv *server) {
 			rights = unix.UnixRights(int(d.file.Fd()))
 		}
 		c.SetWriteDeadline(time.Now().Add(fetchTimeout))
+		sent := false
 		if rights != nil {
-			_, _, _ = c.WriteMsgUnix([]byte{byte(d.side)}, rights, nil)
+			_, _, err = c.WriteMsgUnix([]byte{byte(d.side)}, rights, nil)
+			sent = err == nil
 		}
 		d.fmu.Unlock()
+		if sent {
+			var b [1]byte
+			c.SetReadDeadline(time.Now().Add(fetchTimeout))
+			_, _ = c.Read(b[:]) // end of file once the fetcher has attached, or gave up
+			d.checkNow()
+		}
 		c.Close()
 	}
 }

@@ -13,7 +13,10 @@
 // beside the lock file (name.bell0, name.bell1), which it reads through
 // the Go runtime's poller, or, for a memory link without a directory,
 // through a futex word in the memory (see bell_linux.go). The link is up
-// while both sides are attached and their heartbeats keep moving.
+// from the moment both sides are attached; it is suspect while the peer's
+// heartbeat stands still, and goes down when the peer's process is gone,
+// it detaches, either end forces the link down, or it stays silent past
+// Options.SilentTimeout (layout.go, Liveness).
 //
 // Concurrency: a Device is safe for concurrent use. Lifetime: the window
 // slices are unmapped by Close; using them afterwards faults, so owners
@@ -45,6 +48,7 @@ const (
 	DefaultWindowSize        = 16 << 20
 	DefaultHeartbeatInterval = 50 * time.Millisecond
 	DefaultHeartbeatTimeout  = 500 * time.Millisecond
+	DefaultSilentTimeout     = 10 * time.Second
 )
 
 // Side selects which end of a link to attach.
@@ -64,7 +68,14 @@ type Options struct {
 	Side              Side
 	WindowSize        int // per side; both ends must agree
 	HeartbeatInterval time.Duration
-	HeartbeatTimeout  time.Duration
+	// HeartbeatTimeout is how long the peer's heartbeat may stand still
+	// before the link turns suspect (an up link, LinkEvent.Suspect): the
+	// peer is attached but may be starved or stopped.
+	HeartbeatTimeout time.Duration
+	// SilentTimeout is how long it may stand still before the link goes
+	// down with ntb.CauseSilent — the user timeout, of the order of TCP's
+	// (DefaultSilentTimeout). Never shorter than HeartbeatTimeout.
+	SilentTimeout time.Duration
 	// FutexWait: sleep in futex waits on the doorbell word rather than
 	// reading a FIFO through the runtime's poller (see bell_linux.go) —
 	// for a process whose goroutines spin while they wait, as ntproxy's
@@ -90,6 +101,10 @@ func (o *Options) setDefaults() {
 	if o.HeartbeatTimeout == 0 {
 		o.HeartbeatTimeout = DefaultHeartbeatTimeout
 	}
+	if o.SilentTimeout == 0 {
+		o.SilentTimeout = DefaultSilentTimeout
+	}
+	o.SilentTimeout = max(o.SilentTimeout, o.HeartbeatTimeout)
 }
 
 // Device is one end of an emulated link.
@@ -120,13 +135,19 @@ type Device struct {
 	in     []byte
 	out    []byte
 
-	gen      uint64 // our attach generation
-	interval time.Duration
-	idle     time.Duration // the interval while this end's user is idle (idleInterval)
-	timeout  time.Duration
-	idlers   atomic.Int32  // Idle(true) calls not yet ended
-	busy     chan struct{} // Idle(false) wakes the monitor
-	now      chan struct{} // checkNow: the monitor looks at once
+	gen         uint64 // our attach generation
+	interval    time.Duration
+	idle        time.Duration // the interval while this end's user is idle (idleInterval)
+	timeout     time.Duration // the peer's heartbeat stands still this long: suspect
+	silentAfter time.Duration // and this long: down (CauseSilent)
+	// seenGen is the peer generation the monitor last looked at; a
+	// WaitDoorbell that finds another in our registers has the monitor
+	// look at once (noticePeer), so an arrival or a detach is seen at the
+	// peer's wake-up rather than at our next beat.
+	seenGen atomic.Uint64
+	idlers  atomic.Int32  // Idle(true) calls not yet ended
+	busy    chan struct{} // Idle(false) wakes the monitor
+	now     chan struct{} // checkNow: the monitor looks at once
 
 	links *ntb.LinkTracker
 	stop  chan struct{}
@@ -163,6 +184,7 @@ type Device struct {
 var (
 	_ ntb.Device      = (*Device)(nil)
 	_ ntb.LinkWatcher = (*Device)(nil)
+	_ ntb.Liveness    = (*Device)(nil)
 )
 
 // Open attaches one end of the link called name: the memory its peer
@@ -208,7 +230,8 @@ func Open(name string, o Options) (_ *Device, err error) {
 		}
 	}()
 	for s := range 2 {
-		if f, side, err := fetch(sockPath(d.path, s)); err == nil {
+		if f, side, c, err := fetchHeld(sockPath(d.path, s)); err == nil {
+			defer c.Close() // after start: tells the server we are here (runServe)
 			if side != s {
 				f.Close()
 				continue
@@ -314,7 +337,8 @@ func OpenFile(f *os.File, name string, o Options) (_ *Device, err error) {
 
 func newDevice(name string, o Options) *Device {
 	return &Device{name: name, window: o.WindowSize, logFn: o.Logf, interval: o.HeartbeatInterval,
-		idle: idleInterval(o.HeartbeatInterval, o.HeartbeatTimeout), timeout: o.HeartbeatTimeout}
+		busy: make(chan struct{}, 1), now: make(chan struct{}, 1),
+		idle: idleInterval(o.HeartbeatInterval, o.HeartbeatTimeout), timeout: o.HeartbeatTimeout, silentAfter: o.SilentTimeout}
 }
 
 // attach maps the link memory d.file, on which d holds its side's lock,
@@ -368,14 +392,22 @@ func (d *Device) stampRegsLocked() {
 	d.remote.Store32(regBells, bells)
 }
 
-// start runs the monitor.
+// start runs the monitor, and tells a peer already attached that this
+// end arrived: a wake-up where it sleeps, whose WaitDoorbell then finds
+// our new generation (noticePeer), so its link comes up now rather than
+// at its next beat. (A peer of a link opened by name also hears it from
+// its socket, see runServe.)
 func (d *Device) start() {
 	d.links = ntb.NewLinkTracker()
 	d.stop = make(chan struct{})
 	d.done = make(chan struct{})
-	d.busy = make(chan struct{}, 1)
-	d.now = make(chan struct{}, 1)
+	d.seenGen.Store(d.local.Load64(regGeneration))
 	go d.runMonitor()
+	d.mu.Lock()
+	d.ringSeq++
+	storeFutex(d.remote, regDoorbellSeq, d.ringSeq)
+	d.mu.Unlock()
+	d.wakePeer()
 }
 
 func (d *Device) logf(format string, args ...any) {
@@ -421,16 +453,7 @@ func (d *Device) initFile(window int) error {
 	defer d.unlock(lockInit)
 	var hdr [16]byte
 	if n, _ := d.file.ReadAt(hdr[:], 0); n == len(hdr) && le.Uint32(hdr[offFileMagic:]) != 0 {
-		magic, version, size := le.Uint32(hdr[offFileMagic:]), le.Uint32(hdr[offFileVersion:]), le.Uint64(hdr[offFileWindow:])
-		mismatch := ""
-		switch {
-		case magic != fileMagic:
-			mismatch = fmt.Sprintf("magic %#x is not an ntstack link", magic)
-		case version != fileVersion:
-			mismatch = fmt.Sprintf("layout version %d, this build speaks %d", version, fileVersion)
-		case size != uint64(window):
-			mismatch = fmt.Sprintf("window size %d, this end asks for %d", size, window)
-		}
+		mismatch := checkHeader(hdr, window)
 		if mismatch == "" {
 			var st unix.Stat_t
 			if err := unix.Fstat(int(d.file.Fd()), &st); err != nil {
@@ -456,6 +479,22 @@ func (d *Device) initFile(window int) error {
 		return err
 	}
 	return stampHeader(d.file, window)
+}
+
+// checkHeader says how the link header hdr (written by whoever created
+// the file) differs from one for a window of the given size, or "" if it
+// does not.
+func checkHeader(hdr [16]byte, window int) string {
+	magic, version, size := le.Uint32(hdr[offFileMagic:]), le.Uint32(hdr[offFileVersion:]), le.Uint64(hdr[offFileWindow:])
+	switch {
+	case magic != fileMagic:
+		return fmt.Sprintf("magic %#x is not an ntstack link", magic)
+	case version != fileVersion:
+		return fmt.Sprintf("layout version %d, this build speaks %d", version, fileVersion)
+	case size != uint64(window):
+		return fmt.Sprintf("window size %d, this end asks for %d", size, window)
+	}
+	return ""
 }
 
 func (d *Device) lock(b int, wait bool) error { return lockByte(d.file, b, wait) }
@@ -591,6 +630,7 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 	for {
 		kick := loadFutex(d.kick, 0)
 		seq := loadFutex(d.local, regDoorbellSeq)
+		d.noticePeer()
 		if done, p, err := d.waitOver(ctx, want, linkSeq); done {
 			return p, err
 		}
@@ -603,6 +643,7 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 func (d *Device) waitBell(ctx context.Context, want uint64, linkSeq uint64) (uint64, error) {
 	for {
 		rung := d.bell.waiting()
+		d.noticePeer()
 		if done, p, err := d.waitOver(ctx, want, linkSeq); done {
 			return p, err
 		}
@@ -611,6 +652,15 @@ func (d *Device) waitBell(ctx context.Context, want uint64, linkSeq uint64) (uin
 		case <-ctx.Done():
 		}
 		d.wakeup.Add(1)
+	}
+}
+
+// noticePeer has the monitor look at once if the peer's generation in
+// our registers is not the one it last saw: the peer arrived, detached or
+// was replaced, and woke us to say so.
+func (d *Device) noticePeer() {
+	if d.local.Load64(regGeneration) != d.seenGen.Load() {
+		d.checkNow()
 	}
 }
 
@@ -651,6 +701,13 @@ func (d *Device) SetPeerScratchpad(i int, v uint32) error {
 
 func (d *Device) Link() ntb.LinkState { return d.links.Link() }
 
+// Suspect reports an up link whose peer's heartbeat has stood still
+// longer than Options.HeartbeatTimeout (see ntb.Liveness).
+func (d *Device) Suspect() bool { return d.links.Suspect() }
+
+// LinkCause says why the link is down (see ntb.Liveness).
+func (d *Device) LinkCause() ntb.Cause { return d.links.Cause() }
+
 // LinkReason says why the link entered its current state.
 func (d *Device) LinkReason() string { return d.links.Reason() }
 
@@ -660,196 +717,13 @@ func (d *Device) LinkEvents() <-chan ntb.LinkEvent { return d.links.Events() }
 // ntb.LinkWatcher).
 func (d *Device) LinkChanged() <-chan struct{} { return d.links.Changed() }
 
-// ForceLinkDown is fault injection, a cable pull: both ends report the
-// link down (the peer within one heartbeat interval) until ForceLinkUp.
-func (d *Device) ForceLinkDown() {
-	d.forceDown.Store(true)
-	if d.enter() {
-		d.remote.Store32(regPeerDown, 1)
-		d.exit()
-	}
-	d.checkNow()
-}
-
-// ForceLinkUp ends ForceLinkDown.
-func (d *Device) ForceLinkUp() {
-	d.forceDown.Store(false)
-	if d.enter() {
-		d.remote.Store32(regPeerDown, 0)
-		d.exit()
-	}
-	d.checkNow()
-}
-
-// checkNow has the monitor look at the link at once rather than at its
-// next beat: this end's own fault injection is seen the moment it is made
-// (the peer sees it at its next beat).
-func (d *Device) checkNow() {
-	select {
-	case d.now <- struct{}{}:
-	default:
-	}
-}
-
-// SilenceHeartbeat is fault injection, a hung process: while on, the device
-// stops heartbeating, and the peer declares the link down after its
-// heartbeat timeout.
-func (d *Device) SilenceHeartbeat(on bool) { d.silent.Store(on) }
-
-// peerAttached asks the kernel whether a process holds the peer's side
-// lock. The kernel drops it the moment that process exits, however it
-// exits, so a dead peer is seen at the next heartbeat without waiting for
-// its heartbeat to time out.
-func (d *Device) peerAttached() bool {
-	lk := unix.Flock_t{Type: unix.F_WRLCK, Start: int64(lockSide + 1 - d.side), Len: 1}
-	if err := unix.FcntlFlock(d.file.Fd(), unix.F_OFD_GETLK, &lk); err != nil {
-		return true // cannot tell: the heartbeat decides
-	}
-	return lk.Type != unix.F_UNLCK
-}
-
-// CorruptInbound is fault injection: it overwrites n bytes of the inbound
-// window at off with pseudo-random bytes from seed, as a faulty or hostile
-// peer might.
-func (d *Device) CorruptInbound(off, n int, seed uint64) {
-	if !d.enter() {
-		return
-	}
-	defer d.exit()
-	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	for i := off; i < off+n && i < len(d.in); i++ {
-		d.in[i] = byte(rng.Uint32())
-	}
-}
-
-// runMonitor beats our heart in the peer's registers and watches the
-// peer's in ours. The link is up while the peer's process holds its side
-// lock, its generation is unchanged, it has not forced the link down, and
-// its heartbeat has moved since we attached (so a dead peer's leftover
-// registers never look alive) and within the heartbeat timeout.
-func (d *Device) runMonitor() {
-	defer close(d.done)
-	defer d.links.Close()
-	t := time.NewTimer(d.interval)
-	defer t.Stop()
-	beats := d.remote.Load64(regHeartbeat)
-	lastBeat := d.local.Load64(regHeartbeat)
-	var lastMove time.Time // zero until the peer's heartbeat moves
-	var upGen uint64
-	state := ntb.LinkDown
-	for {
-		now := time.Now()
-		d.checkPaths()
-		attached, met := d.peerAttached(), ""
-		if !attached {
-			var moved bool
-			if met, moved = d.meetPeer(); moved {
-				// Other memory, other counters: start over as at attach.
-				beats, lastBeat, lastMove = d.remote.Load64(regHeartbeat), d.local.Load64(regHeartbeat), time.Time{}
-				attached = d.peerAttached()
-			}
-		}
-		if !d.silent.Load() {
-			beats++
-			d.remote.Store64(regHeartbeat, beats)
-		}
-		gen, beat := d.local.Load64(regGeneration), d.local.Load64(regHeartbeat)
-		if beat != lastBeat {
-			lastBeat, lastMove = beat, now
-		}
-		next, why := ntb.LinkUp, "peer attached"
-		switch {
-		case d.forceDown.Load():
-			next, why = ntb.LinkDown, "forced down"
-		case !attached && met != "":
-			next, why = ntb.LinkDown, "peer process gone; "+met
-		case !attached:
-			next, why = ntb.LinkDown, "peer process gone"
-		case gen == 0:
-			next, why = ntb.LinkDown, "peer detached"
-		case d.local.Load32(regPeerDown) != 0:
-			next, why = ntb.LinkDown, "peer forced the link down"
-		case lastMove.IsZero():
-			next = ntb.LinkDown
-		case now.Sub(lastMove) > d.timeout:
-			next, why = ntb.LinkDown, fmt.Sprintf("peer heartbeat silent for %v", now.Sub(lastMove).Round(time.Millisecond))
-		}
-		if state == ntb.LinkUp && next == ntb.LinkUp && gen != upGen {
-			d.setLink(ntb.LinkDown, "peer re-attached", now) // the peer we knew is gone
-			state = ntb.LinkDown
-		}
-		if next != state {
-			d.setLink(next, why, now)
-			state, upGen = next, gen
-		}
-		if !d.sleep(t, now) {
-			return
-		}
-	}
-}
-
-// sleep waits for the next beat after the one at last, one interval on,
-// or the idle one while the user is idle (and the interval again from the
-// moment it stops being), or for checkNow. It reports false once the
-// device closes.
-func (d *Device) sleep(t *time.Timer, last time.Time) bool {
-	for {
-		every := d.interval
-		if d.idlers.Load() > 0 {
-			every = d.idle
-		}
-		t.Reset(time.Until(last.Add(every)))
-		select {
-		case <-d.stop:
-			return false
-		case <-d.busy:
-		case <-d.now:
-			return true
-		case <-t.C:
-			return true
-		}
-	}
-}
-
-// Idle is ntb.Idler: while its user is idle the device beats every
-// idleInterval, from its next beat; once it is not, one interval after
-// its last.
-func (d *Device) Idle(on bool) {
-	if on {
-		d.idlers.Add(1)
-		return
-	}
-	d.idlers.Add(-1)
-	select {
-	case d.busy <- struct{}{}: // the next beat may be due sooner
-	default:
-	}
-}
-
-// idleInterval is the heartbeat interval of an end whose user is idle
-// (Idle): it has nothing to move, so nothing is lost while a dead peer
-// goes unnoticed a little longer. Twice the interval, as long as the
-// peer's timeout spans five of them: the peer sees a beat move once per
-// its own beat, so between two sightings up to two of our intervals and
-// two of its pass, and a loaded machine fires timers tens of milliseconds
-// late. Every beat costs the process a timer wake-up — three threads (the
-// runtime's timer and scheduler threads, and sysmon), ~100-150 µs of CPU
-// in all on the 2-vCPU VMs — which was most of what an idle pair spent.
-func idleInterval(interval, timeout time.Duration) time.Duration {
-	return max(interval, min(2*interval, timeout/5))
-}
-
-func (d *Device) setLink(s ntb.LinkState, why string, at time.Time) {
-	d.links.Set(s, why, at)
-	d.wakeLocal()
-}
-
 // Close detaches: the peer sees the link go down at its next check.
 func (d *Device) Close() error {
 	d.closeOnce.Do(func() {
 		close(d.stop)
 		<-d.done
 		d.closed.Store(true)
+		d.links.CloseLocal(time.Now())
 		d.remote.Store64(regGeneration, 0)
 		d.wakePeer()
 		d.wakeLocal()

@@ -163,18 +163,28 @@ func TestForcedDownSeenAtOnce(t *testing.T) {
 	t.Logf("and up again in %v", time.Since(start).Round(time.Microsecond))
 }
 
+// A silent peer (a hung process, still attached) makes the link suspect
+// past the heartbeat timeout, and takes it down as silent only past the
+// silent timeout; once it beats again the link is up and trusted.
 func TestHeartbeatSilence(t *testing.T) {
-	o := Options{Dir: testDir(t), WindowSize: 64 << 10, HeartbeatInterval: 10 * time.Millisecond, HeartbeatTimeout: 50 * time.Millisecond}
+	o := Options{Dir: testDir(t), WindowSize: 64 << 10, HeartbeatInterval: 10 * time.Millisecond,
+		HeartbeatTimeout: 50 * time.Millisecond, SilentTimeout: 300 * time.Millisecond}
 	a, b := openPair(t, o)
 	defer a.Close()
 	defer b.Close()
-	ntbtest.WaitLink(t, b, ntb.LinkUp, time.Second)
-	start := time.Now()
+	ntbtest.WaitLink(t, b, ntb.LinkUp, ntbtest.LivenessTimeout)
 	a.SilenceHeartbeat(true) // a hung process: attached, but silent
-	ntbtest.WaitLink(t, b, ntb.LinkDown, time.Second)
-	t.Logf("silent peer declared down after %v", time.Since(start).Round(time.Millisecond))
+	_, before := ntbtest.WaitEvent(t, b, ntbtest.LivenessTimeout, "suspect", ntbtest.IsSuspect(true))
+	for _, ev := range before {
+		require.NotEqual(t, ntb.LinkDown, ev.State, "down before suspect: %+v", ev)
+	}
+	ev, _ := ntbtest.WaitEvent(t, b, ntbtest.LivenessTimeout, "down", func(ev ntb.LinkEvent) bool { return ev.State == ntb.LinkDown })
+	require.Equal(t, ntb.CauseSilent, ev.Cause, "%+v", ev)
+	require.Equal(t, ntb.CauseSilent, b.LinkCause())
+	t.Logf("silent peer: %s", ev.Reason)
 	a.SilenceHeartbeat(false)
-	ntbtest.WaitLink(t, b, ntb.LinkUp, time.Second)
+	ntbtest.WaitEvent(t, b, ntbtest.LivenessTimeout, "up again", ntbtest.IsSuspect(false))
+	require.False(t, b.Suspect())
 }
 
 // An idle end beats half as often (as long as the peer's timeout spans

@@ -142,10 +142,11 @@ type Slot struct {
 	Out, In []byte
 }
 
-// NewSlot returns the slot of rings of ring bytes at the start of mem
-// (at least SlotSize(ring) bytes, 8-byte aligned).
+// NewSlot returns the slot of rings of ring bytes (a power of two from
+// MinRing to MaxRing, so that SlotSize cannot overflow) at the start of
+// mem (at least SlotSize(ring) bytes, 8-byte aligned).
 func NewSlot(mem []byte, ring int) (*Slot, error) {
-	if ring < MinRing || ring&(ring-1) != 0 || len(mem) < SlotSize(ring) || !shmem.Aligned8(mem) {
+	if ring < MinRing || ring > MaxRing || ring&(ring-1) != 0 || len(mem) < SlotSize(ring) || !shmem.Aligned8(mem) {
 		return nil, fmt.Errorf("pool slot: %d bytes for rings of %d", len(mem), ring)
 	}
 	return &Slot{

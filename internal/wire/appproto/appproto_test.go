@@ -61,6 +61,9 @@ func FuzzDecode(f *testing.F) {
 	f.Add(Hello{Version: 1, Name: "app"}.Encode())
 	f.Add(Welcome{Version: 1, AppID: 1, Window: 4096}.Encode())
 	f.Add([]byte(`{"target":"b","port":80}`))
+	f.Add([]byte(`{"target":"b","port":80,"priority":7,"direct":true,"pool":true,"transports":["tcp","ntb"]}`))
+	f.Add([]byte(`{"port":0,"app_port":3,"backlog":128,"pool":true}`))
+	f.Add([]byte(`{"local":"b:80","remote":"a:1","path":"ntb","reason":"r","pool":{"slot":2}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if h, err := DecodeHello(b); err == nil {
 			require.Equal(t, b, h.Encode())
@@ -68,11 +71,13 @@ func FuzzDecode(f *testing.F) {
 		if w, err := DecodeWelcome(b); err == nil {
 			require.Equal(t, b, w.Encode())
 		}
-		var dr DialRequest
-		_ = DecodeFrame(b, &dr)
-		var lr ListenRequest
-		_ = DecodeFrame(b, &lr)
-		var in Incoming
-		_ = DecodeFrame(b, &in)
+		// The frames an application sends its proxy, and the one the
+		// proxy introduces a connection with: as ReadFrame reads them.
+		if len(b) <= MaxFrame {
+			framed := rawFrame(string(b))
+			fuzzFrame[DialRequest](t, framed)
+			fuzzFrame[ListenRequest](t, framed)
+			fuzzFrame[Incoming](t, framed)
+		}
 	})
 }
