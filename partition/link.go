@@ -73,7 +73,7 @@ func (e *DownError) Error() string {
 	if e.Cause == ntb.CauseNone {
 		return fmt.Sprintf("link down (%s)", e.Reason)
 	}
-	return fmt.Sprintf("link down (%s: %s)", e.Cause, e.Reason)
+	return fmt.Sprintf("link down (%s): %s", e.Reason, e.Cause)
 }
 
 func (e *DownError) Unwrap() error { return ErrSessionEnded }

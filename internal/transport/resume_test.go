@@ -481,3 +481,51 @@ func TestResumeFinAndClose(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "done", string(reply))
 }
+
+// The fake device's own liveness (ntbtest): a killed peer and a closed one
+// reset, a silent one pauses until heard again, then resumes nothing
+// (the session never ended), and one silent past its timeout times out.
+func TestResumeNtbtestLiveness(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		act   func(peer *ntbtest.Device)
+		errno syscall.Errno
+		why   string
+	}{
+		{"kill", (*ntbtest.Device).Kill, syscall.ECONNRESET, "peer process exited"},
+		{"close", func(d *ntbtest.Device) { d.Close() }, syscall.ECONNRESET, "peer endpoint closed"},
+		{"silence-expired", func(d *ntbtest.Device) { d.SilenceHeartbeat(true); d.ExpireSilence() }, syscall.ETIMEDOUT, "peer silent"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			da, db := ntbtest.NewPair(1 << 20)
+			t.Cleanup(func() { da.Close(); db.Close() })
+			a, b := attachPair(t, da, db, Config{})
+			c1, c2 := connPair(t, a, b, 900)
+			re, we := blocked(t, c1, c2)
+			tc.act(db)
+			for _, e := range []struct {
+				ch   <-chan error
+				what string
+			}{{re, "read"}, {we, "write"}} {
+				err := waitErr(t, e.ch, e.what)
+				require.ErrorIs(t, err, tc.errno, e.what)
+				require.ErrorIs(t, err, ErrLinkDown, e.what)
+				require.Contains(t, err.Error(), tc.why, e.what)
+			}
+		})
+	}
+	t.Run("silence", func(t *testing.T) {
+		da, db := ntbtest.NewPair(1 << 20)
+		t.Cleanup(func() { da.Close(); db.Close() })
+		a, b := attachPair(t, da, db, Config{})
+		pairs := pairsOf(t, a, b, 2, 950)
+		first := epoch(a)
+		db.SilenceHeartbeat(true)
+		require.True(t, da.Suspect())
+		flows, wait := xfer(t, pairs, 1<<20)
+		readPast(t, flows, 1<<18)
+		db.SilenceHeartbeat(false)
+		wait()
+		require.Equal(t, first, epoch(a), "a suspicion ends no session")
+	})
+}
