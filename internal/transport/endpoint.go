@@ -66,6 +66,14 @@ type Endpoint struct {
 // Open attaches this process to its end of the emulated link called name
 // and returns an Endpoint that owns it.
 func Open(name string, cfg Config) (*Endpoint, error) {
+	if cfg.Fabric.SilentTimeout == 0 {
+		// The fabric takes a silent peer's link down after the user
+		// timeout: the connections fail then, as silent.
+		cfg.Fabric.SilentTimeout = cfg.UserTimeout
+		if cfg.UserTimeout == 0 {
+			cfg.Fabric.SilentTimeout = DefaultUserTimeout
+		}
+	}
 	dev, err := shm.Open(name, cfg.Fabric)
 	if err != nil {
 		return nil, err
