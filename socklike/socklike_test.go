@@ -174,3 +174,39 @@ func TestNoProxy(t *testing.T) {
 	_, err = Listen("tcp", ":80")
 	require.ErrorContains(t, err, EnvProxy)
 }
+
+// A peer that closes its end of the link, or dies, resets the connection
+// as TCP would: ECONNRESET in a *net.OpError, the message saying which.
+func TestPeerGoneResets(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		act  func(*ntbtest.Device)
+		why  string
+	}{
+		{"close", func(d *ntbtest.Device) { d.Close() }, "peer endpoint closed"},
+		{"kill", (*ntbtest.Device).Kill, "peer process exited"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			da, db := ntbtest.NewPair(1 << 20)
+			a, err := Attach(da, Config{Logf: t.Logf})
+			require.NoError(t, err)
+			b, err := Attach(db, Config{Logf: t.Logf})
+			require.NoError(t, err)
+			t.Cleanup(func() { a.Close(); b.Close(); da.Close(); db.Close() })
+			c1, c2 := pair(t, a, b, "7100")
+			defer c2.Close()
+			_, err = c2.Write([]byte("hi"))
+			require.NoError(t, err)
+			buf := make([]byte, 2)
+			_, err = io.ReadFull(c1, buf)
+			require.NoError(t, err, "the connection works before")
+			tc.act(db)
+			_, err = c1.Read(buf)
+			var oe *net.OpError
+			require.ErrorAs(t, err, &oe)
+			require.ErrorIs(t, err, syscall.ECONNRESET)
+			require.ErrorIs(t, err, ErrLinkDown)
+			require.Contains(t, err.Error(), "connection reset by peer: "+tc.why)
+		})
+	}
+}
