@@ -264,9 +264,24 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wa
 		return sent, 0, false
 	}
 	cfg := &c.ep.cfg
+	// The bytes this call sends are retained (keepLocked) once they are
+	// out: a bulk run is published first, so the peer reads it while this
+	// end copies it, and before the writer has its buffer back.
+	keepAt, keepOff := c.sent.Load(), c.outOff
+	keep := func() {
+		if n := c.outOff - keepOff; n > 0 {
+			if n > smallWrite && *open&(1<<slot) != 0 {
+				p.EndTX()
+				*open &^= 1 << slot
+			}
+			c.keepLocked(keepAt, c.out[keepOff:c.outOff])
+			keepAt, keepOff = keepAt+int64(n), c.outOff
+		}
+	}
 	for budget := cfg.Batch; budget > 0 && c.outOff < len(c.out); {
 		credit := c.window - (c.sent.Load() - c.peerRead.Load())
 		if credit < c.creditFloor() {
+			keep()
 			c.ep.counters.creditWaits.Add(1)
 			c.waitCredit = true // credit() queues us again
 			if c.peerPooled && !c.wantSent {
@@ -283,10 +298,12 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wa
 			*moved += passBytes
 		}
 		if w := u.take(slot, chunk); w > 0 {
+			keep()
 			return sent, w, true
 		}
 		begin()
-		if err := c.txDataLocked(p, c.out[c.outOff:c.outOff+chunk]); err != nil {
+		if err := c.sendDataLocked(p, c.out[c.outOff:c.outOff+chunk]); err != nil {
+			keep()
 			return failed(err)
 		}
 		c.countTx(u, chunk)
@@ -295,6 +312,7 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wa
 		budget -= chunk
 		sent = true
 	}
+	keep()
 	if c.outOff < len(c.out) {
 		return sent, 0, true
 	}
@@ -356,20 +374,10 @@ func (c *Conn) txLocked(p *partition.Partition, tag uint32, body []byte) error {
 	return nil
 }
 
-// txDataLocked adds b to p's open batch as a DATA record of c's (c.smu
+// sendDataLocked adds b to p's open batch as a DATA record of c's (c.smu
 // held). The bytes count as sent before the record is visible: the peer
-// may credit them before the batch ends.
-func (c *Conn) txDataLocked(p *partition.Partition, b []byte) error {
-	at := c.sent.Load()
-	if err := c.sendDataLocked(p, b); err != nil {
-		return err
-	}
-	c.keepLocked(at, b) // before the write returns and b is the caller's again
-	return nil
-}
-
-// sendDataLocked is txDataLocked without the retention copy, which the
-// caller makes before b is the application's again.
+// may credit them before the batch ends. The caller retains them
+// (keepLocked) before b is the application's again.
 func (c *Conn) sendDataLocked(p *partition.Partition, b []byte) error {
 	c.sent.Add(int64(len(b)))
 	if err := c.txLocked(p, makeTag(kindData, c.peerID), b); err != nil {
