@@ -115,7 +115,7 @@ func runGateway(ctx context.Context, cfg *config.Config, logf func(string, ...an
 	var p *socklike.Proxy
 	var err error
 	for range 100 { // ListenAndServe is starting
-		if p, err = socklike.AttachProxy(cfg.Path(config.ProxySocket), socklike.Config{SpinBudget: cfg.Proxy.SpinBudget.Duration}); err == nil {
+		if p, err = socklike.AttachProxy(cfg.Path(config.ProxySocket), socklike.Config{SpinBudget: cfg.Proxy.SpinBudget.Duration, Sockets: true}); err == nil {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)

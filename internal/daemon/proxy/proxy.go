@@ -37,6 +37,7 @@ import (
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/prim/accept"
 	"github.com/ntstack/ntstack/internal/prim/proc"
+	"github.com/ntstack/ntstack/internal/prim/spingate"
 	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 	"github.com/ntstack/ntstack/internal/wire/hostauth"
@@ -148,7 +149,11 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 		s.logf("%s", cfg.InsecureWarning())
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.appCfg = transport.Config{SpinBudget: cfg.Proxy.SpinBudget.Duration, SpinYield: forwarderSpinYield}
+	// Sockets: ntproxy serves its gateway, its fallback legs and its
+	// control sockets through the runtime's poller, so its fabric waits
+	// leave a P to it (spingate), and so do its pool legs' (pool.Slot.Wait).
+	spingate.Sockets()
+	s.appCfg = transport.Config{SpinBudget: cfg.Proxy.SpinBudget.Duration, SpinYield: forwarderSpinYield, Sockets: true}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -162,6 +167,7 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 			SpinBudget: cfg.Proxy.SpinBudget.Duration,
 			SpinYield:  forwarderSpinYield,
 			HandOff:    true,
+			Sockets:    true,
 			MTU:        transport.DefaultMTU + legHdr, // a leg frame of a full record is one record
 			Partitions: cfg.Proxy.Partitions,
 			// FutexWait: the pool legs spin runnable while they wait, and a

@@ -1,0 +1,96 @@
+// Package spingate bounds, process-wide, the goroutines that spin while
+// they wait on the fabric (DESIGN.md invariant 11).
+//
+// A spinning goroutine yields with runtime.Gosched between polls, and the
+// Go scheduler consults the network poller only when no goroutine is
+// runnable (or from sysmon, up to 10 ms later): a spinner that keeps a P
+// busy keeps that P from ever seeing a socket become ready. So:
+//
+//   - In a process that also waits on sockets (Sockets was called), at
+//     most GOMAXPROCS−1 goroutines spin at once, which leaves a P to block
+//     in epoll. With one P that is nobody at full budget; one goroutine
+//     may still spin for at most ShortSpin, so a socket that becomes
+//     ready while it spins waits at most that long, and a fabric round
+//     trip that completes within it skips a cross-process wake-up.
+//   - In a process that waits only on the fabric, at most
+//     max(1, GOMAXPROCS−1) goroutines spin at once, each for its full
+//     budget. With one P the lone spinner starves no socket (there is
+//     none to starve), and it is what keeps an embedded round trip under
+//     a microsecond: the peer must be polling when the record lands.
+//
+// Every spin loop of the transport engine and the shared pool asks Enter
+// before it starts and calls Leave when it parks or is served.
+package spingate
+
+import (
+	"runtime"
+	"sync/atomic"
+	"time"
+)
+
+// ShortSpin is the longest a goroutine spins in a process with sockets
+// and one P: the longest a ready socket waits for it.
+const ShortSpin = 10 * time.Microsecond
+
+var (
+	sockets  atomic.Bool
+	spinning atomic.Int32
+	procs    atomic.Int32 // GOMAXPROCS as last read (Refresh); 0 until then
+)
+
+// Sockets declares that this process also waits on sockets; it cannot be
+// undone. ntproxy calls it (its gateway, fallback legs and control
+// sockets wait in the runtime's poller).
+func Sockets() {
+	sockets.Store(true)
+	Refresh()
+}
+
+// HasSockets reports whether Sockets was called.
+func HasSockets() bool { return sockets.Load() }
+
+// Refresh rereads GOMAXPROCS; call it after changing it. (Enter reads a
+// cached value: runtime.GOMAXPROCS takes the scheduler's lock.)
+func Refresh() { procs.Store(int32(max(1, runtime.GOMAXPROCS(0)))) }
+
+// Limit returns how many goroutines may spin at once and for how long
+// each may spin at most (0: its own budget).
+func Limit() (n int, cap time.Duration) {
+	p := int(procs.Load())
+	if p == 0 {
+		Refresh()
+		p = int(procs.Load())
+	}
+	switch {
+	case !sockets.Load():
+		return max(1, p-1), 0
+	case p > 1:
+		return p - 1, 0
+	default:
+		return 1, ShortSpin
+	}
+}
+
+// Enter asks to spin for up to want. It returns how long the caller may
+// spin: 0 means park at once (and do not call Leave); otherwise the
+// caller must call Leave when it stops spinning.
+func Enter(want time.Duration) time.Duration {
+	if want <= 0 {
+		return 0
+	}
+	n, limit := Limit()
+	if int(spinning.Add(1)) > n {
+		spinning.Add(-1)
+		return 0
+	}
+	if limit > 0 && want > limit {
+		want = limit
+	}
+	return want
+}
+
+// Leave ends a spin Enter granted.
+func Leave() { spinning.Add(-1) }
+
+// Spinning returns how many goroutines spin now.
+func Spinning() int { return int(spinning.Load()) }
