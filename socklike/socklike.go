@@ -94,8 +94,8 @@ type Config struct {
 	// TCP beside the fabric, as a gateway or relay does). It applies to the
 	// whole process once one Endpoint or Proxy sets it: at most
 	// GOMAXPROCS−1 goroutines then spin while they wait, so a processor is
-	// left to the runtime's network poller, and with GOMAXPROCS 1 one
-	// goroutine spins briefly (see transport.Config.Sockets).
+	// left to the runtime's network poller; with GOMAXPROCS 1 nobody spins
+	// (see transport.Config.Sockets).
 	Sockets bool
 	// Fabric configures the emulated fabric for Open.
 	Fabric shm.Options

@@ -115,10 +115,9 @@ type Config struct {
 	// TCP or Unix sockets through the runtime's poller, as ntproxy's
 	// gateway and fallback legs do). It applies process-wide from the first
 	// Attach that sets it: from then on at most GOMAXPROCS−1 goroutines
-	// spin, so a P stays free to see a socket become ready, and with one P
-	// a single goroutine spins for at most spingate.ShortSpin (DESIGN.md
-	// invariant 11). A process that waits only on the fabric keeps
-	// max(1, GOMAXPROCS−1) spinners at full budget.
+	// spin, so a P stays free to see a socket become ready; with one P
+	// nobody spins (DESIGN.md invariant 11). A process that waits only on
+	// the fabric keeps max(1, GOMAXPROCS−1) spinners at full budget.
 	Sockets bool
 	// Fabric configures the emulated fabric for Open.
 	Fabric shm.Options

@@ -4,19 +4,21 @@
 // A spinning goroutine yields with runtime.Gosched between polls, and the
 // Go scheduler consults the network poller only when no goroutine is
 // runnable (or from sysmon, up to 10 ms later): a spinner that keeps a P
-// busy keeps that P from ever seeing a socket become ready. So:
+// busy keeps that P from ever seeing a socket become ready, and spinners
+// that take turns keep it so for good. So:
 //
 //   - In a process that also waits on sockets (Sockets was called), at
 //     most GOMAXPROCS−1 goroutines spin at once, which leaves a P to block
-//     in epoll. With one P that is nobody at full budget; one goroutine
-//     may still spin for at most ShortSpin, so a socket that becomes
-//     ready while it spins waits at most that long, and a fabric round
-//     trip that completes within it skips a cross-process wake-up.
+//     in epoll. With one P nobody spins: every fabric wait parks at once
+//     and is woken through the doorbell, as a socket's reader is through
+//     the poller. (A short spin for the single P was tried: a request
+//     through ntproxy's gateway then took longer and cost more CPU than
+//     with none, the spinners taking turns; see docs/perf-log.md.)
 //   - In a process that waits only on the fabric, at most
 //     max(1, GOMAXPROCS−1) goroutines spin at once, each for its full
 //     budget. With one P the lone spinner starves no socket (there is
-//     none to starve), and it is what keeps an embedded round trip under
-//     a microsecond: the peer must be polling when the record lands.
+//     none), and it is what keeps an embedded round trip under a
+//     microsecond: the peer must be polling when the record lands.
 //
 // Every spin loop of the transport engine and the shared pool asks Enter
 // before it starts and calls Leave when it parks or is served.
@@ -27,10 +29,6 @@ import (
 	"sync/atomic"
 	"time"
 )
-
-// ShortSpin is the longest a goroutine spins in a process with sockets
-// and one P: the longest a ready socket waits for it.
-const ShortSpin = 10 * time.Microsecond
 
 var (
 	sockets  atomic.Bool
@@ -53,38 +51,29 @@ func HasSockets() bool { return sockets.Load() }
 // cached value: runtime.GOMAXPROCS takes the scheduler's lock.)
 func Refresh() { procs.Store(int32(max(1, runtime.GOMAXPROCS(0)))) }
 
-// Limit returns how many goroutines may spin at once and for how long
-// each may spin at most (0: its own budget).
-func Limit() (n int, cap time.Duration) {
+// Limit returns how many goroutines may spin at once.
+func Limit() int {
 	p := int(procs.Load())
 	if p == 0 {
 		Refresh()
 		p = int(procs.Load())
 	}
-	switch {
-	case !sockets.Load():
-		return max(1, p-1), 0
-	case p > 1:
-		return p - 1, 0
-	default:
-		return 1, ShortSpin
+	if sockets.Load() {
+		return p - 1
 	}
+	return max(1, p-1)
 }
 
 // Enter asks to spin for up to want. It returns how long the caller may
-// spin: 0 means park at once (and do not call Leave); otherwise the
-// caller must call Leave when it stops spinning.
+// spin, want or 0: 0 means park at once (and do not call Leave);
+// otherwise the caller must call Leave when it stops spinning.
 func Enter(want time.Duration) time.Duration {
 	if want <= 0 {
 		return 0
 	}
-	n, limit := Limit()
-	if int(spinning.Add(1)) > n {
+	if int(spinning.Add(1)) > Limit() {
 		spinning.Add(-1)
 		return 0
-	}
-	if limit > 0 && want > limit {
-		want = limit
 	}
 	return want
 }
