@@ -37,7 +37,6 @@ import (
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/prim/accept"
 	"github.com/ntstack/ntstack/internal/prim/proc"
-	"github.com/ntstack/ntstack/internal/prim/spingate"
 	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 	"github.com/ntstack/ntstack/internal/wire/hostauth"
@@ -149,11 +148,14 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 		s.logf("%s", cfg.InsecureWarning())
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	// Sockets: ntproxy serves its gateway, its fallback legs and its
-	// control sockets through the runtime's poller, so its fabric waits
-	// leave a P to it (spingate), and so do its pool legs' (pool.Slot.Wait).
-	spingate.Sockets()
-	s.appCfg = transport.Config{SpinBudget: cfg.Proxy.SpinBudget.Duration, SpinYield: forwarderSpinYield, Sockets: true}
+	// The fabric waits of ntproxy's legs spin as a fabric-only process's
+	// until it carries data over sockets: its TCP gateway (cmd/ntproxy)
+	// or a fallback leg (connect, serveFallback) makes the process one
+	// with sockets for good (spingate), and from then on they leave a P to
+	// the runtime's poller, the pool legs' too (pool.Slot.Wait). Its
+	// control and admin sockets do not: their requests are rare and
+	// wait at most a spin budget.
+	s.appCfg = transport.Config{SpinBudget: cfg.Proxy.SpinBudget.Duration, SpinYield: forwarderSpinYield}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -167,7 +169,6 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 			SpinBudget: cfg.Proxy.SpinBudget.Duration,
 			SpinYield:  forwarderSpinYield,
 			HandOff:    true,
-			Sockets:    true,
 			MTU:        transport.DefaultMTU + legHdr, // a leg frame of a full record is one record
 			Partitions: cfg.Proxy.Partitions,
 			// FutexWait: the pool legs spin runnable while they wait, and a
