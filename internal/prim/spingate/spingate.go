@@ -11,9 +11,9 @@
 //     most GOMAXPROCS−1 goroutines spin at once, which leaves a P to block
 //     in epoll. With one P nobody spins: every fabric wait parks at once
 //     and is woken through the doorbell, as a socket's reader is through
-//     the poller. (A short spin for the single P was tried: a request
-//     through ntproxy's gateway then took longer and cost more CPU than
-//     with none, the spinners taking turns; see docs/perf-log.md.)
+//     the poller. A short spin would not do: goroutines that spin in turn
+//     keep the run queue from ever emptying, so the poller is consulted
+//     late all the same (docs/perf-log.md, 2026-11-28, issue 42).
 //   - In a process that waits only on the fabric, at most
 //     max(1, GOMAXPROCS−1) goroutines spin at once, each for its full
 //     budget. With one P the lone spinner starves no socket (there is
