@@ -8,7 +8,7 @@
 //	ntrack up -hosts 2 -bin ./bin [-dir /tmp/rack] [-name ntrdemo]
 //	ntrack down -prefix ntrdemo
 //	ntrack demo -bin ./bin [-time 2s]
-//	ntrack relay LISTEN=TO ...
+//	ntrack relay [-procs 2] LISTEN=TO ...
 //
 // up starts the rack, prints its namespaces, addresses and config paths
 // and an example command, and stays until SIGINT or SIGTERM, then tears
@@ -21,7 +21,7 @@
 // TCP, and beside them two plain TCP relays (ntrack relay) in place of the
 // gateways, the ceiling of two user-space hops; then it tears the rack
 // down. relay copies each connection to LISTEN to a new one to TO, both
-// ways, with GOMAXPROCS 1.
+// ways, with two Ps as an ntproxy whose gateway serves.
 package main
 
 import (
@@ -107,7 +107,7 @@ const (
 	upSynopsis    = "-hosts N -bin DIR [-dir DIR] [-name NAME] [-keep]"
 	downSynopsis  = "-prefix PREFIX"
 	demoSynopsis  = "-bin DIR [-time 2s]"
-	relaySynopsis = "LISTEN=TO ..."
+	relaySynopsis = "[-procs 2] LISTEN=TO ..."
 )
 
 // parse parses a subcommand's flags: nil and done after -h, errFlags
@@ -177,13 +177,14 @@ func down(args []string, out, stderr io.Writer) error {
 // LISTEN address to its TO address (rackdemo.RelayMain).
 func relay(args []string, out, stderr io.Writer) error {
 	fs := cli.FlagSet("ntrack relay", relaySynopsis, stderr)
+	procs := fs.Int("procs", 2, "Go scheduler Ps (GOMAXPROCS), as many as an ntproxy whose gateway serves; 0 keeps the runtime's choice")
 	if done, err := parse(fs, args, out); done {
 		return err
 	}
 	if fs.NArg() == 0 {
 		return fmt.Errorf("relay: want LISTEN=TO pairs: %w", errUsage)
 	}
-	return rackdemo.RelayMain(fs.Args())
+	return rackdemo.RelayMain(fs.Args(), *procs)
 }
 
 func demo(args []string, out, stderr io.Writer) error {
@@ -217,7 +218,7 @@ func demo(args []string, out, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "relay: two plain Go TCP relays (ntrack relay, GOMAXPROCS 1) in place of the gateways, a loopback hop on each host: the ceiling of two user-space hops\n\n")
+	fmt.Fprintf(out, "relay: two plain Go TCP relays (ntrack relay, two Ps as ntproxy with a gateway) in place of the gateways, a loopback hop on each host: the ceiling of two user-space hops\n\n")
 	rows, err := rackdemo.RunGateway(ctx, r, rackdemo.GatewayOptions{Client: "a", Server: "b", WrkTime: *per, RelayCmd: []string{self, "relay"}})
 	rackdemo.PrintGateway(out, rows)
 	return err

@@ -19,7 +19,7 @@ import (
 // network, which dials the server on that host's loopback — the gateway
 // path's shape (two user-space hops, each a loopback socket pair plus the
 // rack between them) with TCP instead of the fabric between the hops. Each
-// relay is a process of one P, like ntproxy.
+// relay is a process of two Ps, like an ntproxy whose gateway serves.
 
 // relayPorts are the relays' listening ports: the client host's relay
 // listens on 127.0.0.1 at the first, the server host's on its rack address
@@ -85,13 +85,15 @@ func relayCopy(dst, src net.Conn) {
 }
 
 // RelayMain is the relay program ("ntrack relay LISTEN=TO ..."): it relays
-// each LISTEN address to its TO address with GOMAXPROCS 1, until SIGINT or
-// SIGTERM.
-func RelayMain(pairs []string) error {
+// each LISTEN address to its TO address with procs Ps (GOMAXPROCS), until
+// SIGINT or SIGTERM.
+func RelayMain(pairs []string, procs int) error {
 	if len(pairs) == 0 {
 		return errors.New("relay: want LISTEN=TO pairs")
 	}
-	runtime.GOMAXPROCS(1)
+	if procs > 0 {
+		runtime.GOMAXPROCS(procs)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, len(pairs))
