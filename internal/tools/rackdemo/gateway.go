@@ -63,8 +63,11 @@ type GatewayOptions struct {
 	Client, Server string
 	// Requests per redis-benchmark test (default 20000).
 	Requests int
-	// Clients is redis-benchmark's and wrk's connection count (default 50).
+	// Clients is redis-benchmark's and wrk's connection count (default 8).
 	Clients int
+	// OneClient adds a row of one redis-benchmark client's GETs a path:
+	// the round trip of a 64 B request alone.
+	OneClient bool
 	// WrkTime is each wrk run's duration (default 2s; wrk counts whole
 	// seconds, so it is rounded up to one).
 	WrkTime time.Duration
@@ -103,7 +106,7 @@ func RunGateway(ctx context.Context, r *rack.Rack, o GatewayOptions) (rows []Gat
 		o.Requests = 20000
 	}
 	if o.Clients == 0 {
-		o.Clients = 50
+		o.Clients = 8
 	}
 	if o.WrkTime == 0 {
 		o.WrkTime = 2 * time.Second
@@ -151,10 +154,15 @@ func RunGateway(ctx context.Context, r *rack.Rack, o GatewayOptions) (rows []Gat
 	paths = append(paths, path{"tcp", tcpAddr(redisPort), tcpAddr(nginxPort), nil})
 	for _, p := range paths {
 		pids := append(append([]int(nil), servers...), p.pids...)
-		for _, run := range []struct {
+		runs := []struct {
 			test    string
 			clients int
-		}{{"set", o.Clients}, {"get", o.Clients}, {"get", 1}} {
+		}{{"set", o.Clients}, {"get", o.Clients}}
+		if o.OneClient {
+			runs = append(runs, runs[1])
+			runs[2].clients = 1
+		}
+		for _, run := range runs {
 			row, err := redisBenchmark(ctx, r, o, p.redis, run.test, run.clients, pids)
 			if err != nil {
 				return rows, fmt.Errorf("redis-benchmark over %s: %w", p.name, err)
