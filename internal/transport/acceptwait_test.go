@@ -2,10 +2,7 @@ package transport
 
 import (
 	"io"
-	"runtime"
 	"testing"
-
-	"github.com/ntstack/ntstack/internal/prim/spingate"
 
 	"github.com/stretchr/testify/require"
 )
@@ -15,14 +12,6 @@ import (
 // record or so, a futex wake at the sender and a thread wake-up here for
 // each (see idleGrace).
 func TestPendingAcceptStaysOffDoorbell(t *testing.T) {
-	// Both ends are in this process, and spingate lets GOMAXPROCS−1 of its
-	// goroutines spin: three Ps let the writer and the reader both spin,
-	// as they do in processes of their own. (Attach rereads GOMAXPROCS.)
-	procs := runtime.GOMAXPROCS(3)
-	defer func() {
-		runtime.GOMAXPROCS(procs)
-		spingate.Refresh()
-	}()
 	a, b := endpoints(t, "shm", Config{})
 	c1, c2 := connPair(t, a, b, 7)
 	defer c1.Close()

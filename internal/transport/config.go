@@ -116,8 +116,8 @@ type Config struct {
 	// gateway and fallback legs do). It applies process-wide from the first
 	// Attach that sets it: from then on at most GOMAXPROCS−1 goroutines
 	// spin, so a P stays free to see a socket become ready; with one P
-	// nobody spins (DESIGN.md invariant 11). A process that waits only on
-	// the fabric keeps max(1, GOMAXPROCS−1) spinners at full budget.
+	// nobody spins (DESIGN.md invariant 11). In a process that waits only
+	// on the fabric each endpoint keeps GOMAXPROCS spinners.
 	Sockets bool
 	// Fabric configures the emulated fabric for Open.
 	Fabric shm.Options

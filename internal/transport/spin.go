@@ -13,10 +13,10 @@ import (
 // count of spinning goroutines, which tells the poller whether anyone is
 // watching the ring.
 //
-// At most GOMAXPROCS goroutines of an endpoint spin, and no more than
-// spingate grants process-wide (GOMAXPROCS−1 in a process that also waits
-// on sockets, so a P stays free for the runtime's poller; see
-// Config.Sockets); the others park at once. A spinner polls the rings and serves the units for everybody, and
+// At most GOMAXPROCS goroutines of an endpoint spin, and in a process that
+// also waits on sockets no more than GOMAXPROCS−1 of the whole process
+// (spingate, Config.Sockets), so a P stays free for the runtime's poller;
+// the others park at once. A spinner polls the rings and serves the units for everybody, and
 // wakes parked goroutines through their channels, which costs the runtime
 // little: many spinners would only fight for the CPUs and the locks. A
 // spinner keeps spinning while the endpoint makes progress, and parks once

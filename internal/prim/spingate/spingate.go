@@ -14,10 +14,15 @@
 //     the poller. A short spin would not do: goroutines that spin in turn
 //     keep the run queue from ever emptying, so the poller is consulted
 //     late all the same (docs/perf-log.md, 2026-11-28, issue 42).
-//   - In a process that waits only on the fabric, at most
-//     max(1, GOMAXPROCS−1) goroutines spin at once, each for its full
-//     budget. With one P the lone spinner starves no socket (there is
-//     none), and it is what keeps an embedded round trip under a
+//   - A process that waits only on the fabric has no process-wide bound
+//     (each transport endpoint still lets at most GOMAXPROCS of its
+//     goroutines spin). There is no socket to starve, and a spinner
+//     serves only its own endpoint's rings: in direct mode every
+//     connection has an endpoint of its own, and a process-wide bound
+//     over a process holding both ends of its connections makes their
+//     waits park and take doorbells, so its direct-mode workloads lose
+//     their lead over TCP (docs/perf-log.md, 2026-11-28, issue 42). With
+//     one P the lone spinner is what keeps an embedded round trip under a
 //     microsecond: the peer must be polling when the record lands.
 //
 // Every spin loop of the transport engine and the shared pool asks Enter
@@ -25,6 +30,7 @@
 package spingate
 
 import (
+	"math"
 	"runtime"
 	"sync/atomic"
 	"time"
@@ -51,7 +57,7 @@ func HasSockets() bool { return sockets.Load() }
 // cached value: runtime.GOMAXPROCS takes the scheduler's lock.)
 func Refresh() { procs.Store(int32(max(1, runtime.GOMAXPROCS(0)))) }
 
-// Limit returns how many goroutines may spin at once.
+// Limit returns how many goroutines of the process may spin at once.
 func Limit() int {
 	p := int(procs.Load())
 	if p == 0 {
@@ -61,7 +67,7 @@ func Limit() int {
 	if sockets.Load() {
 		return p - 1
 	}
-	return max(1, p-1)
+	return math.MaxInt32
 }
 
 // Enter asks to spin for up to want. It returns how long the caller may
