@@ -90,6 +90,13 @@ type Config struct {
 	// connections together (0: none); a dial beyond it fails, wrapping
 	// qos.ErrQuota.
 	MemoryQuota int64
+	// Sockets says this process also waits on sockets (it serves or dials
+	// TCP beside the fabric, as a gateway or relay does). It applies to the
+	// whole process once one Endpoint or Proxy sets it: at most
+	// GOMAXPROCS−1 goroutines then spin while they wait, so a processor is
+	// left to the runtime's network poller; with GOMAXPROCS 1 nobody spins
+	// (see transport.Config.Sockets).
+	Sockets bool
 	// Fabric configures the emulated fabric for Open.
 	Fabric shm.Options
 	// Logf, if set, receives link and session events.
@@ -108,6 +115,7 @@ func (c Config) engine() transport.Config {
 		QoS:         c.QoS,
 		CoreModel:   transport.CoreModel(c.CoreModel),
 		MemoryQuota: c.MemoryQuota,
+		Sockets:     c.Sockets,
 		Fabric:      c.Fabric,
 		Logf:        c.Logf,
 	}
