@@ -380,7 +380,7 @@ func (p *Proxy) openDirect(ctx context.Context, dl *appproto.DirectLink, side in
 	if dl.Window <= 0 || dl.Name == "" {
 		return nil, fmt.Errorf("%w: direct link %+v", ErrProxy, *dl)
 	}
-	ep, err := transport.Open(dl.Name, transport.Config{SpinBudget: p.cfg.SpinBudget, Window: p.cfg.Window, MTU: p.cfg.MTU,
+	ep, err := transport.Open(dl.Name, transport.Config{SpinBudget: p.cfg.SpinBudget, Window: p.cfg.Window, MTU: p.cfg.MTU, Sockets: p.cfg.Sockets,
 		Fabric: shm.Options{Dir: dl.Dir, WindowSize: dl.Window, Side: shm.Side0 + shm.Side(side), HeartbeatTimeout: appproto.LinkHeartbeatTimeout}})
 	if err != nil {
 		return nil, fmt.Errorf("direct link %s: %w", dl.Name, err)

@@ -26,8 +26,8 @@
 // the connection resumes, losing nothing. It fails only when its peer is
 // gone — its process exited, or it closed its Endpoint: the error wraps
 // syscall.ECONNRESET, and says which — or unreachable for longer than
-// Config.UserTimeout (syscall.ETIMEDOUT); every such error also wraps
-// ErrLinkDown.
+// the user timeout of transport.DefaultUserTimeout (syscall.ETIMEDOUT);
+// every such error also wraps ErrLinkDown.
 //
 // Flow control is by credit: a connection's writer never has more than the
 // reader's receive window (Config.Window) unread, so one slow reader slows
@@ -96,12 +96,13 @@ type Config struct {
 	// connections together (0: none); a dial beyond it fails, wrapping
 	// qos.ErrQuota.
 	MemoryQuota int64
-	// UserTimeout is how long a connection waits for a peer it cannot
-	// reach (link down, peer silent) before it fails with ETIMEDOUT
-	// (default transport.DefaultUserTimeout, 10 s). Shorter outages, and
-	// the peer's link restarting, cost a pause: the connection resumes
-	// where it was.
-	UserTimeout time.Duration
+	// Sockets says this process also waits on sockets (it serves or dials
+	// TCP beside the fabric, as a gateway or relay does). It applies to the
+	// whole process once one Endpoint or Proxy sets it: at most
+	// GOMAXPROCS−1 goroutines then spin while they wait, so a processor is
+	// left to the runtime's network poller; with GOMAXPROCS 1 nobody spins
+	// (see transport.Config.Sockets).
+	Sockets bool
 	// Fabric configures the emulated fabric for Open.
 	Fabric shm.Options
 	// Logf, if set, receives link and session events.
@@ -120,7 +121,7 @@ func (c Config) engine() transport.Config {
 		QoS:         c.QoS,
 		CoreModel:   transport.CoreModel(c.CoreModel),
 		MemoryQuota: c.MemoryQuota,
-		UserTimeout: c.UserTimeout,
+		Sockets:     c.Sockets,
 		Fabric:      c.Fabric,
 		Logf:        c.Logf,
 	}

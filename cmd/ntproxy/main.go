@@ -33,28 +33,22 @@ func main() {
 	cfgPath := flag.String("config", "/etc/ntstack/host.toml", "host configuration (TOML)")
 	standalone := flag.Bool("standalone", false, "decide routes, ACL and ports from the configuration alone, without ntmon")
 	quiet := flag.Bool("q", false, "log only errors")
-	procs := flag.Int("procs", 1, "Go scheduler Ps (GOMAXPROCS); 0 keeps the runtime's choice")
+	procs := flag.Int("procs", -1, "Go scheduler Ps (GOMAXPROCS): -1 one, two with a TCP gateway; 0 keeps the runtime's choice")
 	cli.ParseMain("ntproxy", "[-config FILE] [-standalone] [-q] [-procs N]")
-	// The proxy mostly waits and copies. With a P per CPU its spinning
-	// goroutines compete with the applications for the same CPUs: on the
-	// 2-vCPU reference machine one P took proxied KV round trips from
-	// ~300 to ~170 us.
-	if *procs > 0 {
-		runtime.GOMAXPROCS(*procs)
-	}
 	log.SetFlags(log.LstdFlags | log.Lmicroseconds)
 	log.SetPrefix("ntproxy: ")
-	if err := run(*cfgPath, *standalone, *quiet); err != nil {
+	if err := run(*cfgPath, *standalone, *quiet, *procs); err != nil {
 		fmt.Fprintln(os.Stderr, "ntproxy:", err)
 		os.Exit(1)
 	}
 }
 
-func run(cfgPath string, standalone, quiet bool) error {
+func run(cfgPath string, standalone, quiet bool, procs int) error {
 	cfg, err := config.Load(cfgPath)
 	if err != nil {
 		return err
 	}
+	setProcs(procs, len(cfg.Gateway.Forward)+len(cfg.Gateway.Export) > 0)
 	var gw atomic.Pointer[gateway.Gateway]
 	o := proxy.Options{Logf: log.Printf, Gateway: func() []ctlapi.GatewayStat {
 		if g := gw.Load(); g != nil {
@@ -109,13 +103,36 @@ func run(cfgPath string, standalone, quiet bool) error {
 	return errors.Join(err, <-gwErr)
 }
 
+// setProcs sets GOMAXPROCS from -procs: n if positive, the runtime's
+// choice if 0, and otherwise one P, or two if the gateway serves.
+//
+// The proxy mostly waits and copies. With a P per CPU its spinning
+// goroutines compete with the applications for the same CPUs, so it runs
+// one P. A gateway waits on TCP sockets too, and with one P nobody may
+// spin (spingate, DESIGN.md invariant 11): every fabric wait then parks,
+// and the TCP side and the fabric side take turns on the one P. A second
+// P lets one goroutine spin and the poller run beside it
+// (docs/perf-log.md has both measurements).
+func setProcs(n int, gateway bool) {
+	switch {
+	case n > 0:
+	case n == 0:
+		return
+	case gateway:
+		n = 2
+	default:
+		n = 1
+	}
+	runtime.GOMAXPROCS(n)
+}
+
 // runGateway serves the TCP gateway as an application of this ntproxy,
 // once its socket answers, until ctx ends.
 func runGateway(ctx context.Context, cfg *config.Config, logf func(string, ...any), gw *atomic.Pointer[gateway.Gateway]) error {
 	var p *socklike.Proxy
 	var err error
 	for range 100 { // ListenAndServe is starting
-		if p, err = socklike.AttachProxy(cfg.Path(config.ProxySocket), socklike.Config{SpinBudget: cfg.Proxy.SpinBudget.Duration}); err == nil {
+		if p, err = socklike.AttachProxy(cfg.Path(config.ProxySocket), socklike.Config{SpinBudget: cfg.Proxy.SpinBudget.Duration, Sockets: true}); err == nil {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)

@@ -8,6 +8,7 @@
 //	ntrack up -hosts 2 -bin ./bin [-dir /tmp/rack] [-name ntrdemo]
 //	ntrack down -prefix ntrdemo
 //	ntrack demo -bin ./bin [-time 2s]
+//	ntrack relay [-procs 2] LISTEN=TO ...
 //
 // up starts the rack, prints its namespaces, addresses and config paths
 // and an example command, and stays until SIGINT or SIGTERM, then tears
@@ -17,7 +18,10 @@
 // over RESP) and HTTP workloads between the hosts through their ntproxy
 // daemons and over TCP loopback, prints both, then unmodified redis-server
 // and nginx under redis-benchmark and wrk through the TCP gateway and over
-// TCP, and tears the rack down.
+// TCP, and beside them two plain TCP relays (ntrack relay) in place of the
+// gateways, the ceiling of two user-space hops; then it tears the rack
+// down. relay copies each connection to LISTEN to a new one to TO, both
+// ways, with two Ps as an ntproxy whose gateway serves.
 package main
 
 import (
@@ -57,6 +61,7 @@ var ntrack = cli.Program{
 		{Name: "up", Synopsis: upSynopsis, Run: command(up)},
 		{Name: "down", Synopsis: downSynopsis, Run: command(down)},
 		{Name: "demo", Synopsis: demoSynopsis, Run: command(demo)},
+		{Name: "relay", Synopsis: relaySynopsis, Run: command(relay)},
 	},
 }
 
@@ -99,9 +104,10 @@ func command(f func(args []string, stdout, stderr io.Writer) error) func(context
 }
 
 const (
-	upSynopsis   = "-hosts N -bin DIR [-dir DIR] [-name NAME] [-keep]"
-	downSynopsis = "-prefix PREFIX"
-	demoSynopsis = "-bin DIR [-time 2s]"
+	upSynopsis    = "-hosts N -bin DIR [-dir DIR] [-name NAME] [-keep]"
+	downSynopsis  = "-prefix PREFIX"
+	demoSynopsis  = "-bin DIR [-time 2s]"
+	relaySynopsis = "[-procs 2] LISTEN=TO ..."
 )
 
 // parse parses a subcommand's flags: nil and done after -h, errFlags
@@ -167,6 +173,20 @@ func down(args []string, out, stderr io.Writer) error {
 	return rack.Cleanup(*prefix)
 }
 
+// relay runs the gateway table's ceiling: a plain TCP relay from each
+// LISTEN address to its TO address (rackdemo.RelayMain).
+func relay(args []string, out, stderr io.Writer) error {
+	fs := cli.FlagSet("ntrack relay", relaySynopsis, stderr)
+	procs := fs.Int("procs", 2, "Go scheduler Ps (GOMAXPROCS), as many as an ntproxy whose gateway serves; 0 keeps the runtime's choice")
+	if done, err := parse(fs, args, out); done {
+		return err
+	}
+	if fs.NArg() == 0 {
+		return fmt.Errorf("relay: want LISTEN=TO pairs: %w", errUsage)
+	}
+	return rackdemo.RelayMain(fs.Args(), *procs)
+}
+
 func demo(args []string, out, stderr io.Writer) error {
 	fs := cli.FlagSet("ntrack demo", demoSynopsis, stderr)
 	bin := fs.String("bin", "", "directory holding the ntmon and ntproxy binaries (required)")
@@ -194,7 +214,12 @@ func demo(args []string, out, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(out, "\nunmodified redis-server and nginx on b; redis-benchmark and wrk on a through ntproxy's TCP gateway (NTB link), then over TCP to %s\n\n", b.IP)
-	rows, err := rackdemo.RunGateway(ctx, r, rackdemo.GatewayOptions{Client: "a", Server: "b", WrkTime: *per})
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "relay: two plain Go TCP relays (ntrack relay, two Ps as ntproxy with a gateway) in place of the gateways, a loopback hop on each host: the ceiling of two user-space hops\n\n")
+	rows, err := rackdemo.RunGateway(ctx, r, rackdemo.GatewayOptions{Client: "a", Server: "b", Clients: 50, OneClient: true, WrkTime: *per, RelayCmd: []string{self, "relay"}})
 	rackdemo.PrintGateway(out, rows)
 	return err
 }

@@ -118,6 +118,14 @@ type Config struct {
 	// (exited, closed its endpoint) fails connections at once, with
 	// ECONNRESET; any shorter outage costs a pause (resume.go).
 	UserTimeout time.Duration
+	// Sockets says the process also waits on sockets (its goroutines read
+	// TCP or Unix sockets through the runtime's poller, as ntproxy's
+	// gateway and fallback legs do). It applies process-wide from the first
+	// Attach that sets it: from then on at most GOMAXPROCS−1 goroutines
+	// spin, so a P stays free to see a socket become ready; with one P
+	// nobody spins (DESIGN.md invariant 11). In a process that waits only
+	// on the fabric each endpoint keeps GOMAXPROCS spinners.
+	Sockets bool
 	// Fabric configures the emulated fabric for Open.
 	Fabric shm.Options
 	// Logf, if set, receives link and session events.

@@ -43,7 +43,9 @@
 // Read posts its buffer so whoever polls the rings copies its data
 // straight in; in CoreShared and CoreSplit worker threads drive the units
 // instead. A waiting call spins (Config.SpinBudget, longer while the
-// endpoint is busy; at most GOMAXPROCS goroutines at once), then parks. One
+// endpoint is busy; at most GOMAXPROCS goroutines of an endpoint at once,
+// and GOMAXPROCS−1 of the whole process if it also waits on sockets,
+// Config.Sockets), then parks. One
 // poller goroutine per endpoint sleeps on the doorbell while something is
 // parked and no other caller runs (a doorbell wait keeps the process's P,
 // so it must not starve a runnable caller), or once no Read or Write has

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ntstack/ntstack/internal/prim/spingate"
 	"github.com/ntstack/ntstack/ntb"
 	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/partition"
@@ -100,6 +101,11 @@ func (ep *Endpoint) busy() {
 func Attach(dev ntb.Device, cfg Config) (*Endpoint, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, fmt.Errorf("attach %s: %w", dev.Name(), err)
+	}
+	if cfg.Sockets {
+		spingate.Sockets()
+	} else {
+		spingate.Refresh()
 	}
 	ep := &Endpoint{
 		born:        time.Now(),

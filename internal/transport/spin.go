@@ -6,14 +6,17 @@ import (
 	"github.com/ntstack/ntstack/internal/prim/deadline"
 	"github.com/ntstack/ntstack/internal/prim/pool"
 	"github.com/ntstack/ntstack/internal/prim/proc"
+	"github.com/ntstack/ntstack/internal/prim/spingate"
 )
 
 // spinner runs the spin half of spin-then-park and keeps the endpoint's
 // count of spinning goroutines, which tells the poller whether anyone is
 // watching the ring.
 //
-// At most GOMAXPROCS goroutines of an endpoint spin; the others park at
-// once. A spinner polls the rings and serves the units for everybody, and
+// At most GOMAXPROCS goroutines of an endpoint spin, and in a process that
+// also waits on sockets no more than GOMAXPROCS−1 of the whole process
+// (spingate, Config.Sockets), so a P stays free for the runtime's poller;
+// the others park at once. A spinner polls the rings and serves the units for everybody, and
 // wakes parked goroutines through their channels, which costs the runtime
 // little: many spinners would only fight for the CPUs and the locks. A
 // spinner keeps spinning while the endpoint makes progress, and parks once
@@ -49,13 +52,19 @@ func (s *spinner) spin() bool {
 		if ep.cfg.SpinBudget <= 0 || int(ep.active.Load()) >= ep.maxSpinners {
 			return false
 		}
+		start := ep.now()
+		want := ep.cfg.SpinBudget
+		if !s.short && start-ep.lastProgress(start) < int64(busyWindow) {
+			want = max(want, busySpin)
+		}
+		grant := spingate.Enter(want)
+		if grant == 0 {
+			return false
+		}
 		s.spinning = true
 		ep.active.Add(1)
-		s.start = ep.now()
-		s.budget = int64(ep.cfg.SpinBudget)
-		if !s.short && s.start-ep.lastProgress(s.start) < int64(busyWindow) {
-			s.budget = max(s.budget, int64(busySpin))
-		}
+		s.start = start
+		s.budget = int64(grant)
 		s.iter = 0
 		s.handoffs = ep.handoffs.Load()
 		return true
@@ -91,6 +100,7 @@ func (s *spinner) stop() {
 		return
 	}
 	s.spinning = false
+	spingate.Leave()
 	if s.ep.active.Add(-1) == 0 && s.ep.parked.Load() > 0 {
 		s.ep.kickPoller()
 	}

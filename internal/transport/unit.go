@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ntstack/ntstack/internal/prim/proc"
+	"github.com/ntstack/ntstack/internal/prim/spingate"
 	"github.com/ntstack/ntstack/partition"
 	"github.com/ntstack/ntstack/qos"
 )
@@ -234,6 +235,16 @@ func (u *unit) runWorker(tx, rx bool, cpu int) {
 	idleSince := time.Now()
 	pending := func() bool { return tx && u.queued.Load() > 0 || rx && st.unitPending(u) }
 	recheck := workerRecheck
+	// spin is what spingate granted for this idle spell (-1: not asked):
+	// a worker counts among the process's spinners like any caller.
+	spin := time.Duration(-1)
+	leave := func() {
+		if spin > 0 {
+			spingate.Leave()
+		}
+		spin = -1
+	}
+	defer leave()
 	for ctx.Err() == nil {
 		busy := false
 		if tx && u.queued.Load() > 0 {
@@ -258,10 +269,14 @@ func (u *unit) runWorker(tx, rx bool, cpu int) {
 		if idleSince.IsZero() {
 			idleSince = time.Now()
 		}
-		if time.Since(idleSince) < budget {
+		if spin < 0 {
+			spin = spingate.Enter(budget)
+		}
+		if time.Since(idleSince) < spin {
 			runtime.Gosched()
 			continue
 		}
+		leave()
 		// Sleep: arm, look once more, then wait for a doorbell or a kick.
 		if rx {
 			st.armUnit(u)

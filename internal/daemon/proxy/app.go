@@ -15,6 +15,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/prim/proc"
+	"github.com/ntstack/ntstack/internal/prim/spingate"
 	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/appproto"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
@@ -470,6 +471,9 @@ func (s *Server) connect(ctx context.Context, host string, h ctlapi.Hop) (net.Co
 	case ctlapi.PathTCP:
 		var d net.Dialer
 		c, err := d.DialContext(ctx, "tcp", h.Addr)
+		if err == nil {
+			spingate.Sockets() // a leg's data now waits in the poller too
+		}
 		if err != nil || s.auth == nil {
 			return c, err
 		}

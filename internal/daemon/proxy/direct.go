@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -100,7 +101,7 @@ func (s *Server) dialDirect(ctx context.Context, a *app, req appproto.DialReques
 			err = fabricErr(route.Host, req.Port, err)
 			break
 		}
-		_, err = s.rackOpen(fc, route.Host, appproto.RackOpen{Port: req.Port, Direct: dl.Name})
+		_, err = s.rackOpen(fc, route.Host, appproto.RackOpen{Port: req.Port, Direct: dl.Name, DirectWindow: dl.Window})
 		fc.Close() // the far proxy holds its application's lease
 	}
 	if err != nil {
@@ -137,8 +138,16 @@ func (s *Server) serveRackDirect(fc net.Conn, open appproto.RackOpen, l *listene
 	}
 	pc.direct = true
 	pc.reason += "; direct: a window slice of its own, no proxy on the data path"
-	dl := &appproto.DirectLink{Name: open.Direct, Dir: s.cfg.Proxy.FabricDir, Window: s.cfg.Proxy.DirectWindow}
-	if err := s.reserveDirect(l.app, dl); err != nil {
+	// The opener chose the window (see reserveDirect); a peer that names
+	// none opened a link of the configured size, and one may not ask for
+	// more than that or for a size the fabric cannot map.
+	window := cmp.Or(open.DirectWindow, s.cfg.Proxy.DirectWindow)
+	if window < min(minDirectWindow, s.cfg.Proxy.DirectWindow) || window > s.cfg.Proxy.DirectWindow || window%4096 != 0 {
+		refuse(ctlapi.Errorf(ctlapi.CodeBadRequest, "direct link window %d outside [%d, %d] or not a multiple of 4096", window, min(minDirectWindow, s.cfg.Proxy.DirectWindow), s.cfg.Proxy.DirectWindow))
+		return
+	}
+	dl := &appproto.DirectLink{Name: open.Direct, Dir: s.cfg.Proxy.FabricDir, Window: window}
+	if err := s.reserveDirectExact(l.app, dl); err != nil {
 		refuse(err)
 		return
 	}
@@ -162,12 +171,42 @@ func (s *Server) serveRackDirect(fc net.Conn, open appproto.RackOpen, l *listene
 	s.holdLease(l.app, pc, ac, dl)
 }
 
+// minDirectWindow is the smallest window reserveDirect shrinks a direct
+// link's to: a request/response connection (a Redis client's) keeps its
+// messages far below it, and a bulk one still streams at many times TCP's
+// rate with it.
+const minDirectWindow = 256 << 10
+
 // reserveDirect charges a's direct quota, and its user's memory quota,
-// for dl.
+// for dl. A link of dl.Window that does not fit is halved, down to
+// minDirectWindow, until one fits (dl.Window then says which), so that
+// many connections stay direct with smaller windows rather than the
+// first few with large ones and the rest through the proxies.
 func (s *Server) reserveDirect(a *app, dl *appproto.DirectLink) error {
-	cost := linkBytes(dl.Window)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	for w := dl.Window; ; w /= 2 {
+		err := s.reserveDirectLocked(a, w)
+		if err == nil {
+			dl.Window = w
+			return nil
+		}
+		if w/2 < minDirectWindow || w%2 != 0 || (w/2)%4096 != 0 {
+			return err
+		}
+	}
+}
+
+// reserveDirectExact is reserveDirect for the far side of a link, whose
+// window the opener chose: it charges dl.Window or nothing.
+func (s *Server) reserveDirectExact(a *app, dl *appproto.DirectLink) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reserveDirectLocked(a, dl.Window)
+}
+
+func (s *Server) reserveDirectLocked(a *app, window int) error {
+	cost := linkBytes(window)
 	if a.direct+cost > s.cfg.Proxy.DirectQuota {
 		return ctlapi.Errorf(ctlapi.CodeQuota, "direct links of app %d would hold %d bytes, over proxy.direct_quota %d", a.id, a.direct+cost, s.cfg.Proxy.DirectQuota)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ntstack/ntstack/internal/prim/accept"
+	"github.com/ntstack/ntstack/internal/prim/spingate"
 	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/appproto"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
@@ -374,6 +375,9 @@ func (s *Server) serveFallback(ln net.Listener, path string) error {
 			return nil
 		}
 		retry.OK()
+		if path == ctlapi.PathTCP {
+			spingate.Sockets() // a leg's data now waits in the poller too
+		}
 		ip, err := accept.RemoteIP(c)
 		if err != nil {
 			c.Close()

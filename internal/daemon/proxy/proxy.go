@@ -154,6 +154,13 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 		s.logf("%s", cfg.InsecureWarning())
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	// The fabric waits of ntproxy's legs spin as a fabric-only process's
+	// until it carries data over sockets: its TCP gateway (cmd/ntproxy)
+	// or a fallback leg (connect, serveFallback) makes the process one
+	// with sockets for good (spingate), and from then on they leave a P to
+	// the runtime's poller, the pool legs' too (pool.Slot.Wait). Its
+	// control and admin sockets do not: their requests are rare and
+	// wait at most a spin budget.
 	s.appCfg = transport.Config{SpinBudget: cfg.Proxy.SpinBudget.Duration, SpinYield: forwarderSpinYield}
 	defer func() {
 		if err != nil {

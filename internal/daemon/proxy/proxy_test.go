@@ -415,6 +415,28 @@ func TestDirectQuota(t *testing.T) {
 	require.Len(t, r.a.Snapshot().Conns, 2, "the lease and the proxied connection")
 }
 
+// A direct link that does not fit the quota left at direct_window gets a
+// smaller window instead of the proxies, down to minDirectWindow.
+func TestDirectWindowShrinksToQuota(t *testing.T) {
+	window := 1 << 20
+	quota := linkBytes(window) + linkBytes(window/2) // one full, one half
+	r := newRack(t, "", fmt.Sprintf("direct_window = %d\ndirect_quota = %d", window, quota))
+	srvB := attach(t, r.cb)
+	ln, err := (&socklike.ListenConfig{Proxy: srvB}).Listen(context.Background(), "tcp", ":80")
+	require.NoError(t, err)
+	defer ln.Close()
+	go echo(ln)
+	client := attach(t, r.ca)
+	d := &socklike.Dialer{Proxy: client, Direct: true}
+	for i, want := range []string{"direct", "direct", "proxy"} {
+		c, err := d.Dial("tcp", "b:80")
+		require.NoError(t, err)
+		defer c.Close()
+		require.Equal(t, want, c.(*socklike.Conn).Route().Mode, "connection %d", i)
+		roundTrip(t, c, uint64(i), 100<<10)
+	}
+}
+
 // Garbage on the service ports of an application's memory link: each bad
 // request gets its connection closed; the application and the proxy carry
 // on.

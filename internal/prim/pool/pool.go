@@ -58,6 +58,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/prim/proc"
 	"github.com/ntstack/ntstack/internal/prim/shmem"
+	"github.com/ntstack/ntstack/internal/prim/spingate"
 )
 
 // Header words.
@@ -203,6 +204,27 @@ func (s *Slot) Kick(side Side) {
 	s.hdr.Wake32(ev)
 }
 
+// spinFor polls ready and the event word ev (seen: its value before) for
+// up to spin from start, giving up the CPU between checks; it reports
+// whether the wait is over.
+func (s *Slot) spinFor(ready func() bool, ev int, seen uint32, start time.Time, spin time.Duration) bool {
+	for i := 0; ; i++ {
+		if ready() || s.hdr.Load32(ev) != seen {
+			return true
+		}
+		if i&15 == 15 {
+			if time.Since(start) > spin {
+				return false
+			}
+			// Gosched lets in this process's goroutines (ntproxy's
+			// sender, to which the caller may just have handed bytes);
+			// Yield another process waiting for the CPU.
+			runtime.Gosched()
+			proc.Yield()
+		}
+	}
+}
+
 // Wait waits, as side, until ready reports true, side is kicked or
 // notified, or deadline passes (the zero time: no deadline); the caller
 // then checks its state again. It spins for up to spin first, giving up
@@ -223,21 +245,13 @@ func (s *Slot) Wait(side Side, ready func() bool, spin time.Duration, deadline t
 	ev, sleep := evOffs(side)
 	seen := s.hdr.Load32(ev)
 	start := time.Now()
-	if spin > 0 {
-		for i := 0; ; i++ {
-			if ready() || s.hdr.Load32(ev) != seen {
-				return false
-			}
-			if i&15 == 15 {
-				if time.Since(start) > spin {
-					break
-				}
-				// Gosched lets in this process's goroutines (ntproxy's
-				// sender, to which the caller may just have handed bytes);
-				// Yield another process waiting for the CPU.
-				runtime.Gosched()
-				proc.Yield()
-			}
+	// The spin counts among the process's spinners (spingate): in a
+	// process that also waits on sockets it may be cut short or refused.
+	if spin = spingate.Enter(spin); spin > 0 {
+		done := s.spinFor(ready, ev, seen, start, spin)
+		spingate.Leave()
+		if done {
+			return false
 		}
 	}
 	// The futex sleep is a blocking system call during which this thread

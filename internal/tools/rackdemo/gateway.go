@@ -65,9 +65,17 @@ type GatewayOptions struct {
 	Requests int
 	// Clients is redis-benchmark's and wrk's connection count (default 8).
 	Clients int
+	// OneClient adds a row of one redis-benchmark client's GETs a path:
+	// the round trip of a 64 B request alone.
+	OneClient bool
 	// WrkTime is each wrk run's duration (default 2s; wrk counts whole
 	// seconds, so it is rounded up to one).
 	WrkTime time.Duration
+	// RelayCmd, if set, is the command line (program and leading
+	// arguments) of a process running RelayMain, "ntrack relay": the
+	// table then also measures two plain TCP relays in place of the
+	// gateways, the ceiling of two user-space hops.
+	RelayCmd []string
 	// Then, if set, runs after the measurements, while the servers still
 	// serve.
 	Then func(ctx context.Context) error
@@ -76,18 +84,23 @@ type GatewayOptions struct {
 // GatewayRow is one load run: a tool's test over one path.
 type GatewayRow struct {
 	Tool     string  // "redis-benchmark" or "wrk"
-	Test     string  // "SET", "GET", "GET /4k", ...
-	Path     string  // "gateway" (over the fabric) or "tcp" (the rack's network)
+	Test     string  // "SET", "GET", "GET c=1", "GET /4k", ...
+	Path     string  // "gateway" (over the fabric), "relay" (two TCP relays) or "tcp" (the rack's network)
 	Rate     float64 // requests per second
 	P50, P99 time.Duration
+	// CPU is the CPU time a request cost the load tool, the server and
+	// the path's processes (both ntproxys, or both relays) together; 0 if
+	// not measured.
+	CPU time.Duration
 }
 
 // RunGateway starts redis-server and nginx on the server host, then runs
-// redis-benchmark and wrk on the client host twice each: through the
-// gateway (127.0.0.1 forwards, carried over the NTB link) and straight to
-// the server host's TCP address over the rack's network. The rack must
-// have been started with GatewayConfigure. It checks a SET/GET through the
-// gateway with redis-cli before measuring.
+// redis-benchmark and wrk on the client host over each path: through the
+// gateway (127.0.0.1 forwards, carried over the NTB link), through two TCP
+// relays if o.RelayCmd is set, and straight to the server host's TCP
+// address over the rack's network. The rack must have been started with
+// GatewayConfigure. It checks a SET/GET through the gateway with
+// redis-cli before measuring.
 func RunGateway(ctx context.Context, r *rack.Rack, o GatewayOptions) (rows []GatewayRow, err error) {
 	if o.Requests == 0 {
 		o.Requests = 20000
@@ -112,7 +125,7 @@ func RunGateway(ctx context.Context, r *rack.Rack, o GatewayOptions) (rows []Gat
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	stop, err := startServers(ctx, r, o.Server, dir)
+	stop, servers, err := startServers(ctx, r, o.Server, dir)
 	defer func() { err = errors.Join(err, stop()) }()
 	if err != nil {
 		return nil, err
@@ -123,24 +136,46 @@ func RunGateway(ctx context.Context, r *rack.Rack, o GatewayOptions) (rows []Gat
 	if err := redisCheck(ctx, r, o.Client); err != nil {
 		return nil, err
 	}
-	for _, path := range []struct{ name, redis, http string }{
-		{"gateway", RedisForward, HTTPForward},
-		{"tcp", net.JoinHostPort(srv.IP.String(), strconv.Itoa(redisPort)), net.JoinHostPort(srv.IP.String(), strconv.Itoa(nginxPort))},
-	} {
-		rb, err := redisBenchmark(ctx, r, o, path.redis)
+	type path struct {
+		name, redis, http string
+		pids              []int // the path's own processes
+	}
+	tcpAddr := func(port int) string { return net.JoinHostPort(srv.IP.String(), strconv.Itoa(port)) }
+	paths := []path{{"gateway", RedisForward, HTTPForward, []int{r.Pid(o.Client, "ntproxy"), r.Pid(o.Server, "ntproxy")}}}
+	if o.RelayCmd != nil {
+		stopRelays, pids, err := startRelays(ctx, r, o, srv.IP.String())
+		defer func() { err = errors.Join(err, stopRelays()) }()
 		if err != nil {
-			return rows, fmt.Errorf("redis-benchmark over %s: %w", path.name, err)
+			return nil, err
 		}
-		for _, row := range rb {
-			row.Path = path.name
+		local := func(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(relayPorts[port][0])) }
+		paths = append(paths, path{"relay", local(redisPort), local(nginxPort), pids})
+	}
+	paths = append(paths, path{"tcp", tcpAddr(redisPort), tcpAddr(nginxPort), nil})
+	for _, p := range paths {
+		pids := append(append([]int(nil), servers...), p.pids...)
+		runs := []struct {
+			test    string
+			clients int
+		}{{"set", o.Clients}, {"get", o.Clients}}
+		if o.OneClient {
+			runs = append(runs, runs[1])
+			runs[2].clients = 1
+		}
+		for _, run := range runs {
+			row, err := redisBenchmark(ctx, r, o, p.redis, run.test, run.clients, pids)
+			if err != nil {
+				return rows, fmt.Errorf("redis-benchmark over %s: %w", p.name, err)
+			}
+			row.Path = p.name
 			rows = append(rows, row)
 		}
 		for _, file := range []string{"4k", "1m"} {
-			row, err := wrk(ctx, r, o, "http://"+path.http+"/"+file)
+			row, err := wrk(ctx, r, o, "http://"+p.http+"/"+file, pids)
 			if err != nil {
-				return rows, fmt.Errorf("wrk over %s: %w", path.name, err)
+				return rows, fmt.Errorf("wrk over %s: %w", p.name, err)
 			}
-			row.Test, row.Path = "GET /"+file, path.name
+			row.Test, row.Path = "GET /"+file, p.name
 			rows = append(rows, row)
 		}
 	}
@@ -150,12 +185,57 @@ func RunGateway(ctx context.Context, r *rack.Rack, o GatewayOptions) (rows []Gat
 	return rows, nil
 }
 
+// startRelays runs o.RelayCmd on both hosts: the client's relay listens
+// on its loopback and dials the server's, which listens on the rack's
+// network and dials the servers on its loopback. It returns what stops
+// them and their process ids.
+func startRelays(ctx context.Context, r *rack.Rack, o GatewayOptions, serverIP string) (func() error, []int, error) {
+	var clientArgs, serverArgs []string
+	for port, rp := range relayPorts {
+		clientArgs = append(clientArgs, fmt.Sprintf("127.0.0.1:%d=%s", rp[0], net.JoinHostPort(serverIP, strconv.Itoa(rp[1]))))
+		serverArgs = append(serverArgs, fmt.Sprintf("0.0.0.0:%d=127.0.0.1:%d", rp[1], port))
+	}
+	var cmds []*exec.Cmd
+	stop := func() error {
+		for _, c := range cmds {
+			c.Process.Signal(syscall.SIGTERM)
+		}
+		for _, c := range cmds {
+			c.Wait()
+		}
+		return nil
+	}
+	var pids []int
+	for _, h := range []struct {
+		host string
+		args []string
+	}{{o.Server, serverArgs}, {o.Client, clientArgs}} {
+		c := r.ExecContext(ctx, h.host, o.RelayCmd[0], append(o.RelayCmd[1:len(o.RelayCmd):len(o.RelayCmd)], h.args...)...)
+		c.Stdout, c.Stderr = os.Stderr, os.Stderr
+		c.WaitDelay = 2 * time.Second
+		if err := c.Start(); err != nil {
+			return stop, nil, fmt.Errorf("start relay on %s: %w", h.host, err)
+		}
+		cmds = append(cmds, c)
+		pids = append(pids, c.Process.Pid)
+	}
+	for _, rp := range relayPorts {
+		if err := waitTCP(ctx, r, o.Server, rp[1]); err != nil {
+			return stop, pids, err
+		}
+		if err := waitTCP(ctx, r, o.Client, rp[0]); err != nil {
+			return stop, pids, err
+		}
+	}
+	return stop, pids, nil
+}
+
 // startServers runs redis-server and nginx on host, serving files of 4 KiB
-// and 1 MiB from dir, and returns what stops them.
-func startServers(ctx context.Context, r *rack.Rack, host, dir string) (func() error, error) {
+// and 1 MiB from dir, and returns what stops them and their process ids.
+func startServers(ctx context.Context, r *rack.Rack, host, dir string) (func() error, []int, error) {
 	for name, size := range map[string]int{"4k": 4 << 10, "1m": 1 << 20} {
 		if err := os.WriteFile(filepath.Join(dir, name), bytes.Repeat([]byte("ntstack\n"), size/8), 0o644); err != nil {
-			return func() error { return nil }, err
+			return func() error { return nil }, nil, err
 		}
 	}
 	conf := fmt.Sprintf(`user root;
@@ -176,7 +256,7 @@ http {
 }
 `, dir, nginxPort)
 	if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), []byte(conf), 0o644); err != nil {
-		return func() error { return nil }, err
+		return func() error { return nil }, nil, err
 	}
 	var cmds []*exec.Cmd
 	// SIGTERM lets nginx's master stop its worker, which holds the
@@ -200,16 +280,20 @@ http {
 		c.Stdout, c.Stderr = &out, &out
 		c.WaitDelay = 2 * time.Second
 		if err := c.Start(); err != nil {
-			return stop, fmt.Errorf("start %s: %w", argv[0], err)
+			return stop, nil, fmt.Errorf("start %s: %w", argv[0], err)
 		}
 		cmds = append(cmds, c)
 	}
 	for _, port := range []int{redisPort, nginxPort} {
 		if err := waitTCP(ctx, r, host, port); err != nil {
-			return stop, err
+			return stop, nil, err
 		}
 	}
-	return stop, nil
+	var pids []int
+	for _, c := range cmds {
+		pids = append(pids, c.Process.Pid)
+	}
+	return stop, pids, nil
 }
 
 // waitGateway waits until the gateways serve: the server's exports
@@ -286,16 +370,89 @@ func redisCheck(ctx context.Context, r *rack.Rack, client string) error {
 	return nil
 }
 
-// redisBenchmark runs SET and GET against addr and parses its CSV.
-func redisBenchmark(ctx context.Context, r *rack.Rack, o GatewayOptions, addr string) ([]GatewayRow, error) {
+// redisBenchmark runs test ("set" or "get") from clients connections
+// against addr and parses its CSV; pids are the processes whose CPU the
+// requests cost besides redis-benchmark's own.
+func redisBenchmark(ctx context.Context, r *rack.Rack, o GatewayOptions, addr, test string, clients int, pids []int) (GatewayRow, error) {
 	host, port, _ := net.SplitHostPort(addr)
-	out, err := r.ExecContext(ctx, o.Client, "redis-benchmark", "-h", host, "-p", port,
-		"-n", strconv.Itoa(o.Requests), "-c", strconv.Itoa(o.Clients), "-d", "64", "-r", "10000",
-		"-t", "set,get", "--csv").Output()
-	if err != nil {
-		return nil, fmt.Errorf("%w: %s", err, out)
+	n := o.Requests
+	if clients == 1 {
+		n = max(1, n/4) // one client's round trips: latency, not load
 	}
-	return parseRedisCSV(out)
+	before := cpuOf(pids)
+	cmd := r.ExecContext(ctx, o.Client, "redis-benchmark", "-h", host, "-p", port,
+		"-n", strconv.Itoa(n), "-c", strconv.Itoa(clients), "-d", "64", "-r", "10000",
+		"-t", test, "--csv")
+	out, err := cmd.Output()
+	if err != nil {
+		return GatewayRow{}, fmt.Errorf("%w: %s", err, out)
+	}
+	rows, err := parseRedisCSV(out)
+	if err != nil {
+		return GatewayRow{}, err
+	}
+	if len(rows) != 1 {
+		return GatewayRow{}, fmt.Errorf("redis-benchmark -t %s: %d result rows: %q", test, len(rows), out)
+	}
+	row := rows[0]
+	if clients != o.Clients {
+		row.Test += " c=" + strconv.Itoa(clients)
+	}
+	row.CPU = (cpuOf(pids) - before + processCPU(cmd.ProcessState)) / time.Duration(n)
+	return row, nil
+}
+
+// cpuOf returns the CPU time the processes pids and their descendants
+// have used, from /proc (0 for what cannot be read).
+func cpuOf(pids []int) time.Duration {
+	var total time.Duration
+	for _, pid := range pids {
+		total += procTreeCPU(pid, 0)
+	}
+	return total
+}
+
+// procTreeCPU returns pid's CPU time and its descendants' (depth bounds
+// the walk).
+func procTreeCPU(pid, depth int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil || depth > 8 {
+		return 0
+	}
+	// The fields after the command name, which is in parentheses and may
+	// hold spaces: state is the first, utime and stime the 12th and 13th.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	total := time.Duration(ut+st) * time.Second / clockTicks
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, t := range tasks {
+		kids, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, t.Name()))
+		for _, k := range strings.Fields(string(kids)) {
+			if kid, err := strconv.Atoi(k); err == nil {
+				total += procTreeCPU(kid, depth+1)
+			}
+		}
+	}
+	return total
+}
+
+// clockTicks is the unit of /proc's CPU times (USER_HZ, 100 on Linux).
+const clockTicks = 100
+
+// processCPU returns the CPU time of an exited process.
+func processCPU(ps *os.ProcessState) time.Duration {
+	if ps == nil {
+		return 0
+	}
+	return ps.UserTime() + ps.SystemTime()
 }
 
 // parseRedisCSV reads redis-benchmark --csv: a header row naming the
@@ -332,21 +489,29 @@ func parseRedisCSV(out []byte) ([]GatewayRow, error) {
 }
 
 // wrk loads url and parses its report. Any socket error or non-2xx
-// response fails the run.
-func wrk(ctx context.Context, r *rack.Rack, o GatewayOptions, url string) (GatewayRow, error) {
+// response fails the run. pids are the processes whose CPU the requests
+// cost besides wrk's own.
+func wrk(ctx context.Context, r *rack.Rack, o GatewayOptions, url string, pids []int) (GatewayRow, error) {
 	secs := max(1, int((o.WrkTime+time.Second-1)/time.Second))
-	out, err := r.ExecContext(ctx, o.Client, "wrk", "-t1", "-c"+strconv.Itoa(o.Clients),
-		"-d"+strconv.Itoa(secs)+"s", "--latency", url).Output()
+	before := cpuOf(pids)
+	cmd := r.ExecContext(ctx, o.Client, "wrk", "-t1", "-c"+strconv.Itoa(o.Clients),
+		"-d"+strconv.Itoa(secs)+"s", "--latency", url)
+	out, err := cmd.Output()
 	if err != nil {
 		return GatewayRow{}, fmt.Errorf("%w: %s", err, out)
 	}
-	return parseWrk(out)
+	row, requests, err := parseWrk(out)
+	if err == nil && requests > 0 {
+		row.CPU = (cpuOf(pids) - before + processCPU(cmd.ProcessState)) / time.Duration(requests)
+	}
+	return row, err
 }
 
 // parseWrk reads wrk --latency's report: the "50%" and "99%" lines of the
-// latency distribution and "Requests/sec:".
-func parseWrk(out []byte) (GatewayRow, error) {
-	row := GatewayRow{Tool: "wrk"}
+// latency distribution, "Requests/sec:" and "N requests in ...", which it
+// returns too.
+func parseWrk(out []byte) (row GatewayRow, requests int64, err error) {
+	row = GatewayRow{Tool: "wrk"}
 	var seen int
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
@@ -355,7 +520,7 @@ func parseWrk(out []byte) (GatewayRow, error) {
 		case len(f) == 2 && (f[0] == "50%" || f[0] == "99%"):
 			d, err := time.ParseDuration(f[1])
 			if err != nil {
-				return row, fmt.Errorf("wrk latency %q: %w", f[1], err)
+				return row, 0, fmt.Errorf("wrk latency %q: %w", f[1], err)
 			}
 			if f[0] == "50%" {
 				row.P50 = d
@@ -366,38 +531,47 @@ func parseWrk(out []byte) (GatewayRow, error) {
 		case len(f) == 2 && f[0] == "Requests/sec:":
 			v, err := strconv.ParseFloat(f[1], 64)
 			if err != nil {
-				return row, fmt.Errorf("wrk rate %q: %w", f[1], err)
+				return row, 0, fmt.Errorf("wrk rate %q: %w", f[1], err)
 			}
 			row.Rate = v
 			seen++
+		case len(f) >= 3 && f[1] == "requests" && f[2] == "in":
+			requests, _ = strconv.ParseInt(f[0], 10, 64)
 		case len(f) > 0 && (f[0] == "Non-2xx" || f[0] == "Socket"):
-			return row, fmt.Errorf("wrk: %s", sc.Text())
+			return row, 0, fmt.Errorf("wrk: %s", sc.Text())
 		}
 	}
 	if seen != 3 {
-		return row, fmt.Errorf("wrk output without latency percentiles or rate: %q", out)
+		return row, 0, fmt.Errorf("wrk output without latency percentiles or rate: %q", out)
 	}
-	return row, nil
+	return row, requests, nil
 }
 
-// PrintGateway writes rows as a table, each gateway row beside its TCP
-// baseline.
+// PrintGateway writes rows as a table, each row beside its TCP baseline
+// and, where there is one, beside the relays' ceiling.
 func PrintGateway(w io.Writer, rows []GatewayRow) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "tool\ttest\tpath\treq/s\tp50\tp99\tvs tcp req/s\tvs tcp p50\t")
-	base := map[string]GatewayRow{}
+	fmt.Fprintln(tw, "tool\ttest\tpath\treq/s\tp50\tp99\tcpu/req\tvs tcp req/s\tvs tcp p50\tvs relay req/s\t")
+	base := map[string]map[string]GatewayRow{"tcp": {}, "relay": {}}
 	for _, r := range rows {
-		if r.Path == "tcp" {
-			base[r.Tool+r.Test] = r
+		if m := base[r.Path]; m != nil {
+			m[r.Tool+r.Test] = r
 		}
 	}
-	for _, r := range rows {
-		vsRate, vsP50 := "", ""
-		if b, ok := base[r.Tool+r.Test]; ok && r.Path != "tcp" && b.Rate > 0 && b.P50 > 0 {
-			vsRate = fmt.Sprintf("%.2fx", r.Rate/b.Rate)
-			vsP50 = fmt.Sprintf("%.2fx", float64(r.P50)/float64(b.P50))
+	ratio := func(r GatewayRow, path string) (rate, p50 string) {
+		if b, ok := base[path][r.Tool+r.Test]; ok && r.Path != path && b.Rate > 0 && b.P50 > 0 {
+			return fmt.Sprintf("%.2fx", r.Rate/b.Rate), fmt.Sprintf("%.2fx", float64(r.P50)/float64(b.P50))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%v\t%v\t%s\t%s\t\n", r.Tool, r.Test, r.Path, r.Rate, round(r.P50), round(r.P99), vsRate, vsP50)
+		return "", ""
+	}
+	for _, r := range rows {
+		vsRate, vsP50 := ratio(r, "tcp")
+		vsRelay, _ := ratio(r, "relay")
+		cpu := ""
+		if r.CPU > 0 {
+			cpu = round(r.CPU).String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%v\t%v\t%s\t%s\t%s\t%s\t\n", r.Tool, r.Test, r.Path, r.Rate, round(r.P50), round(r.P99), cpu, vsRate, vsP50, vsRelay)
 	}
 	tw.Flush()
 }

@@ -333,4 +333,8 @@ type RackOpen struct {
 	RxSeq  uint64 `json:"rx_seq,omitempty"`
 	Window int    `json:"window,omitempty"` // the opener's receive buffer (see DialReply)
 	Secret []byte `json:"secret,omitempty"`
+
+	// DirectWindow is the direct link's window per side, which the opener
+	// chose (0: the far side's proxy.direct_window).
+	DirectWindow int `json:"direct_window,omitempty"`
 }
