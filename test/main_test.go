@@ -44,6 +44,10 @@ var roles = map[string]func(ctl *childCtl, p childParams) error{
 	"kill":        roleKill,
 	"idle":        roleIdle,
 	"proxystream": roleProxyStream,
+	"hog":         roleHog,
+	"loadserve":   roleLoadServe,
+	"sink":        roleSink,
+	"hold":        roleHold,
 }
 
 func TestMain(m *testing.M) {
@@ -75,6 +79,11 @@ type report struct {
 	Summary []connSummary `json:"summary,omitempty"` // roleStress: totals per connection
 	CPU     time.Duration `json:"cpu,omitempty"`     // answer to "cpu": CPU time used so far
 	Echoed  int           `json:"echoed,omitempty"`  // roleIdle: connections that echoed
+	Resets  []string      `json:"resets,omitempty"`  // roleLoadServe: connections that failed, and how
+	Bytes   int64         `json:"bytes,omitempty"`   // roleSink: bytes received
+	Sum     string        `json:"sum,omitempty"`     // roleSink: their SHA-256, hex
+	Pause   time.Duration `json:"pause,omitempty"`   // roleSink: the longest wait for data
+	Err     string        `json:"err,omitempty"`     // roleSink: how the stream ended, if not at io.EOF
 }
 
 // childCtl is a child's side of the conversation with the test.
