@@ -47,10 +47,14 @@ const (
 	loadPortGRPC  = 1082
 	loadMaxBody   = 1 << 20 // bodies and gRPC messages are 0..loadMaxBody bytes
 
-	loadWorkersHTTP1 = 16 // each with a keep-alive connection of its own
-	loadWorkersH2C   = 16 // streams on one connection
-	loadWorkersGRPC  = 8  // streams on one connection
+	loadWorkersHTTP1 = 32 // each with a keep-alive connection of its own
+	loadWorkersH2C   = 32 // streams on one connection
+	loadWorkersGRPC  = 16 // streams on one connection
 	grpcMsgsPerCall  = 4  // messages each way on one gRPC stream, at most
+	// grpcWindow is gRPC's flow-control window per stream (four per
+	// connection): its default of 64 KiB costs a window update per 64 KiB,
+	// a round trip that a saturated CPU makes long.
+	grpcWindow = 4 << 20
 
 	// sumHeader carries the SHA-256 of the request body as the server
 	// received it.
@@ -105,6 +109,7 @@ func TestHTTPUnderLoad(t *testing.T) {
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 			return grpcs.dialer(d, loadPortGRPC)(ctx, "tcp", addr)
 		}),
+		grpc.WithInitialWindowSize(grpcWindow), grpc.WithInitialConnWindowSize(4*grpcWindow),
 		grpc.WithDefaultCallOptions(grpc.ForceCodec(rawCodec{}), grpc.MaxCallRecvMsgSize(2*loadMaxBody), grpc.MaxCallSendMsgSize(2*loadMaxBody)))
 	require.NoError(t, err)
 	defer gc.Close()
@@ -175,7 +180,10 @@ func TestHTTPUnderLoad(t *testing.T) {
 	// client one of its own.
 	require.EqualValues(t, 1, h2.dials.Load(), "h2c dialed more than one connection: the first was lost and replaced")
 	require.EqualValues(t, 1, grpcs.dials.Load(), "gRPC dialed more than one connection: the first was lost and replaced")
-	require.LessOrEqual(t, http1.dials.Load(), int64(loadWorkersHTTP1), "HTTP/1.1 dialed more connections than it has clients: some were lost and replaced")
+	// net/http's client may close a keep-alive connection of its own
+	// accord (a request's context ends as its response is done) and dial
+	// another; a connection the server or the stack ended is among the
+	// failures above.
 }
 
 // protoLoad counts one protocol's requests and connections.
@@ -201,7 +209,7 @@ func (p *protoLoad) dialer(d *socklike.Dialer, port int) func(ctx context.Contex
 			return nil, err
 		}
 		n := p.dials.Add(1)
-		return watchConn(c, func(op string, err error) {
+		return watchConn(c, true, func(op string, err error) {
 			p.mu.Lock()
 			defer p.mu.Unlock()
 			p.resets = append(p.resets, fmt.Sprintf("connection %d: %s: %v", n, op, err))
@@ -355,22 +363,27 @@ func (rawCodec) Unmarshal(data []byte, v any) error {
 func (rawCodec) Name() string { return "ntstack-raw" }
 
 // watchedConn reports a connection's failures: any error of a Read or
-// Write but the end of the stream, a deadline (net/http and gRPC use
-// deadlines to interrupt their own reads) or a call after Close.
+// Write but a deadline (net/http and gRPC use deadlines to interrupt their
+// own reads) or a call after Close, and with eofFails the end of the
+// stream too (the clients' connections: the server never closes first).
 type watchedConn struct {
 	net.Conn
-	closed atomic.Bool
-	failed func(op string, err error)
-	once   sync.Once
+	eofFails bool
+	closed   atomic.Bool
+	failed   func(op string, err error)
+	once     sync.Once
 }
 
-func watchConn(c net.Conn, failed func(op string, err error)) *watchedConn {
-	return &watchedConn{Conn: c, failed: failed}
+func watchConn(c net.Conn, eofFails bool, failed func(op string, err error)) *watchedConn {
+	return &watchedConn{Conn: c, eofFails: eofFails, failed: failed}
 }
 
 func (c *watchedConn) check(op string, err error) {
-	if err == nil || err == io.EOF || errors.Is(err, os.ErrDeadlineExceeded) || c.closed.Load() {
+	if err == nil || err == io.EOF && !c.eofFails || errors.Is(err, os.ErrDeadlineExceeded) || c.closed.Load() {
 		return
+	}
+	if err == io.EOF {
+		err = errors.New("closed by the server, which never closes first")
 	}
 	c.once.Do(func() { c.failed(op, err) })
 }
@@ -403,7 +416,7 @@ func (l *watchListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return watchConn(c, l.failed), nil
+	return watchConn(c, false, l.failed), nil
 }
 
 // echoHandler answers a POST with its body and the body's SHA-256 in
@@ -465,7 +478,8 @@ func roleLoadServe(ctl *childCtl, p childParams) error {
 	h1 := &http.Server{Handler: http.HandlerFunc(echoHandler), ErrorLog: errLog}
 	h2 := &http.Server{Handler: h2c.NewHandler(http.HandlerFunc(echoHandler), &http2.Server{}), ErrorLog: errLog}
 	gs := grpc.NewServer(grpc.ForceServerCodec(rawCodec{}), grpc.UnknownServiceHandler(grpcEcho),
-		grpc.MaxRecvMsgSize(2*loadMaxBody), grpc.MaxSendMsgSize(2*loadMaxBody))
+		grpc.MaxRecvMsgSize(2*loadMaxBody), grpc.MaxSendMsgSize(2*loadMaxBody),
+		grpc.InitialWindowSize(grpcWindow), grpc.InitialConnWindowSize(4*grpcWindow))
 	serveErr := make(chan error, 3)
 	for _, s := range []struct {
 		port  int

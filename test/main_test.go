@@ -127,7 +127,9 @@ func runChild(role string) int {
 		}
 		close(ctl.quit)
 		// A role that does not wind up promptly after the test let go of
-		// it must not outlive the test.
+		// it must not outlive the test. The sleep is this watchdog's
+		// deadline, not a synchronisation: the role's return ends the
+		// process first.
 		time.Sleep(10 * time.Second)
 		fmt.Fprintf(os.Stderr, "role %s: still running 10s after stdin closed\n", role)
 		os.Exit(3)
