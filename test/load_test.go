@@ -142,6 +142,9 @@ func TestHTTPUnderLoad(t *testing.T) {
 				p.took(time.Since(start))
 				rcancel()
 				p.done(n, err)
+				if err != nil {
+					return // the test fails; a worker retrying a dead connection would only spin
+				}
 			}
 		}()
 	}
