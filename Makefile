@@ -137,6 +137,25 @@ sweep: ## the concurrency sweep, 1-64 connections, 32 and 256 KiB reads: out/swe
 		bin/ntbench -plot out/sweep-$$((rb / 1024))k.jsonl -svg out/sweep-$$((rb / 1024))k.svg || exit 1; \
 	done
 
+# Issue 41's load check: TestStress (test/) and ntbench's TestRingManyConns,
+# LOADCHECK_COUNT runs each (every one must pass), beside a CPU hog of two
+# busy threads per CPU (internal/tools/hog), so that the processes under
+# test compete for every core. Both suites run even if the first fails;
+# the hog stops however they end. Too long for make test (TestStress alone
+# takes minutes a run under the hog).
+LOADCHECK_COUNT ?= 10
+.PHONY: loadcheck
+loadcheck: deps ## TestStress and TestRingManyConns, 10 runs each, beside a CPU hog on every CPU (long; not in make test)
+	@mkdir -p bin
+	$(GO) build -o bin/hog ./internal/tools/hog
+	$(GO) test $(INTEGRATION) -count=1 -run '^$$' ./test/ ./cmd/ntbench/
+	@bin/hog & hog=$$!; trap 'kill $$hog; wait $$hog' EXIT; rc=0; \
+	echo "loadcheck: hog $$hog beside $(LOADCHECK_COUNT) runs of TestStress"; \
+	$(GO) test $(INTEGRATION) -count=$(LOADCHECK_COUNT) -timeout 120m -run '^TestStress$$' ./test/ || rc=1; \
+	echo "loadcheck: hog $$hog beside $(LOADCHECK_COUNT) runs of TestRingManyConns"; \
+	$(GO) test $(INTEGRATION) -count=$(LOADCHECK_COUNT) -timeout 30m -run '^TestRingManyConns$$' ./cmd/ntbench/ || rc=1; \
+	exit $$rc
+
 .PHONY: clean
 clean: ## remove build output and leftover fabric files
 	rm -rf bin out /dev/shm/ntstack /dev/shm/ntstack-test-*

@@ -3,6 +3,14 @@
 // processes can show — data integrity under load in both directions, a peer
 // killed with SIGKILL, and the CPU cost of an idle pair.
 //
+// Issue 41's tests hold connections to what TCP gives: HTTP/1.1, h2c and
+// gRPC beside a CPU hog that saturates every core (TestHTTPUnderLoad; its
+// duration is NTSTACK_LOAD_DURATION, default 60 s), 1 GiB across a link
+// forced down for 2 s (TestEmbeddedLinkDown, TestRackDirectLinkDown), and
+// ECONNRESET after a peer's crash, told apart from its orderly close
+// (TestPeerCrashVsClose, TestKillPeer). make loadcheck runs TestStress and
+// ntbench's TestRingManyConns ten times each beside the hog.
+//
 // The package holds only tests. The test binary is also the peer: TestMain
 // re-executes it as a child process with NTSTACK_TEST_ROLE naming a role
 // function and NTSTACK_TEST_PARAMS its JSON parameters. A child reports to

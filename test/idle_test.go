@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ntstack/ntstack/internal/prim/proc"
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/ntb/shm"
 )
@@ -21,12 +22,13 @@ import (
 const (
 	idleConns   = 4
 	idlePort    = 300
-	idleSettle  = 500 * time.Millisecond
 	idleWindow  = time.Second
 	idleWindows = 3
 	idleMaxCPU  = 2.0 // percent of one core, both processes together (DESIGN.md §4)
 	pingMessage = "ping %d from the test"
 	pongMessage = "pong %d from the child"
+	// blockedRead is the frame of a Read waiting on a connection.
+	blockedRead = "transport.(*Conn).Read"
 )
 
 // TestIdleCPU checks DESIGN.md's "a connected but idle pair uses < 2% CPU",
@@ -80,10 +82,13 @@ func testIdleCPU(t *testing.T, core transport.CoreModel) {
 	}
 	require.True(t, ch.next(10*time.Second).Ready, "child ready")
 
-	// Settle: every Read has spun out its budget and parked. Collect the
-	// garbage of earlier tests now, so the runtime does not do it inside
-	// the window and bill the stack for it.
-	time.Sleep(idleSettle)
+	// Settle: every Read has spun out its budget and parked, here and in
+	// the child (which said Ready once its own had). Collect the garbage
+	// of earlier tests now, so the runtime does not do it inside the
+	// window and bill the stack for it.
+	if !awaitBlocked(blockedRead, idleConns) {
+		t.Fatalf("the %d Reads did not all park within %v: %d blocked in %s", idleConns, waitfor.Timeout, blockedCount(blockedRead), blockedRead)
+	}
 	runtime.GC()
 	childCPU := func() time.Duration {
 		ch.command("cpu")
@@ -167,6 +172,9 @@ func roleIdle(ctl *childCtl, p childParams) error {
 			_, err := c.Write([]byte(fmt.Sprintf(pongMessage, i)))
 			echoed <- err
 		}()
+	}
+	if !awaitBlocked(blockedRead, len(conns)) {
+		return fmt.Errorf("the %d Reads did not all park within %v: %d blocked in %s", len(conns), waitfor.Timeout, blockedCount(blockedRead), blockedRead)
 	}
 	ctl.emit(report{Ready: true})
 	done := 0

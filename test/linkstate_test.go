@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 	"github.com/ntstack/ntstack/internal/tools/rack"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 	"github.com/ntstack/ntstack/ntb/shm"
@@ -56,17 +57,20 @@ func startEchoTraffic(c net.Conn) *echoTraffic {
 func (e *echoTraffic) progress(t *testing.T, n int64, what string) {
 	t.Helper()
 	want := e.rounds.Load() + n
-	deadline := time.Now().Add(20 * time.Second)
-	for e.rounds.Load() < want {
+	var err error
+	stopped := false
+	progressed := waitfor.Until(func() bool {
 		select {
-		case err := <-e.done:
-			require.NoError(t, err, "traffic %s", what)
-			t.Fatalf("traffic stopped %s", what)
+		case err = <-e.done:
+			stopped = true
+			return true
 		default:
 		}
-		require.True(t, time.Now().Before(deadline), "no traffic %s", what)
-		time.Sleep(time.Millisecond)
-	}
+		return e.rounds.Load() >= want
+	})
+	require.NoError(t, err, "traffic %s", what)
+	require.False(t, stopped, "traffic stopped %s", what)
+	require.True(t, progressed, "no traffic %s for %v", what, waitfor.Timeout)
 }
 
 func (e *echoTraffic) stop() error {

@@ -44,6 +44,10 @@ var roles = map[string]func(ctl *childCtl, p childParams) error{
 	"kill":        roleKill,
 	"idle":        roleIdle,
 	"proxystream": roleProxyStream,
+	"hog":         roleHog,
+	"loadserve":   roleLoadServe,
+	"sink":        roleSink,
+	"hold":        roleHold,
 }
 
 func TestMain(m *testing.M) {
@@ -75,6 +79,11 @@ type report struct {
 	Summary []connSummary `json:"summary,omitempty"` // roleStress: totals per connection
 	CPU     time.Duration `json:"cpu,omitempty"`     // answer to "cpu": CPU time used so far
 	Echoed  int           `json:"echoed,omitempty"`  // roleIdle: connections that echoed
+	Resets  []string      `json:"resets,omitempty"`  // roleLoadServe: connections that failed, and how
+	Bytes   int64         `json:"bytes,omitempty"`   // roleSink: bytes received
+	Sum     string        `json:"sum,omitempty"`     // roleSink: their SHA-256, hex
+	Pause   time.Duration `json:"pause,omitempty"`   // roleSink: the longest wait for data
+	Err     string        `json:"err,omitempty"`     // roleSink: how the stream ended, if not at io.EOF
 }
 
 // childCtl is a child's side of the conversation with the test.
@@ -118,7 +127,9 @@ func runChild(role string) int {
 		}
 		close(ctl.quit)
 		// A role that does not wind up promptly after the test let go of
-		// it must not outlive the test.
+		// it must not outlive the test. The sleep is this watchdog's
+		// deadline, not a synchronisation: the role's return ends the
+		// process first.
 		time.Sleep(10 * time.Second)
 		fmt.Fprintf(os.Stderr, "role %s: still running 10s after stdin closed\n", role)
 		os.Exit(3)
