@@ -295,12 +295,38 @@ func (st *state) accept(part int, peerID uint32, m openMsg) {
 		refuse(refusePartitions)
 		return
 	}
+	// ACCEPT is the connection's first frame, queued before the listener
+	// hands the connection out: the application's first Write may go into
+	// the ring at once (sendNow), and the dialer takes nothing of the
+	// connection before its ACCEPT. It is posted once offered, so a full
+	// backlog withdraws it unsent.
+	f := ctlFrame{tag: makeTag(kindAccept, peerID)}
+	f.n = len(acceptMsg{id: c.id, window: uint32(st.window), gen: c.gen, dialGen: m.gen}.encode(f.body[:0]))
+	c.smu.Lock()
+	c.frames = append(c.frames, f)
+	c.smu.Unlock()
 	if !ln.offer(c) {
+		c.smu.Lock()
+		c.frames = nil
+		c.smu.Unlock()
 		c.releaseLocal()
 		refuse(refuseBacklog)
 		return
 	}
-	c.queueFrame(kindAccept, acceptMsg{id: c.id, window: uint32(st.window), gen: c.gen, dialGen: m.gen}.encode(nil))
+	if h := acceptOffered.Load(); h != nil {
+		(*h)(c)
+	}
+	c.smu.Lock()
+	c.unit.postLocked(c)
+	c.smu.Unlock()
+	if st.ep.cfg.CoreModel == CoreInline {
+		st.serveUnits() // full rings: the poller serves on ring space
+	}
 }
+
+// acceptOffered, if set, runs when accept has handed a connection to its
+// listener, before its ACCEPT is posted: tests use it to let the
+// application act on the connection first.
+var acceptOffered atomic.Pointer[func(*Conn)]
 
 func le32(v uint32) []byte { return []byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)} }
