@@ -26,8 +26,8 @@
 // the connection resumes, losing nothing. It fails only when its peer is
 // gone — its process exited, or it closed its Endpoint: the error wraps
 // syscall.ECONNRESET, and says which — or unreachable for longer than
-// the user timeout of transport.DefaultUserTimeout (syscall.ETIMEDOUT);
-// every such error also wraps ErrLinkDown.
+// Config.UserTimeout (syscall.ETIMEDOUT); every such error also wraps
+// ErrLinkDown.
 //
 // Flow control is by credit: a connection's writer never has more than the
 // reader's receive window (Config.Window) unread, so one slow reader slows
@@ -79,9 +79,13 @@ type Config struct {
 	// Backlog is the per-listener queue of connections not yet accepted
 	// (default 128).
 	Backlog int
-	// MaxConns bounds the connections of an Endpoint (default 4096, at
-	// most 2^20-1).
-	MaxConns int
+	// UserTimeout is how long a connection waits for a peer it cannot
+	// reach (link down, peer silent) before it fails with ETIMEDOUT
+	// (default 10 s, the order of TCP's). A shorter outage, or the peer's
+	// link restarting, costs a pause: the connection resumes where it
+	// was. A peer that is gone (its process exited, its endpoint closed)
+	// fails connections at once, with ECONNRESET.
+	UserTimeout time.Duration
 	// Partitions is the number of data partitions (ring pairs) of the
 	// link, 1..30; both ends must agree (default 1). Connections are
 	// spread over them.
@@ -116,7 +120,7 @@ func (c Config) engine() transport.Config {
 		Window:      c.Window,
 		MTU:         c.MTU,
 		Backlog:     c.Backlog,
-		MaxConns:    c.MaxConns,
+		UserTimeout: c.UserTimeout,
 		Partitions:  c.Partitions,
 		QoS:         c.QoS,
 		CoreModel:   transport.CoreModel(c.CoreModel),

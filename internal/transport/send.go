@@ -398,8 +398,9 @@ func (c *Conn) hasWorkLocked() bool {
 	return len(c.frames) > 0 || c.moving || c.out != nil || c.resendTo > c.sent.Load() || len(c.after) > 0
 }
 
-// queueFrame queues a connection frame (ACCEPT, FIN, CLOSE, OPEN) behind
-// what the connection has sent. CLOSE withdraws a write in progress:
+// queueFrame queues a connection frame (FIN, CLOSE, OPEN) behind what the
+// connection has sent (an ACCEPT is queued by state.accept before the
+// listener hands the connection out). CLOSE withdraws a write in progress:
 // nothing may follow it.
 func (c *Conn) queueFrame(kind uint32, body []byte) {
 	f := ctlFrame{n: len(body)}
