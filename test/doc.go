@@ -3,10 +3,10 @@
 // processes can show — data integrity under load in both directions, a peer
 // killed with SIGKILL, and the CPU cost of an idle pair.
 //
-// Issue 41's tests hold connections to what TCP gives: HTTP/1.1, h2c and
-// gRPC beside a CPU hog that saturates every core (TestHTTPUnderLoad; its
-// duration is NTSTACK_LOAD_DURATION, default 60 s), 1 GiB across a link
-// forced down for 2 s (TestEmbeddedLinkDown, TestRackDirectLinkDown), and
+// Tests hold connections to what TCP gives: HTTP/1.1, h2c and gRPC beside
+// a CPU hog that saturates every core (TestHTTPUnderLoad; its duration is
+// NTSTACK_LOAD_DURATION, default 60 s), 1 GiB across an embedded link
+// forced down for 2 s (TestEmbeddedLinkDown), and
 // ECONNRESET after a peer's crash, told apart from its orderly close
 // (TestPeerCrashVsClose, TestKillPeer). make loadcheck runs TestStress and
 // ntbench's TestRingManyConns ten times each beside the hog.
