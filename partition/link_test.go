@@ -139,3 +139,45 @@ func TestLayoutArithmetic(t *testing.T) {
 	_, err = NewLayout(8<<10, 1)
 	require.Error(t, err)
 }
+
+// TestRingOnEnd: a batch marked with RingOnEnd rings the peer's data
+// doorbell although the peer has not armed it, and only that batch does.
+func TestRingOnEnd(t *testing.T) {
+	da, db := ntbtest.NewPair(1 << 20)
+	_, _, sa, sb := openLinks(t, da, db)
+	a, b := sa.next(t), sb.next(t)
+	tx, rx := a.Partitions()[0], b.Partitions()[0]
+	bit := rx.DataBit()
+	drain := func() {
+		t.Helper()
+		rx.LockRX()
+		defer rx.UnlockRX()
+		for {
+			_, _, ok, err := rx.Peek()
+			require.NoError(t, err)
+			if !ok {
+				return
+			}
+			rx.Release()
+		}
+	}
+	// A first record takes any arming left from the session's start.
+	require.NoError(t, tx.TrySend(7, nil, []byte("first")))
+	drain()
+	db.ClearDoorbells(bit)
+
+	require.NoError(t, tx.TrySend(7, nil, []byte("unarmed")))
+	require.Zero(t, db.Doorbells()&bit, "a record to an unarmed ring rang")
+	drain()
+
+	tx.BeginTX()
+	require.NoError(t, tx.Send(7, nil, []byte("open")))
+	tx.RingOnEnd()
+	tx.EndTX()
+	require.NotZero(t, db.Doorbells()&bit, "RingOnEnd's batch did not ring")
+	drain()
+	db.ClearDoorbells(bit)
+
+	require.NoError(t, tx.TrySend(7, nil, []byte("after")))
+	require.Zero(t, db.Doorbells()&bit, "RingOnEnd outlived its batch")
+}

@@ -26,7 +26,8 @@ type Partition struct {
 
 	txMu sync.Mutex
 	// txMu protects the following fields.
-	tx *ring.Producer
+	tx      *ring.Producer
+	ringEnd bool // EndTX rings the peer whether or not it sleeps armed (RingOnEnd)
 
 	rxMu sync.Mutex
 	// rxMu protects the following fields.
@@ -98,12 +99,19 @@ func (p *Partition) Send(tag uint32, hdr, body []byte) error {
 // EndTX publishes the batch, rings the peer if it sleeps and releases the
 // TX lock.
 func (p *Partition) EndTX() {
-	wake := p.tx.EndBatch()
+	wake := p.tx.EndBatch() || p.ringEnd
+	p.ringEnd = false
 	p.txMu.Unlock()
 	if wake {
 		_ = p.dev.RingPeer(p.dataBit)
 	}
 }
+
+// RingOnEnd has the batch's EndTX ring DataBit even if the peer has not
+// armed it (between BeginTX and EndTX): for a record the peer may be
+// waiting for with its ring unarmed, as an endpoint with an Accept pending
+// does between calls (transport's poller).
+func (p *Partition) RingOnEnd() { p.ringEnd = true }
 
 // ArmSpace asks the peer to ring SpaceBit when it hands back room, and
 // reports whether room for n payload bytes appeared meanwhile (then do not

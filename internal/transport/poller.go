@@ -70,6 +70,48 @@ func (st *state) sendQueued() bool {
 	return false
 }
 
+// acceptPause is the poller's pause of up to d (or until kicked) while an
+// Accept is pending and no caller runs to take an OPEN off the rings: it
+// sleeps on the data doorbells too, unarmed, which a dialer rings with
+// every OPEN (Conn.serveOnce), so a connection is accepted when its OPEN
+// arrives rather than when the pause ends. Data records do not ring an
+// unarmed ring, so calls that keep coming cost no doorbell (see idleGrace).
+// It returns the device's error, if the wait failed for another reason
+// than ctx or d.
+func (st *state) acceptPause(ctx context.Context, d time.Duration) error {
+	ep := st.ep
+	var data uint64
+	for _, p := range st.parts {
+		data |= p.DataBit()
+	}
+	// A ring that rang before the clear is drained here; one that rings
+	// after it ends the wait.
+	ep.dev.ClearDoorbells(ep.dev.Doorbells() & data)
+	for _, p := range st.parts {
+		if p.TryLockRX() { // else a caller polls it and delivers
+			st.drainLocked(p)
+			p.UnlockRX()
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	go func() {
+		select {
+		case <-ep.kick:
+			cancel()
+		case <-wctx.Done():
+		}
+	}()
+	// The wait may hold this thread's P (see the doorbell wait below):
+	// let the goroutines the drain woke run first.
+	runtime.Gosched()
+	_, err := ep.dev.WaitDoorbell(wctx, data)
+	if wctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
 // runPoller keeps loose frames moving and rebalances units; in CoreInline
 // it also sleeps on the doorbells while nobody else watches the rings. It
 // ends with the session, acting on its end (state.finish).
@@ -126,7 +168,14 @@ func (st *state) runPoller() {
 			// Somebody polls, or calls keep coming: nothing to do.
 			if c := ep.calls.Load(); ep.callersRun() || (c != calls && ep.parked.Load() == 0) {
 				calls, idleSince = c, time.Time{}
-				pause(idleGrace)
+				if ep.accepting.Load() > 0 && !ep.callersRun() {
+					if err := st.acceptPause(ctx, idleGrace); err != nil {
+						st.sess.Fail(fmt.Errorf("wait for doorbell: %w", err))
+						return
+					}
+				} else {
+					pause(idleGrace)
+				}
 				continue
 			}
 			if ep.parked.Load() == 0 && ep.accepting.Load() == 0 {

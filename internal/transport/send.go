@@ -220,6 +220,9 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wa
 		if err := send(f.tag, f.body[:f.n]); err != nil {
 			return failed(err)
 		}
+		if kind, _ := splitTag(f.tag); kind == kindOpen {
+			p.RingOnEnd() // the listener's poller waits for it unarmed (acceptPause)
+		}
 		c.frames = c.frames[:copy(c.frames, c.frames[1:])]
 		sent = true
 	}

@@ -93,15 +93,16 @@ func (s *spinner) spin() bool {
 	return true
 }
 
-// stop leaves the spinning state; if that leaves parked goroutines with
-// nobody polling, the poller takes over.
+// stop leaves the spinning state; if that leaves parked goroutines or a
+// pending Accept with nobody polling, the poller takes over (an OPEN
+// would otherwise wait for the poller's idle grace to end).
 func (s *spinner) stop() {
 	if !s.spinning {
 		return
 	}
 	s.spinning = false
 	spingate.Leave()
-	if s.ep.active.Add(-1) == 0 && s.ep.parked.Load() > 0 {
+	if s.ep.active.Add(-1) == 0 && (s.ep.parked.Load() > 0 || s.ep.accepting.Load() > 0) {
 		s.ep.kickPoller()
 	}
 }
