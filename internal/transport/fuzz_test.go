@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"bytes"
 	"context"
 	"testing"
 	"time"
@@ -97,6 +98,38 @@ func FuzzFrames(f *testing.F) {
 			default:
 			}
 			break
+		}
+	})
+}
+
+// FuzzDecodeResume feeds a peer's RESUME payloads to their decoder: it
+// accepts only a payload of the exact size naming a valid id, with credit
+// within received and a floor within the largest window, and what it
+// accepts encodes back to the same bytes.
+func FuzzDecodeResume(f *testing.F) {
+	f.Add(resumeMsg{nonce: 7, received: 1 << 20, credit: 1 << 19, floor: 64 << 10, id: 3}.encode(nil))
+	f.Add(resumeMsg{nonce: 1, received: 0, credit: 0, floor: floorPooled | 16<<10, id: maxID}.encode(nil))
+	f.Add(resumeMsg{nonce: 1, received: 5, credit: 6, id: 1}.encode(nil))       // credit beyond received
+	f.Add(resumeMsg{nonce: 1, received: 1 << 63, credit: 0, id: 1}.encode(nil)) // received out of range
+	f.Add(resumeMsg{nonce: 1, id: 0}.encode(nil))                               // no such id
+	f.Add([]byte{1, 2, 3})
+	f.Fuzz(func(t *testing.T, p []byte) {
+		m, err := decodeResume(p)
+		if err != nil {
+			return
+		}
+		switch {
+		case len(p) != resumeSize:
+			t.Fatalf("accepted a %d-byte payload", len(p))
+		case m.id == 0 || m.id > maxID:
+			t.Fatalf("accepted id %d", m.id)
+		case m.credit > m.received || m.received > 1<<62:
+			t.Fatalf("accepted credit %d, received %d", m.credit, m.received)
+		case m.floor&^floorPooled > maxWindow:
+			t.Fatalf("accepted floor %#x", m.floor)
+		}
+		if !bytes.Equal(m.encode(nil), p) {
+			t.Fatalf("%x decodes to %+v, which encodes to %x", p, m, m.encode(nil))
 		}
 	})
 }
