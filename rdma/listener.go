@@ -66,14 +66,10 @@ func (l *listener) runAccept() {
 	retry := accept.Retry{What: what, Logf: log.Printf}
 	pending := accept.NewLimiter(what, maxPendingPerIP, log.Printf)
 	for {
-		c, err := l.tcp.Accept()
-		if err != nil {
-			if retry.Pause(l.ctx.Done(), err) {
-				continue
-			}
+		c, ok := accept.Next(&retry, l.ctx.Done(), l.tcp.Accept)
+		if !ok {
 			return
 		}
-		retry.OK()
 		ip, err := accept.RemoteIP(c)
 		if err != nil {
 			c.Close()

@@ -237,14 +237,10 @@ func (g *Gateway) serve(ctx context.Context, ln net.Listener, svc *service) erro
 	retry := accept.Retry{What: what, Logf: g.logf}
 	pending := accept.NewLimiter(what, maxPendingPerIP, g.logf)
 	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if retry.Pause(ctx.Done(), err) {
-				continue
-			}
+		c, ok := accept.Next(&retry, ctx.Done(), ln.Accept)
+		if !ok {
 			return nil
 		}
-		retry.OK()
 		ip, err := accept.RemoteIP(c)
 		if err != nil {
 			c.Close()

@@ -112,14 +112,10 @@ func (m *Monitor) runAccept() {
 	retry := accept.Retry{What: "peer listener " + m.peerLn.Addr().String(), Logf: m.logf}
 	perIP := accept.NewLimiter("peer listener "+m.peerLn.Addr().String(), maxHandshakesPerIP, m.logf)
 	for {
-		conn, err := m.peerLn.Accept()
-		if err != nil {
-			if retry.Pause(m.ctx.Done(), err) {
-				continue
-			}
+		conn, ok := accept.Next(&retry, m.ctx.Done(), m.peerLn.Accept)
+		if !ok {
 			return
 		}
-		retry.OK()
 		ip, err := accept.RemoteIP(conn)
 		if err != nil {
 			_ = conn.Close()

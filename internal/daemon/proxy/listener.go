@@ -367,14 +367,10 @@ func (s *Server) serveFallback(ln net.Listener, path string) error {
 	retry := accept.Retry{What: what, Logf: s.logf}
 	pending := accept.NewLimiter(what, maxPendingPerIP, s.logf)
 	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if retry.Pause(s.ctx.Done(), err) {
-				continue
-			}
+		c, ok := accept.Next(&retry, s.ctx.Done(), ln.Accept)
+		if !ok {
 			return nil
 		}
-		retry.OK()
 		if path == ctlapi.PathTCP {
 			spingate.Sockets() // a leg's data now waits in the poller too
 		}

@@ -303,14 +303,10 @@ func (s *Server) Serve(ln *net.UnixListener) error {
 	retry := accept.Retry{What: what, Logf: s.logf}
 	pending := accept.NewLimiter(what, maxPendingPerUID, s.logf)
 	for {
-		c, err := ln.AcceptUnix()
-		if err != nil {
-			if retry.Pause(s.ctx.Done(), err) {
-				continue
-			}
+		c, ok := accept.Next(&retry, s.ctx.Done(), ln.AcceptUnix)
+		if !ok {
 			return nil
 		}
-		retry.OK()
 		cred, err := proc.PeerCred(c)
 		if err != nil {
 			s.logf("attach refused: %v", err)

@@ -58,14 +58,10 @@ func Temporary(err error) bool {
 // Retry is the error policy of one accept loop:
 //
 //	for {
-//		c, err := ln.Accept()
-//		if err != nil {
-//			if r.Pause(done, err) {
-//				continue
-//			}
+//		c, ok := accept.Next(&r, done, ln.Accept)
+//		if !ok {
 //			return
 //		}
-//		r.OK()
 //		...
 //	}
 type Retry struct {
@@ -115,6 +111,23 @@ func (r *Retry) OK() {
 		r.Logf("accept on %s: accepting again after %d failed attempts", r.What, r.failed)
 	}
 	r.delay, r.failed = 0, 0
+}
+
+// Next calls accept until it returns a connection, pausing after each
+// failure as Pause does, and reports false once the loop must end (the
+// listener or done closed).
+func Next[C any](r *Retry, done <-chan struct{}, accept func() (C, error)) (C, bool) {
+	for {
+		c, err := accept()
+		if err == nil {
+			r.OK()
+			return c, true
+		}
+		if !r.Pause(done, err) {
+			var zero C
+			return zero, false
+		}
+	}
 }
 
 // NextDelay is the wait after prev: MinDelay first, then doubling to

@@ -223,3 +223,23 @@ func TestListenerUnbounded(t *testing.T) {
 		require.NoError(t, err)
 	}
 }
+
+// Next retries a failing accept until it succeeds, and stops at once on
+// a closed listener.
+func TestNext(t *testing.T) {
+	var r Retry
+	calls := 0
+	c, ok := Next(&r, nil, func() (int, error) {
+		calls++
+		if calls < 3 {
+			return 0, syscall.EMFILE
+		}
+		return 42, nil
+	})
+	if !ok || c != 42 || calls != 3 || r.failed != 0 {
+		t.Fatalf("Next = %d, %v after %d calls (failed %d)", c, ok, calls, r.failed)
+	}
+	if _, ok := Next(&r, nil, func() (int, error) { return 0, net.ErrClosed }); ok {
+		t.Fatal("Next went on past a closed listener")
+	}
+}
