@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"math/bits"
 	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/ntstack/ntstack/ntb"
+	"github.com/ntstack/ntstack/ntb/internal/closeguard"
 	"github.com/ntstack/ntstack/ntb/internal/doorbell"
 	"github.com/ntstack/ntstack/vfio"
 )
@@ -132,12 +132,9 @@ type Device struct {
 	hwUp   atomic.Bool
 	silent atomic.Bool // tests: a hung driver stops heartbeating
 
-	// users is held shared by every method that touches registers and
-	// exclusively by Close to tear them down.
-	users     sync.RWMutex
-	closed    atomic.Bool
-	closeOnce sync.Once
-	closeErr  error
+	// guard is held by every method that touches registers, and Close
+	// tears them down only once they have left.
+	guard closeguard.Guard
 
 	mask doorbell.Mask    // mirrored in the interrupt disable register
 	wake doorbell.Waiters // WaitDoorbell callers
@@ -298,17 +295,6 @@ func (d *Device) pollLink() uint16 {
 	return sta
 }
 
-func (d *Device) enter() bool {
-	d.users.RLock()
-	if d.closed.Load() {
-		d.users.RUnlock()
-		return false
-	}
-	return true
-}
-
-func (d *Device) exit() { d.users.RUnlock() }
-
 // kick wakes every WaitDoorbell caller to re-check.
 func (d *Device) kick() { d.wake.Wake() }
 
@@ -345,10 +331,10 @@ func (d *Device) RingPeer(bits uint64) error {
 	if bits&^d.valid != 0 {
 		return fmt.Errorf("ring peer %#x: bits beyond the %d doorbells", bits, d.hw.lay.doorbells)
 	}
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return ntb.ErrClosed
 	}
-	defer d.exit()
+	defer d.guard.Exit()
 	if !d.hwUp.Load() {
 		return ntb.ErrLinkDown
 	}
@@ -362,19 +348,19 @@ func (d *Device) RingPeer(bits uint64) error {
 
 // Doorbells reads the interrupt status register.
 func (d *Device) Doorbells() uint64 {
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return 0
 	}
-	defer d.exit()
+	defer d.guard.Exit()
 	return d.regs.Read64(regIntStatus) & d.valid
 }
 
 // ClearDoorbells writes bits to the write-1-to-clear status register.
 func (d *Device) ClearDoorbells(bits uint64) {
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return
 	}
-	defer d.exit()
+	defer d.guard.Exit()
 	d.regs.Write64(regIntStatus, bits&d.valid)
 }
 
@@ -385,10 +371,10 @@ func (d *Device) SetDoorbellMask(bits uint64) { d.updateMask(bits, 0) }
 func (d *Device) ClearDoorbellMask(bits uint64) { d.updateMask(0, bits) }
 
 func (d *Device) updateMask(set, clear uint64) {
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return
 	}
-	defer d.exit()
+	defer d.guard.Exit()
 	d.mask.Update(set&d.valid, clear, func(mask uint64) { d.regs.Write64(regIntDisable, mask) })
 	if clear != 0 {
 		d.kick() // a newly unmasked bit may be pending
@@ -399,15 +385,15 @@ func (d *Device) updateMask(set, clear uint64) {
 // woken by the port's interrupts (every MSI-X message kicks all waiters,
 // which re-read the status register), link changes, ctx and Close.
 func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) {
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return 0, ntb.ErrClosed
 	}
-	defer d.exit()
+	defer d.guard.Exit()
 	seq := d.links.Seq()
 	want &= d.valid
 	return d.wake.Wait(ctx, func() (bool, uint64, error) {
 		p := d.regs.Read64(regIntStatus) & want
-		return doorbell.Done(ctx, d.closed.Load(), p, d.mask.Load(), d.links.Seq() != seq)
+		return doorbell.Done(ctx, d.guard.Closed(), p, d.mask.Load(), d.links.Seq() != seq)
 	})
 }
 
@@ -419,10 +405,10 @@ func (d *Device) Scratchpad(i int) (uint32, error) {
 	if i < 0 || i >= userSpads {
 		return 0, fmt.Errorf("scratchpad %d of %d: out of range", i, userSpads)
 	}
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return 0, ntb.ErrClosed
 	}
-	defer d.exit()
+	defer d.guard.Exit()
 	return d.regs.Read32(regSpad + 4*i), nil
 }
 
@@ -433,10 +419,10 @@ func (d *Device) SetPeerScratchpad(i int, v uint32) error {
 	if i < 0 || i >= userSpads {
 		return fmt.Errorf("scratchpad %d of %d: out of range", i, userSpads)
 	}
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return ntb.ErrClosed
 	}
-	defer d.exit()
+	defer d.guard.Exit()
 	if !d.hwUp.Load() {
 		return ntb.ErrLinkDown
 	}
@@ -574,22 +560,21 @@ func (d *Device) setLink(ev ntb.LinkEvent) {
 // the link and releases the mappings, DMA buffer and interrupts. The
 // caller's vfio objects stay open. It is idempotent.
 func (d *Device) Close() error {
-	d.closeOnce.Do(func() {
+	var irqErr error
+	return d.guard.Close(func() {
 		close(d.stop)
-		irqErr := d.hw.irq.Close()
+		irqErr = d.hw.irq.Close()
 		<-d.done
 		<-d.irqEnd
-		d.closed.Store(true)
+	}, func() {
 		d.links.CloseLocal(time.Now())
 		d.kick()
-		d.users.Lock() // wait for methods in flight
+	}, func() error { // the methods in flight have left
 		if d.hwUp.Load() {
 			d.regs.Write32(d.hw.lay.peerSpad+4*spadNonce, 0)
 		}
 		d.quiesce()
 		d.hwUp.Store(false)
-		d.closeErr = errors.Join(irqErr, d.hw.release())
-		d.users.Unlock()
+		return errors.Join(irqErr, d.hw.release())
 	})
-	return d.closeErr
 }
