@@ -207,7 +207,7 @@ func (d *Device) bringUp() error {
 	for i := spadMagic; i < hwSpads; i++ {
 		r.Write32(regSpad+4*i, 0) // a previous peer's handshake
 	}
-	r.Write64(regIntStatus, d.valid|d.hw.lay.linkBits) // stale rings
+	r.Write64(regIntStatus, d.valid|d.hw.lay.helloBit|d.hw.lay.linkBits) // stale rings
 	r.Write64(regIntDisable, 0)
 	return nil
 }
@@ -278,13 +278,14 @@ func (d *Device) quiesce() {
 	r.Write16(regGen4LinkCtrl, r.Read16(regGen4LinkCtrl)|gen4LinkDisable)
 }
 
-// pollLink acknowledges the link interrupt and reads the link status
+// pollLink acknowledges the link interrupt and the peer's hello, before
+// the monitor reads what they announce, and reads the link status
 // (gen3_poll_link, gen4_poll_link: ICX wants DLLSCS cleared first).
 func (d *Device) pollLink() uint16 {
 	if d.hw.lay.gen == Gen4 {
 		d.regs.Write16(regGen4SlotStatus, gen4SlotDLLSCS)
 	}
-	d.regs.Write64(regIntStatus, d.hw.lay.linkBits)
+	d.regs.Write64(regIntStatus, d.hw.lay.linkBits|d.hw.lay.helloBit)
 	if d.hw.lay.gen == Gen4 {
 		return d.regs.Read16(regGen4LinkStatus)
 	}
@@ -320,8 +321,8 @@ func (d *Device) InboundWindow() []byte { return d.hw.in }
 // drains them.
 func (d *Device) OutboundWindow() []byte { return d.hw.out }
 
-// DoorbellCount is 31 on gen3 (bit 31 carries link interrupts there) and
-// 32 on gen4.
+// DoorbellCount is 30 on gen3 (bit 31 carries link interrupts there) and
+// 31 on gen4: the highest bit left is the monitor's hello.
 func (d *Device) DoorbellCount() int { return d.hw.lay.doorbells }
 
 // RingPeer writes 1 to the peer doorbell register of every bit set. It
@@ -464,7 +465,7 @@ func (d *Device) runInterrupts() {
 			return
 		}
 		d.kick()
-		if d.regs.Read64(regIntStatus)&d.hw.lay.linkBits != 0 {
+		if d.regs.Read64(regIntStatus)&(d.hw.lay.linkBits|d.hw.lay.helloBit) != 0 {
 			select {
 			case d.nudge <- struct{}{}:
 			default:
@@ -481,6 +482,7 @@ func (d *Device) runMonitor() {
 	t := time.NewTicker(d.interval)
 	defer t.Stop()
 	r, peer := d.regs, d.hw.lay.peerSpad
+	hello := regPeerDoorbell + 4*bits.TrailingZeros64(d.hw.lay.helloBit)
 	pages := uint32(len(d.hw.in) / minWindow)
 	var beat, lastBeat, upNonce uint32
 	var lastMove time.Time // zero until the peer's heartbeat moves
@@ -496,6 +498,9 @@ func (d *Device) runMonitor() {
 			r.Write32(peer+4*spadNonce, d.nonce)
 			r.Write32(peer+4*spadWindow, pages)
 			r.Write32(peer+4*spadHeartbeat, beat)
+			if state != ntb.LinkUp {
+				r.Write32(hello, 1) // after the handshake: the peer reads it now
+			}
 		}
 		magic, nonce := r.Read32(regSpad+4*spadMagic), r.Read32(regSpad+4*spadNonce)
 		window, peerBeat := r.Read32(regSpad+4*spadWindow), r.Read32(regSpad+4*spadHeartbeat)
