@@ -327,7 +327,9 @@ func TestBellFIFO(t *testing.T) {
 	ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
 	waitRing(a)
 	require.NoError(t, a.Close())
-	ntbtest.WaitLink(t, b, ntb.LinkDown, ntbtest.LinkDetectTimeout)
+	// How fast b sees it is Conformance's to assert; this test is about
+	// the FIFOs, and its Close comes right after the link came up.
+	ntbtest.WaitLink(t, b, ntb.LinkDown, ntbtest.LivenessTimeout)
 	o.Side = Side0
 	a2, err := Open("l", o)
 	require.NoError(t, err)
