@@ -198,16 +198,18 @@ func (d *Device) bringUp() error {
 	if gen == Gen3 {
 		r.Write8(d.hw.lay.intVec+msixVectors-1, msixVectors-2)
 	}
+	// What a previous session left, cleared before the link is enabled:
+	// once it is, the peer's handshake and hello may arrive at any time.
+	for i := spadMagic; i < hwSpads; i++ {
+		r.Write32(regSpad+4*i, 0) // a previous peer's handshake
+	}
+	r.Write64(regIntStatus, d.valid|d.hw.lay.helloBit|d.hw.lay.linkBits) // stale rings
 	if err := d.setTranslation(); err != nil {
 		return err
 	}
 	if err := d.enableLink(); err != nil {
 		return err
 	}
-	for i := spadMagic; i < hwSpads; i++ {
-		r.Write32(regSpad+4*i, 0) // a previous peer's handshake
-	}
-	r.Write64(regIntStatus, d.valid|d.hw.lay.helloBit|d.hw.lay.linkBits) // stale rings
 	r.Write64(regIntDisable, 0)
 	return nil
 }
@@ -487,19 +489,28 @@ func (d *Device) runMonitor() {
 	var beat, lastBeat, upNonce uint32
 	var lastMove time.Time // zero until the peer's heartbeat moves
 	state, suspect := ntb.LinkDown, false
+	// helloDue: the hello is rung with the first handshake written after
+	// start or the PCIe link's return, and then not again, so that two
+	// ends whose link stays down (their windows differ, say) do not wake
+	// each other's monitors without end.
+	helloDue := true
 	for {
 		now := time.Now()
 		sta := d.pollLink()
 		hw := sta&lnkStaActive != 0
 		d.hwUp.Store(hw)
+		if !hw {
+			helloDue = true
+		}
 		if hw && !d.silent.Load() {
 			beat++
 			r.Write32(peer+4*spadMagic, handshakeWord)
 			r.Write32(peer+4*spadNonce, d.nonce)
 			r.Write32(peer+4*spadWindow, pages)
 			r.Write32(peer+4*spadHeartbeat, beat)
-			if state != ntb.LinkUp {
+			if helloDue {
 				r.Write32(hello, 1) // after the handshake: the peer reads it now
+				helloDue = false
 			}
 		}
 		magic, nonce := r.Read32(regSpad+4*spadMagic), r.Read32(regSpad+4*spadNonce)

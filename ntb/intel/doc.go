@@ -33,10 +33,10 @@
 // The link is reported up only when the PCIe link is active and the
 // peer's driver has written the handshake into our scratchpads (magic and
 // version, a per-instance nonce, its window size, which must equal ours)
-// and its heartbeat scratchpad has moved. An end that writes the
-// handshake while its link is not up also rings the peer's hello doorbell,
-// so each end comes up as soon as the other has written, not a heartbeat
-// later. Close clears the nonce on the
+// and its heartbeat scratchpad has moved. With the first handshake it
+// writes after it starts or the PCIe link returns, an end also rings the
+// peer's hello doorbell, so each end comes up as soon as the other has
+// written, not a heartbeat later. Close clears the nonce on the
 // peer, shuts the inbound translation and disables the link, so the peer
 // sees it go down at its next poll (ntb.CauseClosed; a link that fails
 // under a live peer is ntb.CauseHardware). A peer whose heartbeat stands

@@ -84,11 +84,17 @@ func TestBringUpSequence(t *testing.T) {
 				{regIMLimit, 8, simBARBase},
 				{regIMXlat, 8, 0},
 			}
+			clear := []RegWrite{ // a previous session's handshake and rings, before the link is enabled
+				{regSpad + 4*spadMagic, 4, 0},
+				{regIntStatus, 8, uint64(1)<<lay.doorbells - 1 | lay.helloBit | lay.linkBits},
+			}
 			if gen == Gen3 {
 				want = append(want,
 					RegWrite{regGen3SPCICmd, 2, pciCommandMemory | pciCommandMaster},
 					RegWrite{lay.intVec, 1, 0},
-					RegWrite{lay.intVec + 32, 1, 31}, // the SKX vector 32 erratum
+					RegWrite{lay.intVec + 32, 1, 31}) // the SKX vector 32 erratum
+				want = append(want, clear...)
+				want = append(want,
 					RegWrite{regIMXlat, 8, iova},
 					RegWrite{regIMLimit, 8, simBARBase + size},
 					RegWrite{regGen3EMLimit, 8, simEMBar1&^0xf + size},
@@ -97,7 +103,9 @@ func TestBringUpSequence(t *testing.T) {
 				want = append(want,
 					RegWrite{regGen4LinkCtrl, 2, gen4LinkDisable},
 					RegWrite{lay.intVec, 1, 0},
-					RegWrite{lay.intVec + 32, 1, 32},
+					RegWrite{lay.intVec + 32, 1, 32})
+				want = append(want, clear...)
+				want = append(want,
 					RegWrite{regIMXlat, 8, iova},
 					RegWrite{regIMLimit, 8, simBARBase + size},
 					RegWrite{regGen4IMBaseIdx, 2, 16}, // log2(64 KiB)
@@ -105,10 +113,7 @@ func TestBringUpSequence(t *testing.T) {
 					RegWrite{regGen4LinkCtrl, 2, 0},
 					RegWrite{regGen4PPD0, 4, gen4PPDLinkTrain})
 			}
-			want = append(want,
-				RegWrite{regSpad + 4*spadMagic, 4, 0},
-				RegWrite{regIntStatus, 8, uint64(1)<<lay.doorbells - 1 | lay.helloBit | lay.linkBits},
-				RegWrite{regIntDisable, 8, 0})
+			want = append(want, RegWrite{regIntDisable, 8, 0})
 			if gen == Gen4 { // the monitor's link poll
 				want = append(want, RegWrite{regGen4SlotStatus, 2, gen4SlotDLLSCS})
 			}
@@ -277,6 +282,18 @@ func TestWindowMismatch(t *testing.T) {
 	waitReason(t, a, "peer window 32 KiB, this end's 64 KiB")
 	waitReason(t, b, "peer window 64 KiB, this end's 32 KiB")
 	require.Equal(t, ntb.LinkDown, a.Link())
+	// Each end rang its hello once, when the PCIe link came up: two ends
+	// whose link stays down do not wake each other's monitors without end.
+	hello := RegWrite{regPeerDoorbell + 4*layouts[Gen3].doorbells, 4, 1}
+	for side := range 2 {
+		n := 0
+		for _, w := range p.Writes(side) {
+			if w == hello {
+				n++
+			}
+		}
+		require.Equal(t, 1, n, "side %d's hellos", side)
+	}
 }
 
 func TestReattach(t *testing.T) {

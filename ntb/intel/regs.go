@@ -124,9 +124,10 @@ type layout struct {
 // layouts: on SKX MSI-X vector 32 is broken, so Linux routes the link
 // source to vector 31 and treats doorbell 31 as a link bit
 // (NTB_HWERR_MSIX_VECTOR32_BAD). The highest doorbell left is the
-// monitor's hello: an end that writes its handshake while its link is
-// not up rings it, so the peer's monitor reads the handshake at once
-// rather than at its next tick (scratchpad writes raise no interrupt).
+// monitor's hello: an end rings it with the first handshake it writes
+// after it starts or the PCIe link returns, so the peer's monitor reads
+// the handshake at once rather than at its next tick (scratchpad writes
+// raise no interrupt).
 // Users get the bits below it: 0-29 on gen3, 0-30 on gen4.
 var layouts = map[Gen]layout{
 	Gen3: {gen: Gen3, intVec: regGen3IntVec, peerSpad: regGen3PeerSpad, doorbells: 30, helloBit: 1 << 30, linkBits: linkDoorbell | 1<<31, bar0Size: regGen3EMBar1 + 8},
