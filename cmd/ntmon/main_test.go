@@ -18,6 +18,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/daemon/monitor"
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 )
 
@@ -118,11 +119,13 @@ func TestDaemonAndStatus(t *testing.T) {
 
 	// Poll until the daemon answers.
 	var out, errOut bytes.Buffer
-	require.Eventually(t, func() bool {
+	if !waitfor.Until(func() bool {
 		out.Reset()
 		errOut.Reset()
 		return run(context.Background(), []string{"status", "-config", cfgPath}, &out, &errOut) == 0
-	}, 15*time.Second, 10*time.Millisecond, "status never worked: %s", errOut.String())
+	}) {
+		t.Fatalf("status never worked: %s", errOut.String())
+	}
 	text := out.String()
 	for _, want := range []string{"CONNECTIONS", "ID", "APP", "LOCAL", "REMOTE", "DIR", "PATH", "REASON", "BYTES-TX", "BYTES-RX",
 		"kv[7]", "b:6379", "ntb(rack-a-b/0)", "rack peer b over NTB link rack-a-b", "PEERS", "never up"} {

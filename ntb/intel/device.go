@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"math/bits"
 	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/ntstack/ntstack/ntb"
+	"github.com/ntstack/ntstack/ntb/internal/closeguard"
 	"github.com/ntstack/ntstack/ntb/internal/doorbell"
 	"github.com/ntstack/ntstack/vfio"
 )
@@ -132,12 +132,9 @@ type Device struct {
 	hwUp   atomic.Bool
 	silent atomic.Bool // tests: a hung driver stops heartbeating
 
-	// users is held shared by every method that touches registers and
-	// exclusively by Close to tear them down.
-	users     sync.RWMutex
-	closed    atomic.Bool
-	closeOnce sync.Once
-	closeErr  error
+	// guard is held by every method that touches registers, and Close
+	// tears them down only once they have left.
+	guard closeguard.Guard
 
 	mask doorbell.Mask    // mirrored in the interrupt disable register
 	wake doorbell.Waiters // WaitDoorbell callers
@@ -201,16 +198,18 @@ func (d *Device) bringUp() error {
 	if gen == Gen3 {
 		r.Write8(d.hw.lay.intVec+msixVectors-1, msixVectors-2)
 	}
+	// What a previous session left, cleared before the link is enabled:
+	// once it is, the peer's handshake and hello may arrive at any time.
+	for i := spadMagic; i < hwSpads; i++ {
+		r.Write32(regSpad+4*i, 0) // a previous peer's handshake
+	}
+	r.Write64(regIntStatus, d.valid|d.hw.lay.helloBit|d.hw.lay.linkBits) // stale rings
 	if err := d.setTranslation(); err != nil {
 		return err
 	}
 	if err := d.enableLink(); err != nil {
 		return err
 	}
-	for i := spadMagic; i < hwSpads; i++ {
-		r.Write32(regSpad+4*i, 0) // a previous peer's handshake
-	}
-	r.Write64(regIntStatus, d.valid|d.hw.lay.linkBits) // stale rings
 	r.Write64(regIntDisable, 0)
 	return nil
 }
@@ -281,13 +280,14 @@ func (d *Device) quiesce() {
 	r.Write16(regGen4LinkCtrl, r.Read16(regGen4LinkCtrl)|gen4LinkDisable)
 }
 
-// pollLink acknowledges the link interrupt and reads the link status
+// pollLink acknowledges the link interrupt and the peer's hello, before
+// the monitor reads what they announce, and reads the link status
 // (gen3_poll_link, gen4_poll_link: ICX wants DLLSCS cleared first).
 func (d *Device) pollLink() uint16 {
 	if d.hw.lay.gen == Gen4 {
 		d.regs.Write16(regGen4SlotStatus, gen4SlotDLLSCS)
 	}
-	d.regs.Write64(regIntStatus, d.hw.lay.linkBits)
+	d.regs.Write64(regIntStatus, d.hw.lay.linkBits|d.hw.lay.helloBit)
 	if d.hw.lay.gen == Gen4 {
 		return d.regs.Read16(regGen4LinkStatus)
 	}
@@ -297,17 +297,6 @@ func (d *Device) pollLink() uint16 {
 	}
 	return sta
 }
-
-func (d *Device) enter() bool {
-	d.users.RLock()
-	if d.closed.Load() {
-		d.users.RUnlock()
-		return false
-	}
-	return true
-}
-
-func (d *Device) exit() { d.users.RUnlock() }
 
 // kick wakes every WaitDoorbell caller to re-check.
 func (d *Device) kick() { d.wake.Wake() }
@@ -334,8 +323,8 @@ func (d *Device) InboundWindow() []byte { return d.hw.in }
 // drains them.
 func (d *Device) OutboundWindow() []byte { return d.hw.out }
 
-// DoorbellCount is 31 on gen3 (bit 31 carries link interrupts there) and
-// 32 on gen4.
+// DoorbellCount is 30 on gen3 (bit 31 carries link interrupts there) and
+// 31 on gen4: the highest bit left is the monitor's hello.
 func (d *Device) DoorbellCount() int { return d.hw.lay.doorbells }
 
 // RingPeer writes 1 to the peer doorbell register of every bit set. It
@@ -345,10 +334,10 @@ func (d *Device) RingPeer(bits uint64) error {
 	if bits&^d.valid != 0 {
 		return fmt.Errorf("ring peer %#x: bits beyond the %d doorbells", bits, d.hw.lay.doorbells)
 	}
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return ntb.ErrClosed
 	}
-	defer d.exit()
+	defer d.guard.Exit()
 	if !d.hwUp.Load() {
 		return ntb.ErrLinkDown
 	}
@@ -362,19 +351,19 @@ func (d *Device) RingPeer(bits uint64) error {
 
 // Doorbells reads the interrupt status register.
 func (d *Device) Doorbells() uint64 {
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return 0
 	}
-	defer d.exit()
+	defer d.guard.Exit()
 	return d.regs.Read64(regIntStatus) & d.valid
 }
 
 // ClearDoorbells writes bits to the write-1-to-clear status register.
 func (d *Device) ClearDoorbells(bits uint64) {
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return
 	}
-	defer d.exit()
+	defer d.guard.Exit()
 	d.regs.Write64(regIntStatus, bits&d.valid)
 }
 
@@ -385,10 +374,10 @@ func (d *Device) SetDoorbellMask(bits uint64) { d.updateMask(bits, 0) }
 func (d *Device) ClearDoorbellMask(bits uint64) { d.updateMask(0, bits) }
 
 func (d *Device) updateMask(set, clear uint64) {
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return
 	}
-	defer d.exit()
+	defer d.guard.Exit()
 	d.mask.Update(set&d.valid, clear, func(mask uint64) { d.regs.Write64(regIntDisable, mask) })
 	if clear != 0 {
 		d.kick() // a newly unmasked bit may be pending
@@ -399,15 +388,15 @@ func (d *Device) updateMask(set, clear uint64) {
 // woken by the port's interrupts (every MSI-X message kicks all waiters,
 // which re-read the status register), link changes, ctx and Close.
 func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) {
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return 0, ntb.ErrClosed
 	}
-	defer d.exit()
+	defer d.guard.Exit()
 	seq := d.links.Seq()
 	want &= d.valid
 	return d.wake.Wait(ctx, func() (bool, uint64, error) {
 		p := d.regs.Read64(regIntStatus) & want
-		return doorbell.Done(ctx, d.closed.Load(), p, d.mask.Load(), d.links.Seq() != seq)
+		return doorbell.Done(ctx, d.guard.Closed(), p, d.mask.Load(), d.links.Seq() != seq)
 	})
 }
 
@@ -419,10 +408,10 @@ func (d *Device) Scratchpad(i int) (uint32, error) {
 	if i < 0 || i >= userSpads {
 		return 0, fmt.Errorf("scratchpad %d of %d: out of range", i, userSpads)
 	}
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return 0, ntb.ErrClosed
 	}
-	defer d.exit()
+	defer d.guard.Exit()
 	return d.regs.Read32(regSpad + 4*i), nil
 }
 
@@ -433,10 +422,10 @@ func (d *Device) SetPeerScratchpad(i int, v uint32) error {
 	if i < 0 || i >= userSpads {
 		return fmt.Errorf("scratchpad %d of %d: out of range", i, userSpads)
 	}
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return ntb.ErrClosed
 	}
-	defer d.exit()
+	defer d.guard.Exit()
 	if !d.hwUp.Load() {
 		return ntb.ErrLinkDown
 	}
@@ -478,7 +467,7 @@ func (d *Device) runInterrupts() {
 			return
 		}
 		d.kick()
-		if d.regs.Read64(regIntStatus)&d.hw.lay.linkBits != 0 {
+		if d.regs.Read64(regIntStatus)&(d.hw.lay.linkBits|d.hw.lay.helloBit) != 0 {
 			select {
 			case d.nudge <- struct{}{}:
 			default:
@@ -495,21 +484,34 @@ func (d *Device) runMonitor() {
 	t := time.NewTicker(d.interval)
 	defer t.Stop()
 	r, peer := d.regs, d.hw.lay.peerSpad
+	hello := regPeerDoorbell + 4*bits.TrailingZeros64(d.hw.lay.helloBit)
 	pages := uint32(len(d.hw.in) / minWindow)
 	var beat, lastBeat, upNonce uint32
 	var lastMove time.Time // zero until the peer's heartbeat moves
 	state, suspect := ntb.LinkDown, false
+	// helloDue: the hello is rung with the first handshake written after
+	// start or the PCIe link's return, and then not again, so that two
+	// ends whose link stays down (their windows differ, say) do not wake
+	// each other's monitors without end.
+	helloDue := true
 	for {
 		now := time.Now()
 		sta := d.pollLink()
 		hw := sta&lnkStaActive != 0
 		d.hwUp.Store(hw)
+		if !hw {
+			helloDue = true
+		}
 		if hw && !d.silent.Load() {
 			beat++
 			r.Write32(peer+4*spadMagic, handshakeWord)
 			r.Write32(peer+4*spadNonce, d.nonce)
 			r.Write32(peer+4*spadWindow, pages)
 			r.Write32(peer+4*spadHeartbeat, beat)
+			if helloDue {
+				r.Write32(hello, 1) // after the handshake: the peer reads it now
+				helloDue = false
+			}
 		}
 		magic, nonce := r.Read32(regSpad+4*spadMagic), r.Read32(regSpad+4*spadNonce)
 		window, peerBeat := r.Read32(regSpad+4*spadWindow), r.Read32(regSpad+4*spadHeartbeat)
@@ -574,22 +576,21 @@ func (d *Device) setLink(ev ntb.LinkEvent) {
 // the link and releases the mappings, DMA buffer and interrupts. The
 // caller's vfio objects stay open. It is idempotent.
 func (d *Device) Close() error {
-	d.closeOnce.Do(func() {
+	var irqErr error
+	return d.guard.Close(func() {
 		close(d.stop)
-		irqErr := d.hw.irq.Close()
+		irqErr = d.hw.irq.Close()
 		<-d.done
 		<-d.irqEnd
-		d.closed.Store(true)
+	}, func() {
 		d.links.CloseLocal(time.Now())
 		d.kick()
-		d.users.Lock() // wait for methods in flight
+	}, func() error { // the methods in flight have left
 		if d.hwUp.Load() {
 			d.regs.Write32(d.hw.lay.peerSpad+4*spadNonce, 0)
 		}
 		d.quiesce()
 		d.hwUp.Store(false)
-		d.closeErr = errors.Join(irqErr, d.hw.release())
-		d.users.Unlock()
+		return errors.Join(irqErr, d.hw.release())
 	})
-	return d.closeErr
 }

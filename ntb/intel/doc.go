@@ -18,7 +18,8 @@
 //	                 IMXLAT = that IOVA, IMXLMT = BAR2 base + window size
 //	doorbells        ring: write 1 to IM_DOORBELL+4*bit (reaches the peer);
 //	                 pending/clear: IM_INT_STATUS (write 1 to clear);
-//	                 mask: IM_INT_DISABLE. 31 bits on gen3, 32 on gen4.
+//	                 mask: IM_INT_DISABLE. 30 bits on gen3, 31 on gen4:
+//	                 the next is the monitor's hello (see regs.go).
 //	scratchpads      read our IM_SPAD; write the peer's through B2B_SPAD
 //	                 (gen3 0x180) or EM_SPAD (gen4 0x8080). 12 of the 16
 //	                 are the user's; the top 4 carry the handshake.
@@ -32,7 +33,10 @@
 // The link is reported up only when the PCIe link is active and the
 // peer's driver has written the handshake into our scratchpads (magic and
 // version, a per-instance nonce, its window size, which must equal ours)
-// and its heartbeat scratchpad has moved. Close clears the nonce on the
+// and its heartbeat scratchpad has moved. With the first handshake it
+// writes after it starts or the PCIe link returns, an end also rings the
+// peer's hello doorbell, so each end comes up as soon as the other has
+// written, not a heartbeat later. Close clears the nonce on the
 // peer, shuts the inbound translation and disables the link, so the peer
 // sees it go down at its next poll (ntb.CauseClosed; a link that fails
 // under a live peer is ntb.CauseHardware). A peer whose heartbeat stands

@@ -84,11 +84,17 @@ func TestBringUpSequence(t *testing.T) {
 				{regIMLimit, 8, simBARBase},
 				{regIMXlat, 8, 0},
 			}
+			clear := []RegWrite{ // a previous session's handshake and rings, before the link is enabled
+				{regSpad + 4*spadMagic, 4, 0},
+				{regIntStatus, 8, uint64(1)<<lay.doorbells - 1 | lay.helloBit | lay.linkBits},
+			}
 			if gen == Gen3 {
 				want = append(want,
 					RegWrite{regGen3SPCICmd, 2, pciCommandMemory | pciCommandMaster},
 					RegWrite{lay.intVec, 1, 0},
-					RegWrite{lay.intVec + 32, 1, 31}, // the SKX vector 32 erratum
+					RegWrite{lay.intVec + 32, 1, 31}) // the SKX vector 32 erratum
+				want = append(want, clear...)
+				want = append(want,
 					RegWrite{regIMXlat, 8, iova},
 					RegWrite{regIMLimit, 8, simBARBase + size},
 					RegWrite{regGen3EMLimit, 8, simEMBar1&^0xf + size},
@@ -97,7 +103,9 @@ func TestBringUpSequence(t *testing.T) {
 				want = append(want,
 					RegWrite{regGen4LinkCtrl, 2, gen4LinkDisable},
 					RegWrite{lay.intVec, 1, 0},
-					RegWrite{lay.intVec + 32, 1, 32},
+					RegWrite{lay.intVec + 32, 1, 32})
+				want = append(want, clear...)
+				want = append(want,
 					RegWrite{regIMXlat, 8, iova},
 					RegWrite{regIMLimit, 8, simBARBase + size},
 					RegWrite{regGen4IMBaseIdx, 2, 16}, // log2(64 KiB)
@@ -105,17 +113,15 @@ func TestBringUpSequence(t *testing.T) {
 					RegWrite{regGen4LinkCtrl, 2, 0},
 					RegWrite{regGen4PPD0, 4, gen4PPDLinkTrain})
 			}
-			want = append(want,
-				RegWrite{regSpad + 4*spadMagic, 4, 0},
-				RegWrite{regIntStatus, 8, uint64(1)<<lay.doorbells - 1 | lay.linkBits},
-				RegWrite{regIntDisable, 8, 0})
+			want = append(want, RegWrite{regIntDisable, 8, 0})
 			if gen == Gen4 { // the monitor's link poll
 				want = append(want, RegWrite{regGen4SlotStatus, 2, gen4SlotDLLSCS})
 			}
 			want = append(want,
-				RegWrite{regIntStatus, 8, lay.linkBits},
+				RegWrite{regIntStatus, 8, lay.linkBits | lay.helloBit},
 				RegWrite{lay.peerSpad + 4*spadMagic, 4, handshakeWord},
-				RegWrite{lay.peerSpad + 4*spadWindow, 4, size / 4096})
+				RegWrite{lay.peerSpad + 4*spadWindow, 4, size / 4096},
+				RegWrite{regPeerDoorbell + 4*lay.doorbells, 4, 1}) // the hello, after the handshake
 			requireInOrder(t, p.Writes(0), want)
 
 			for side, base := range []uint64{simBARBase, simBARBase + 1<<32} {
@@ -127,7 +133,7 @@ func TestBringUpSequence(t *testing.T) {
 			require.Equal(t, 1, b.Port())
 			// The link interrupt is acknowledged; on gen4 only because
 			// DLLSCS was cleared first.
-			require.Eventually(t, func() bool { return p.Regs(0).Read64(regIntStatus)&linkDoorbell == 0 }, 5*time.Second, time.Millisecond)
+			waitfor.True(t, "the link interrupt acknowledged", func() bool { return p.Regs(0).Read64(regIntStatus)&linkDoorbell == 0 })
 		})
 	}
 }
@@ -138,7 +144,8 @@ func TestDoorbellRegisters(t *testing.T) {
 			p, a, b := openPair(t, gen, fast)
 			require.NoError(t, a.RingPeer(1<<4|1<<9))
 			requireInOrder(t, p.Writes(0), []RegWrite{{regPeerDoorbell + 4*4, 4, 1}, {regPeerDoorbell + 4*9, 4, 1}})
-			require.Equal(t, uint64(1<<4|1<<9), p.Regs(1).Read64(regIntStatus)&0xffffffff)
+			user := uint64(1)<<b.DoorbellCount() - 1 // the monitor owns the bits above
+			require.Equal(t, uint64(1<<4|1<<9), p.Regs(1).Read64(regIntStatus)&user)
 			require.Equal(t, uint64(1<<4|1<<9), b.Doorbells())
 
 			b.SetDoorbellMask(1 << 4)
@@ -151,7 +158,7 @@ func TestDoorbellRegisters(t *testing.T) {
 			require.Zero(t, p.Regs(1).Read64(regIntDisable))
 
 			require.Error(t, a.RingPeer(1<<a.DoorbellCount()), "a bit beyond the doorbells")
-			want := map[Gen]int{Gen3: 31, Gen4: 32}[gen]
+			want := map[Gen]int{Gen3: 30, Gen4: 31}[gen]
 			require.Equal(t, want, a.DoorbellCount())
 		})
 	}
@@ -208,6 +215,28 @@ func TestLinkNeedsBothDrivers(t *testing.T) {
 	}
 }
 
+// Each end comes up as soon as the other has written its handshake: with
+// a heartbeat interval of an hour no tick of either monitor comes after
+// their first looks, so only the ends' hellos can bring both links up.
+func TestLinkUpOnArrival(t *testing.T) {
+	o := Options{HeartbeatInterval: time.Hour, HeartbeatTimeout: time.Hour, SilentTimeout: time.Hour}
+	for _, gen := range gens {
+		t.Run(gen.String(), func(t *testing.T) {
+			for range 20 { // either end may look first
+				p := NewSimulatedPair(gen, testWindow)
+				a, err := p.Open(0, o)
+				require.NoError(t, err)
+				b, err := p.Open(1, o)
+				require.NoError(t, err)
+				ntbtest.WaitLink(t, a, ntb.LinkUp, ntbtest.LivenessTimeout)
+				ntbtest.WaitLink(t, b, ntb.LinkUp, ntbtest.LivenessTimeout)
+				require.NoError(t, b.Close())
+				require.NoError(t, a.Close())
+			}
+		})
+	}
+}
+
 func TestCablePull(t *testing.T) {
 	p, a, b := openPair(t, Gen3, fast)
 	p.SetLink(false)
@@ -253,6 +282,18 @@ func TestWindowMismatch(t *testing.T) {
 	waitReason(t, a, "peer window 32 KiB, this end's 64 KiB")
 	waitReason(t, b, "peer window 64 KiB, this end's 32 KiB")
 	require.Equal(t, ntb.LinkDown, a.Link())
+	// Each end rang its hello once, when the PCIe link came up: two ends
+	// whose link stays down do not wake each other's monitors without end.
+	hello := RegWrite{regPeerDoorbell + 4*layouts[Gen3].doorbells, 4, 1}
+	for side := range 2 {
+		n := 0
+		for _, w := range p.Writes(side) {
+			if w == hello {
+				n++
+			}
+		}
+		require.Equal(t, 1, n, "side %d's hellos", side)
+	}
 }
 
 func TestReattach(t *testing.T) {

@@ -115,17 +115,23 @@ type layout struct {
 	gen       Gen
 	intVec    int
 	peerSpad  int
-	doorbells int    // bits offered to users
+	doorbells int    // bits offered to users: those below helloBit
+	helloBit  uint64 // the doorbell the monitor rings (see below)
 	linkBits  uint64 // INT_STATUS bits the link interrupt uses
 	bar0Size  int    // BAR0 must reach the last register used
 }
 
 // layouts: on SKX MSI-X vector 32 is broken, so Linux routes the link
 // source to vector 31 and treats doorbell 31 as a link bit
-// (NTB_HWERR_MSIX_VECTOR32_BAD); this backend offers bits 0-30 there.
+// (NTB_HWERR_MSIX_VECTOR32_BAD). The highest doorbell left is the
+// monitor's hello: an end rings it with the first handshake it writes
+// after it starts or the PCIe link returns, so the peer's monitor reads
+// the handshake at once rather than at its next tick (scratchpad writes
+// raise no interrupt).
+// Users get the bits below it: 0-29 on gen3, 0-30 on gen4.
 var layouts = map[Gen]layout{
-	Gen3: {gen: Gen3, intVec: regGen3IntVec, peerSpad: regGen3PeerSpad, doorbells: 31, linkBits: linkDoorbell | 1<<31, bar0Size: regGen3EMBar1 + 8},
-	Gen4: {gen: Gen4, intVec: regGen4IntVec, peerSpad: regGen4PeerSpad, doorbells: 32, linkBits: linkDoorbell, bar0Size: regGen4PPD1 + 4},
+	Gen3: {gen: Gen3, intVec: regGen3IntVec, peerSpad: regGen3PeerSpad, doorbells: 30, helloBit: 1 << 30, linkBits: linkDoorbell | 1<<31, bar0Size: regGen3EMBar1 + 8},
+	Gen4: {gen: Gen4, intVec: regGen4IntVec, peerSpad: regGen4PeerSpad, doorbells: 31, helloBit: 1 << 31, linkBits: linkDoorbell, bar0Size: regGen4PPD1 + 4},
 }
 
 // Scratchpads. The top four carry the bring-up handshake; users get the

@@ -74,6 +74,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/prim/shmem"
 	"github.com/ntstack/ntstack/ntb"
+	"github.com/ntstack/ntstack/ntb/internal/closeguard"
 	"github.com/ntstack/ntstack/ntb/internal/doorbell"
 )
 
@@ -180,23 +181,20 @@ type Device struct {
 	waitDone    chan struct{}
 	stopWait    context.CancelFunc // stops runDoorbells
 
-	beats     atomic.Uint64 // our heartbeat count
-	evicted   atomic.Bool   // our side was taken over: write nothing more
-	silent    atomic.Bool   // fault injection: stop heartbeating
-	closed    atomic.Bool
-	closeOnce sync.Once
-	closeErr  error
+	beats   atomic.Uint64 // our heartbeat count
+	evicted atomic.Bool   // our side was taken over: write nothing more
+	silent  atomic.Bool   // fault injection: stop heartbeating
 
-	// users is held shared by every method that touches the region and
-	// exclusively by Close to unmap it.
-	users sync.RWMutex
+	// guard is held by every method that touches the region, and Close
+	// releases it only once they have left.
+	guard closeguard.Guard
 
-	mask doorbell.Mask
-	wake doorbell.Waiters // this process's WaitDoorbell callers
+	mask  doorbell.Mask
+	wake  doorbell.Waiters // this process's WaitDoorbell callers
+	bells doorbell.Counters
 
 	mu sync.Mutex
 	// mu protects the following fields.
-	bells   *shmem.Doorbells
 	waiters int // WaitDoorbell callers; > 0: the peer must ring
 }
 
@@ -272,7 +270,7 @@ func NewDevice(p Port, cfg DeviceConfig) (_ *Device, err error) {
 	// Resume the doorbell counters where they stand, so that rings meant
 	// for an earlier holder of a side do not look pending, and ours carry
 	// on from the earlier holder's.
-	d.bells = shmem.NewDoorbells(d.local, d.remote, devRegDoorbells)
+	d.bells.Attach(d.local, d.remote, devRegDoorbells)
 	// Tell the peer who holds our side; the id last, so a peer that sees
 	// it sees a generation that matches our slot.
 	d.remote.Store32(devRegPeerWaiting, 0)
@@ -473,18 +471,6 @@ func (d *Device) peerID() (int, bool) {
 	return int(v - 1), true
 }
 
-// enter guards the region against Close; call exit when done.
-func (d *Device) enter() bool {
-	d.users.RLock()
-	if d.closed.Load() {
-		d.users.RUnlock()
-		return false
-	}
-	return true
-}
-
-func (d *Device) exit() { d.users.RUnlock() }
-
 // wakeLocal wakes this process's WaitDoorbell callers so they re-check.
 func (d *Device) wakeLocal() { d.wake.Wake() }
 
@@ -517,16 +503,14 @@ func (d *Device) DoorbellCount() int { return devDoorbellBits }
 // peer sleeps in WaitDoorbell, raises its doorbell vector. A peer that has
 // just left is not an error: the link goes down.
 func (d *Device) RingPeer(bits uint64) error {
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return ntb.ErrClosed
 	}
-	defer d.exit()
+	defer d.guard.Exit()
 	if d.evicted.Load() {
 		return fmt.Errorf("ring peer: side %d taken over: %w", d.side, ntb.ErrLinkDown)
 	}
-	d.mu.Lock()
 	d.bells.Ring(bits)
-	d.mu.Unlock()
 	if d.local.Load32(devRegPeerWaiting) == 0 {
 		return nil // awake: it will see the counters without an interrupt
 	}
@@ -541,22 +525,18 @@ func (d *Device) RingPeer(bits uint64) error {
 }
 
 func (d *Device) Doorbells() uint64 {
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return 0
 	}
-	defer d.exit()
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.guard.Exit()
 	return d.bells.Pending()
 }
 
 func (d *Device) ClearDoorbells(bits uint64) {
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return
 	}
-	defer d.exit()
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.guard.Exit()
 	d.bells.Clear(bits)
 }
 
@@ -571,18 +551,16 @@ func (d *Device) ClearDoorbellMask(bits uint64) {
 // caller sleeps the peer is asked to raise the doorbell vector on every
 // ring; link changes, Close and ctx wake it too.
 func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) {
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return 0, ntb.ErrClosed
 	}
-	defer d.exit()
+	defer d.guard.Exit()
 	linkSeq := d.links.Seq()
 	d.setWaiting(1)
 	defer d.setWaiting(-1)
 	return d.wake.Wait(ctx, func() (bool, uint64, error) {
-		d.mu.Lock()
 		p := d.bells.Pending() & want
-		d.mu.Unlock()
-		return doorbell.Done(ctx, d.closed.Load(), p, d.mask.Load(), d.links.Seq() != linkSeq)
+		return doorbell.Done(ctx, d.guard.Closed(), p, d.mask.Load(), d.links.Seq() != linkSeq)
 	})
 }
 
@@ -610,10 +588,10 @@ func (d *Device) Scratchpad(i int) (uint32, error) {
 	if i < 0 || i >= devScratchpadRegs {
 		return 0, fmt.Errorf("scratchpad %d of %d: out of range", i, devScratchpadRegs)
 	}
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return 0, ntb.ErrClosed
 	}
-	defer d.exit()
+	defer d.guard.Exit()
 	return d.local.Load32(devRegScratchpads + 4*i), nil
 }
 
@@ -621,10 +599,10 @@ func (d *Device) SetPeerScratchpad(i int, v uint32) error {
 	if i < 0 || i >= devScratchpadRegs {
 		return fmt.Errorf("scratchpad %d of %d: out of range", i, devScratchpadRegs)
 	}
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return ntb.ErrClosed
 	}
-	defer d.exit()
+	defer d.guard.Exit()
 	if d.evicted.Load() {
 		return fmt.Errorf("set peer scratchpad %d: side %d taken over: %w", i, d.side, ntb.ErrLinkDown)
 	}
@@ -655,14 +633,13 @@ func (d *Device) LinkChanged() <-chan struct{} { return d.links.Changed() }
 // Close detaches — the peer sees the link go down at once — and closes
 // the Port. It is idempotent.
 func (d *Device) Close() error {
-	d.closeOnce.Do(func() {
+	return d.guard.Close(func() {
 		close(d.stop)
 		<-d.monitorDone
-		d.closed.Store(true)
+	}, func() {
 		d.links.CloseLocal(time.Now())
-		d.wakeLocal()  // WaitDoorbell callers return ErrClosed
-		d.users.Lock() // and methods in flight finish: nothing writes after us
-		defer d.users.Unlock()
+		d.wakeLocal() // WaitDoorbell callers return ErrClosed
+	}, func() error { // methods in flight have finished: nothing writes after us
 		d.self.Store64(devSlotGen, 0)
 		d.self.Store32(devSlotState, devStateIdle)
 		if !d.evicted.Load() {
@@ -676,8 +653,8 @@ func (d *Device) Close() error {
 		d.stopWait()
 		<-d.waitDone
 		if err := d.port.Close(); err != nil {
-			d.closeErr = fmt.Errorf("close %s: %w", d.name, err)
+			return fmt.Errorf("close %s: %w", d.name, err)
 		}
+		return nil
 	})
-	return d.closeErr
 }

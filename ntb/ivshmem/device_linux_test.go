@@ -54,7 +54,7 @@ func upPair(t *testing.T, size int64, cfg DeviceConfig) (*Server, *Device, *Devi
 func downEvent(t *testing.T, d ntb.Device) ntb.LinkEvent {
 	t.Helper()
 	var ev ntb.LinkEvent
-	timeout := time.After(time.Second)
+	timeout := time.After(ntbtest.LivenessTimeout)
 	for {
 		select {
 		case e, ok := <-d.LinkEvents():

@@ -128,10 +128,11 @@ func TestRingWakesWait(t *testing.T) {
 	a, b := dial(t, s), dial(t, s)
 	woke := make(chan error, 1)
 	go func() { woke <- a.Wait(testCtx(t), 2) }()
+	waitfor.Blocked(t, "ivshmem.(*Client).Wait")
 	select {
 	case err := <-woke:
 		t.Fatalf("Wait returned before any ring: %v", err)
-	case <-time.After(50 * time.Millisecond):
+	default:
 	}
 	if err := b.Ring(a.ID(), 2); err != nil {
 		t.Fatal(err)

@@ -176,10 +176,11 @@ func TestPCIPortWait(t *testing.T) {
 
 	woke := make(chan error, 1)
 	go func() { woke <- f.Wait(ctx, 1) }()
+	waitfor.Blocked(t, "ivshmem.(*PCIPort).Wait")
 	select {
 	case err := <-woke:
 		t.Fatalf("Wait returned before any interrupt: %v", err)
-	case <-time.After(20 * time.Millisecond):
+	default:
 	}
 	f.interrupt(t, 1)
 	if err := <-woke; err != nil {

@@ -13,15 +13,34 @@ import (
 // away (ntstack's promise: within 100 ms).
 const LinkDetectTimeout = 100 * time.Millisecond
 
-// WaitLink waits up to timeout for d's link to reach state s.
+// WaitLink waits up to timeout for d's link to reach state s. A device
+// that tells of link changes (ntb.LinkWatcher) is watched, one that does
+// not is looked at every millisecond.
 func WaitLink(t testing.TB, d ntb.Device, s ntb.LinkState, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for d.Link() != s {
-		if time.Now().After(deadline) {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	w, watches := d.(ntb.LinkWatcher)
+	for {
+		var changed <-chan struct{}
+		var poll <-chan time.Time
+		if watches {
+			changed = w.LinkChanged() // before the look, so no change falls between
+		} else {
+			poll = time.After(time.Millisecond)
+		}
+		if d.Link() == s {
+			return
+		}
+		select {
+		case <-changed:
+		case <-poll:
+		case <-deadline.C:
+			if d.Link() == s { // a change and the deadline both came while this end was not running
+				return
+			}
 			t.Fatalf("%s: link still %v after %v, want %v", d.Name(), d.Link(), timeout, s)
 		}
-		time.Sleep(time.Millisecond)
 	}
 }
 

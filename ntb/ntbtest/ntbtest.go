@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ntstack/ntstack/ntb"
+	"github.com/ntstack/ntstack/ntb/internal/doorbell"
 )
 
 const (
@@ -40,8 +41,8 @@ type Device struct {
 	cause   ntb.Cause
 	suspect bool
 	closed  bool
-	notify  chan struct{} // closed and replaced on every change waiters care about
 
+	wake   doorbell.Waiters // woken by every change WaitDoorbell cares about
 	events chan ntb.LinkEvent
 }
 
@@ -66,7 +67,6 @@ func newDevice(name string, window int) *Device {
 		name:   name,
 		in:     unsafeBytes(words)[:window],
 		link:   ntb.LinkUp,
-		notify: make(chan struct{}),
 		events: make(chan ntb.LinkEvent, 16),
 	}
 }
@@ -78,10 +78,7 @@ func (d *Device) OutboundWindow() []byte { return d.peer.in }
 func (d *Device) DoorbellCount() int     { return doorbellBits }
 
 // changedLocked wakes every waiter.
-func (d *Device) changedLocked() {
-	close(d.notify)
-	d.notify = make(chan struct{})
-}
+func (d *Device) changedLocked() { d.wake.Wake() }
 
 func (d *Device) RingPeer(bits uint64) error {
 	d.mu.Lock()
@@ -124,27 +121,12 @@ func (d *Device) ClearDoorbellMask(bits uint64) {
 }
 
 func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) {
-	d.mu.Lock()
-	link := d.link
-	for {
-		p := d.pending & want
-		switch {
-		case d.closed:
-			d.mu.Unlock()
-			return 0, ntb.ErrClosed
-		case p&^d.mask != 0 || d.link != link:
-			d.mu.Unlock()
-			return p, nil
-		}
-		ch := d.notify
-		d.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return d.Doorbells() & want, ctx.Err()
-		}
+	link := d.Link()
+	return d.wake.Wait(ctx, func() (bool, uint64, error) {
 		d.mu.Lock()
-	}
+		defer d.mu.Unlock()
+		return doorbell.Done(ctx, d.closed, d.pending&want, d.mask, d.link != link)
+	})
 }
 
 func (d *Device) ScratchpadCount() int { return scratchpadRegs }

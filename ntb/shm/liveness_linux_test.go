@@ -120,7 +120,8 @@ func TestStoppedPeerIsSuspect(t *testing.T) {
 	_, before := ntbtest.WaitEvent(t, a, ntbtest.LivenessTimeout, "suspect", ntbtest.IsSuspect(true))
 	noDown(t, before)
 	require.True(t, a.Suspect())
-	// Hold the peer stopped for 2 s in all, watching that the link stays up.
+	// Hold the peer stopped for 2 s in all (the stall this test injects,
+	// so a timer), watching that the link stays up.
 	hold := time.NewTimer(time.Until(stopped.Add(2 * time.Second)))
 	defer hold.Stop()
 	for held := false; !held; {

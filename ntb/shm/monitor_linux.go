@@ -19,9 +19,9 @@ import (
 // this end with ntb.CauseLocal, the peer with ntb.CauseHardware.
 func (d *Device) ForceLinkDown() {
 	d.forceDown.Store(true)
-	if d.enter() {
+	if d.guard.Enter() {
 		d.remote.Store32(regPeerDown, 1)
-		d.exit()
+		d.guard.Exit()
 	}
 	d.checkNow()
 }
@@ -29,9 +29,9 @@ func (d *Device) ForceLinkDown() {
 // ForceLinkUp ends ForceLinkDown.
 func (d *Device) ForceLinkUp() {
 	d.forceDown.Store(false)
-	if d.enter() {
+	if d.guard.Enter() {
 		d.remote.Store32(regPeerDown, 0)
-		d.exit()
+		d.guard.Exit()
 	}
 	d.checkNow()
 }
@@ -67,10 +67,10 @@ func (d *Device) peerAttached() bool {
 // window at off with pseudo-random bytes from seed, as a faulty or hostile
 // peer might.
 func (d *Device) CorruptInbound(off, n int, seed uint64) {
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return
 	}
-	defer d.exit()
+	defer d.guard.Exit()
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	for i := off; i < off+n && i < len(d.in); i++ {
 		d.in[i] = byte(rng.Uint32())

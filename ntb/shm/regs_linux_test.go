@@ -88,7 +88,8 @@ func FuzzRegisters(f *testing.F) {
 		}
 
 		local, remote := shmem.Mem(make([]byte, regsSize)), shmem.Mem(make([]byte, regsSize))
-		d := &Device{local: local, remote: remote, bells: shmem.NewDoorbells(local, remote, regDoorbells)}
+		d := &Device{local: local, remote: remote}
+		d.bells.Attach(local, remote, regDoorbells)
 		var seen [doorbellBits]uint32 // the counters at our last clear of each bit
 		var rung [doorbellBits]uint32 // our rings of each bit
 		now := time.Unix(1e9, 0)

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 	"github.com/ntstack/ntstack/ntb"
 	"github.com/ntstack/ntstack/ntb/ntbtest"
 )
@@ -40,14 +41,6 @@ func (l *logBuf) has(s string) bool {
 		}
 	}
 	return false
-}
-
-// waitFor polls cond until it holds or the (generous) deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		require.True(t, time.Now().Before(deadline), "timed out waiting for %s", what)
-	}
 }
 
 // memOf identifies d's link memory, which its monitor may replace (adopt).
@@ -119,12 +112,12 @@ func TestRemovedFilesPutBack(t *testing.T) {
 	ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
 
 	require.NoError(t, Remove(dir, "l"))
-	waitFor(t, "the lock file and a's socket put back", func() bool {
+	waitfor.True(t, "the lock file and a's socket put back", func() bool {
 		_, err1 := os.Stat(filepath.Join(dir, "l"))
 		_, err2 := os.Stat(sockPath(filepath.Join(dir, "l"), 0))
 		return err1 == nil && err2 == nil
 	})
-	waitFor(t, "a's log of the removal", func() bool { return logA.has("link socket") && logA.has("removed; serving") })
+	waitfor.True(t, "a's log of the removal", func() bool { return logA.has("link socket") && logA.has("removed; serving") })
 	t.Logf("a logged: %q", logA.lines)
 	require.Equal(t, ntb.LinkUp, a.Link(), "removing the files does not touch the link")
 
@@ -143,8 +136,8 @@ func TestRemovedFilesPutBack(t *testing.T) {
 	sock := sockPath(filepath.Join(dir, "l"), 0)
 	require.NoError(t, os.Remove(sock))
 	require.NoError(t, os.WriteFile(sock, nil, 0o600))
-	waitFor(t, "a's log of the replacement", func() bool { return logA.has("replaced; serving") })
-	waitFor(t, "a's socket served again", func() bool {
+	waitfor.True(t, "a's log of the replacement", func() bool { return logA.has("replaced; serving") })
+	waitfor.True(t, "a's socket served again", func() bool {
 		f, side, err := fetch(sock)
 		if err != nil {
 			return false
@@ -181,7 +174,7 @@ func TestSplitMemoryConverges(t *testing.T) {
 			require.NoError(t, err)
 			defer old.Close()
 			// Its first beat, which looks at the files, is done once it counted.
-			waitFor(t, "the survivor's first beat", func() bool { return old.remote.Load64(regHeartbeat) != 0 })
+			waitfor.True(t, "the survivor's first beat", func() bool { return old.remote.Load64(regHeartbeat) != 0 })
 			require.NoError(t, os.Remove(sockPath(filepath.Join(dir, "l"), s)))
 			nu, err := Open("l", Options{Dir: dir, WindowSize: 64 << 10, Side: Side1 - survivor + Side0, Logf: logs[1-s].logf})
 			require.NoError(t, err)
@@ -189,7 +182,7 @@ func TestSplitMemoryConverges(t *testing.T) {
 			require.False(t, memOf(old) == memOf(nu), "the newcomer found nobody and made its own memory")
 
 			// The survivor puts its socket back; side 1 moves onto side 0's memory.
-			waitFor(t, "both ends up on one memory", func() bool {
+			waitfor.True(t, "both ends up on one memory", func() bool {
 				old.checkNow()
 				return old.Link() == ntb.LinkUp && nu.Link() == ntb.LinkUp
 			})

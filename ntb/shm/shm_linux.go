@@ -39,6 +39,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/prim/shmem"
 	"github.com/ntstack/ntstack/ntb"
+	"github.com/ntstack/ntstack/ntb/internal/closeguard"
 	"github.com/ntstack/ntstack/ntb/internal/doorbell"
 )
 
@@ -155,8 +156,6 @@ type Device struct {
 
 	forceDown atomic.Bool
 	silent    atomic.Bool // fault injection: stop heartbeating
-	closeOnce sync.Once
-	closeErr  error
 
 	// kick is a process-private word, in its own anonymous mapping, that
 	// local events (close, link change, cancellation) bump to wake the
@@ -169,15 +168,14 @@ type Device struct {
 	// bell_linux.go); nil for a memory link.
 	bell *bell
 
-	// users is held shared by every method that touches the mapping and
-	// exclusively by Close to unmap it.
-	users  sync.RWMutex
-	closed atomic.Bool
-	mask   doorbell.Mask
+	// guard is held by every method that touches the mapping, and Close
+	// unmaps it only once they have left.
+	guard closeguard.Guard
+	mask  doorbell.Mask
+	bells doorbell.Counters
 
 	mu sync.Mutex
 	// mu protects the following fields.
-	bells   *shmem.Doorbells
 	ringSeq uint32 // our count of rings, the peer's futex word
 }
 
@@ -375,7 +373,7 @@ func (d *Device) attach(o Options) (err error) {
 // unless it is; and resumes the doorbell counters where they are, so that
 // rings meant for an earlier attachment do not look pending.
 func (d *Device) stampRegsLocked() {
-	d.bells = shmem.NewDoorbells(d.local, d.remote, regDoorbells)
+	d.bells.Attach(d.local, d.remote, regDoorbells)
 	d.ringSeq = loadFutex(d.remote, regDoorbellSeq)
 	// A generation unlike any earlier one tells the peer we are new.
 	d.gen = rand.Uint64() | 1
@@ -515,18 +513,6 @@ func unlockByte(f *os.File, b int) {
 	_ = unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk)
 }
 
-// enter guards the mapping against Close; call exit when done.
-func (d *Device) enter() bool {
-	d.users.RLock()
-	if d.closed.Load() {
-		d.users.RUnlock()
-		return false
-	}
-	return true
-}
-
-func (d *Device) exit() { d.users.RUnlock() }
-
 // wakeLocal wakes this process's WaitDoorbell callers so they re-check.
 func (d *Device) wakeLocal() {
 	if d.bell.reads() {
@@ -554,12 +540,12 @@ func (d *Device) DoorbellCount() int { return doorbellBits }
 // RingPeer adds one to the peer's counter of every bit set, then to its
 // doorbell sequence, and wakes it if it sleeps.
 func (d *Device) RingPeer(bits uint64) error {
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return ntb.ErrClosed
 	}
-	defer d.exit()
-	d.mu.Lock()
+	defer d.guard.Exit()
 	d.bells.Ring(bits)
+	d.mu.Lock() // the sequence moves after the counters, and only forward
 	d.ringSeq++
 	storeFutex(d.remote, regDoorbellSeq, d.ringSeq)
 	d.mu.Unlock()
@@ -578,22 +564,18 @@ func (d *Device) wakePeer() {
 }
 
 func (d *Device) Doorbells() uint64 {
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return 0
 	}
-	defer d.exit()
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.guard.Exit()
 	return d.bells.Pending()
 }
 
 func (d *Device) ClearDoorbells(bits uint64) {
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return
 	}
-	defer d.exit()
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.guard.Exit()
 	d.bells.Clear(bits)
 }
 
@@ -601,9 +583,9 @@ func (d *Device) SetDoorbellMask(bits uint64) { d.mask.Update(bits, 0, nil) }
 
 func (d *Device) ClearDoorbellMask(bits uint64) {
 	d.mask.Update(0, bits, nil)
-	if d.enter() {
+	if d.guard.Enter() {
 		d.wakeLocal() // a newly unmasked bit may be pending
-		d.exit()
+		d.guard.Exit()
 	}
 }
 
@@ -612,18 +594,18 @@ func (d *Device) ClearDoorbellMask(bits uint64) {
 // the peer's doorbell sequence word and on the local wake word at once,
 // with no timeout: link changes, Close and ctx wake it through the latter.
 func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) {
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return 0, ntb.ErrClosed
 	}
-	defer d.exit()
+	defer d.guard.Exit()
 	linkSeq := d.links.Seq()
 	if d.bell.reads() {
 		return d.waitBell(ctx, want, linkSeq)
 	}
 	stop := context.AfterFunc(ctx, func() {
-		if d.enter() {
+		if d.guard.Enter() {
 			d.wakeLocal()
-			d.exit()
+			d.guard.Exit()
 		}
 	})
 	defer stop()
@@ -668,10 +650,8 @@ func (d *Device) noticePeer() {
 // return, once an unmasked bit of want is pending, the link changed since
 // linkSeq, ctx ended or the device closed.
 func (d *Device) waitOver(ctx context.Context, want uint64, linkSeq uint64) (bool, uint64, error) {
-	d.mu.Lock()
 	p := d.bells.Pending() & want
-	d.mu.Unlock()
-	return doorbell.Done(ctx, d.closed.Load(), p, d.mask.Load(), d.links.Seq() != linkSeq)
+	return doorbell.Done(ctx, d.guard.Closed(), p, d.mask.Load(), d.links.Seq() != linkSeq)
 }
 
 func (d *Device) ScratchpadCount() int { return scratchpadRegs }
@@ -680,10 +660,10 @@ func (d *Device) Scratchpad(i int) (uint32, error) {
 	if i < 0 || i >= scratchpadRegs {
 		return 0, fmt.Errorf("scratchpad %d of %d: out of range", i, scratchpadRegs)
 	}
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return 0, ntb.ErrClosed
 	}
-	defer d.exit()
+	defer d.guard.Exit()
 	return d.local.Load32(regScratchpads + 4*i), nil
 }
 
@@ -691,10 +671,10 @@ func (d *Device) SetPeerScratchpad(i int, v uint32) error {
 	if i < 0 || i >= scratchpadRegs {
 		return fmt.Errorf("scratchpad %d of %d: out of range", i, scratchpadRegs)
 	}
-	if !d.enter() {
+	if !d.guard.Enter() {
 		return ntb.ErrClosed
 	}
-	defer d.exit()
+	defer d.guard.Exit()
 	d.remote.Store32(regScratchpads+4*i, v)
 	return nil
 }
@@ -719,21 +699,19 @@ func (d *Device) LinkChanged() <-chan struct{} { return d.links.Changed() }
 
 // Close detaches: the peer sees the link go down at its next check.
 func (d *Device) Close() error {
-	d.closeOnce.Do(func() {
+	return d.guard.Close(func() {
 		close(d.stop)
 		<-d.done
-		d.closed.Store(true)
+	}, func() {
 		d.links.CloseLocal(time.Now())
 		d.remote.Store64(regGeneration, 0)
 		d.wakePeer()
 		d.wakeLocal()
-		d.users.Lock() // wait for methods in flight
+	}, func() error {
 		d.closeServer()
 		d.leave()
-		d.closeErr = d.release()
-		d.users.Unlock()
+		return d.release()
 	})
-	return d.closeErr
 }
 
 func (d *Device) release() error {

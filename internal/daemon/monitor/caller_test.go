@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ntstack/ntstack/internal/prim/proc"
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 )
 
@@ -170,7 +171,7 @@ func TestPeerHandshakesBoundedPerIP(t *testing.T) {
 	require.Empty(t, readUntilClosed(t, over), "refused without a frame")
 
 	silent[0].Close()
-	require.Eventually(t, func() bool {
+	waitfor.True(t, "a connection from the address served again", func() bool {
 		c, err := net.Dial("tcp", la.Addr().String())
 		if err != nil {
 			return false
@@ -183,5 +184,5 @@ func TestPeerHandshakesBoundedPerIP(t *testing.T) {
 		err = tls.Client(c, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13}).Handshake()
 		var alert tls.AlertError
 		return err == nil || errors.As(err, &alert)
-	}, waitFor, 10*time.Millisecond, "a connection from the address is served again")
+	})
 }

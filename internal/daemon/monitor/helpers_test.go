@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 	"github.com/ntstack/ntstack/internal/wire/hostauth"
 	"github.com/ntstack/ntstack/internal/wire/hostauth/hostauthtest"
@@ -30,8 +31,8 @@ import (
 const (
 	testHeartbeat   = 50 * time.Millisecond
 	testPeerTimeout = 750 * time.Millisecond
-	// waitFor bounds every poll-until; it is a hang guard, not a
-	// performance assertion.
+	// waitFor bounds the deadlines of test connections; it is a hang
+	// guard, not a performance assertion.
 	waitFor = 15 * time.Second
 )
 
@@ -147,10 +148,12 @@ func (n *node) peer(t *testing.T, host string) ctlapi.PeerStatus {
 func (n *node) waitPeer(t *testing.T, host string, up bool) ctlapi.PeerStatus {
 	t.Helper()
 	var p ctlapi.PeerStatus
-	require.Eventually(t, func() bool {
+	if !waitfor.Until(func() bool {
 		p = n.peer(t, host)
 		return p.Up == up
-	}, waitFor, 10*time.Millisecond, "%s: peer %s never became up=%v (last: %+v)", n.cfg.Host, host, up, p)
+	}) {
+		t.Fatalf("%s: peer %s never became up=%v (last: %+v)", n.cfg.Host, host, up, p)
+	}
 	return p
 }
 
@@ -289,7 +292,7 @@ func readUntilClosed(t *testing.T, c net.Conn) []Frame {
 func checkNoLeaks(t *testing.T) {
 	t.Helper()
 	var leaked []string
-	ok := assertEventually(waitFor, func() bool {
+	ok := waitfor.Until(func() bool {
 		leaked = leaked[:0]
 		buf := make([]byte, 4<<20)
 		buf = buf[:runtime.Stack(buf, true)]
@@ -305,18 +308,6 @@ func checkNoLeaks(t *testing.T) {
 	})
 	if !ok {
 		t.Fatalf("%d goroutines leaked:\n%s", len(leaked), strings.Join(leaked, "\n\n"))
-	}
-}
-
-func assertEventually(d time.Duration, cond func() bool) bool {
-	for deadline := time.Now().Add(d); ; {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 	"github.com/ntstack/ntstack/internal/wire/hostauth"
 )
@@ -74,7 +75,7 @@ func TestPeersAndResolve(t *testing.T) {
 
 	// One session per pair, the one the smaller host dialed, seen alike
 	// from both ends.
-	require.Eventually(t, func() bool { return r.a.dialer("b") == "a" && r.b.dialer("a") == "a" }, waitFor, 10e6)
+	waitfor.True(t, "one session a-b, dialed by a", func() bool { return r.a.dialer("b") == "a" && r.b.dialer("a") == "a" })
 	require.Equal(t, "c", r.a.dialer("c"))
 
 	pb := r.a.peer(t, "b")
@@ -322,9 +323,9 @@ func TestRefusedHellos(t *testing.T) {
 		})
 	}
 	// The version refusal concerned a configured peer: its status says so.
-	require.Eventually(t, func() bool {
+	waitfor.True(t, "d's status to say refused", func() bool {
 		return strings.Contains(na.peer(t, "d").Why, "refused")
-	}, waitFor, 10e6)
+	})
 
 	// And a's own dialer, refused the same way, shows the peer's reason.
 	lb := listen(t)
@@ -344,9 +345,9 @@ func TestRefusedHellos(t *testing.T) {
 	b := baseConfig(t, "x")
 	b.Peers = []config.Peer{{Host: "b", Control: lb.Addr().String()}}
 	nb := start(t, b, nil)
-	require.Eventually(t, func() bool {
+	waitfor.True(t, "b's status to give its refusal", func() bool {
 		return strings.Contains(nb.peer(t, "b").Why, "b refused the session: peer a speaks ntmon protocol 1, this host (b) speaks 2")
-	}, waitFor, 10e6)
+	})
 	require.NoError(t, lb.Close())
 }
 

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 )
 
 func TestNextDelay(t *testing.T) {
@@ -125,11 +127,11 @@ func TestListenerCloseDuringBackoff(t *testing.T) {
 		_, err := ln.Accept()
 		res <- err
 	}()
-	require.Eventually(t, func() bool { // in its backoff
+	waitfor.True(t, "Accept in its backoff", func() bool {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		return f.calls >= 2
-	}, 10*time.Second, time.Millisecond)
+	})
 	ln.Close()
 	err := <-res
 	require.ErrorIs(t, err, net.ErrClosed)

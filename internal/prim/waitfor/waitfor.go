@@ -9,6 +9,7 @@ package waitfor
 
 import (
 	"bytes"
+	"fmt"
 	"runtime"
 	"strings"
 	"testing"
@@ -54,6 +55,15 @@ func Blocked(t testing.TB, fn string) {
 	True(t, "a goroutine blocked in "+fn, func() bool { return blockedIn(stacks(), fn) })
 }
 
+// BlockedN waits until at least n goroutines are blocked in fn, as
+// Blocked does for one: a test whose callers share fn waits for the
+// last of them to sleep.
+func BlockedN(t testing.TB, fn string, n int) {
+	t.Helper()
+	what := fmt.Sprintf("%d goroutines blocked in %s", n, fn)
+	True(t, what, func() bool { return blockedCount(stacks(), fn) >= n })
+}
+
 // stacks returns every goroutine's stack.
 func stacks() []byte {
 	buf := make([]byte, 1<<16)
@@ -68,7 +78,12 @@ func stacks() []byte {
 
 // blockedIn reports whether the dump (runtime.Stack's, all goroutines)
 // holds a blocked goroutine with a frame containing fn.
-func blockedIn(dump []byte, fn string) bool {
+func blockedIn(dump []byte, fn string) bool { return blockedCount(dump, fn) > 0 }
+
+// blockedCount counts the blocked goroutines of the dump with a frame
+// containing fn.
+func blockedCount(dump []byte, fn string) int {
+	n := 0
 	for _, g := range bytes.Split(dump, []byte("\n\n")) {
 		header, frames, _ := strings.Cut(string(g), "\n")
 		// "goroutine 7 [chan receive, 2 minutes]:"
@@ -83,9 +98,10 @@ func blockedIn(dump []byte, fn string) bool {
 		}
 		for _, line := range strings.Split(frames, "\n") {
 			if !strings.HasPrefix(line, "created by ") && !strings.HasPrefix(line, "\t") && strings.Contains(line, fn) {
-				return true
+				n++
+				break
 			}
 		}
 	}
-	return false
+	return n
 }

@@ -1,6 +1,7 @@
 package waitfor
 
 import (
+	"sync"
 	"sync/atomic"
 	"testing"
 )
@@ -31,6 +32,20 @@ func TestBlocked(t *testing.T) {
 	if blockedIn(stacks(), "waitfor.parkHere") {
 		t.Error("parkHere still reported blocked after it returned")
 	}
+}
+
+func TestBlockedN(t *testing.T) {
+	c := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() { parkHere(c) })
+	}
+	BlockedN(t, "waitfor.parkHere", 3)
+	if n := blockedCount(stacks(), "waitfor.parkHere"); n != 3 {
+		t.Errorf("%d goroutines counted blocked in parkHere, want 3", n)
+	}
+	close(c)
+	wg.Wait()
 }
 
 func TestBlockedIn(t *testing.T) {

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 	"github.com/ntstack/ntstack/internal/tools/rack"
 )
 
@@ -425,19 +426,19 @@ func TestCleanupAfterCrash(t *testing.T) {
 	require.DirExists(t, rep.FabricDir)
 	require.DirExists(t, rep.StateRoot)
 	daemons, stray := rep.Pids[:len(rep.Pids)-1], rep.Pids[len(rep.Pids)-1]
-	require.Eventually(t, func() bool {
+	waitfor.True(t, "the daemons to end with the process that started them", func() bool {
 		for _, pid := range daemons {
 			if !gone(pid) {
 				return false
 			}
 		}
 		return true
-	}, 5*time.Second, 10*time.Millisecond, "daemons outlived the process that started them")
+	})
 	require.False(t, gone(stray))
 
 	require.NoError(t, rack.Cleanup(rep.Name))
 	requireNoTrace(t, rep.Name)
-	require.Eventually(t, func() bool { return gone(stray) }, 5*time.Second, 10*time.Millisecond)
+	waitfor.True(t, "Cleanup to end the stray process", func() bool { return gone(stray) })
 	require.NoDirExists(t, rep.FabricDir)
 	require.NoDirExists(t, rep.StateRoot)
 	require.NoError(t, rack.Cleanup(rep.Name), "nothing left to clean")

@@ -10,6 +10,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 )
 
 func TestKVCommands(t *testing.T) {
@@ -42,7 +44,7 @@ func TestKVCommands(t *testing.T) {
 	require.NoError(t, c.Set(ctx, "ttl", "x", 40*time.Millisecond).Err()) // PX 40
 	require.NoError(t, c.Set(ctx, "ttls", "x", 5*time.Second).Err())      // EX 5
 	require.Equal(t, int64(2), c.Exists(ctx, "ttl", "ttls").Val())
-	require.Eventually(t, func() bool { return c.Exists(ctx, "ttl").Val() == 0 }, 5*time.Second, 10*time.Millisecond)
+	waitfor.True(t, "the 40 ms key to expire", func() bool { return c.Exists(ctx, "ttl").Val() == 0 })
 	for _, bad := range [][]any{
 		{"SET", "a", "b", "EX", "0"},
 		{"SET", "a", "b", "EX", "x"},

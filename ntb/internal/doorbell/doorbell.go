@@ -1,16 +1,18 @@
 // Package doorbell is what the ntb backends share about doorbells: the
-// mask, the wake-up of WaitDoorbell callers and WaitDoorbell's check and
-// loop. A backend keeps its own pending bits (counters in shared memory,
-// an interrupt status register) and its own way of ringing the peer.
+// mask, the wake-up of WaitDoorbell callers, WaitDoorbell's check and
+// loop, and the emulated bits of the backends that keep them in shared
+// memory (Counters). A backend with hardware bits (an interrupt status
+// register) keeps its own, and each keeps its own way of waking the peer.
 //
-// Concurrency: Mask and Waiters are safe for concurrent use; their zero
-// values are ready (nothing masked, no waiter).
+// Concurrency: Mask, Waiters and Counters are safe for concurrent use; the
+// zero values of Mask and Waiters are ready (nothing masked, no waiter).
 package doorbell
 
 import (
 	"context"
 	"sync"
 
+	"github.com/ntstack/ntstack/internal/prim/shmem"
 	"github.com/ntstack/ntstack/ntb"
 )
 
@@ -102,4 +104,44 @@ func Done(ctx context.Context, closed bool, pending, mask uint64, linkChanged bo
 		return true, pending, ctx.Err()
 	}
 	return false, pending, nil
+}
+
+// Counters are the doorbell bits of a backend that emulates them in
+// shared memory (shmem.Doorbells), behind the lock their owner would
+// otherwise keep. Attach before any other call; the zero value holds none.
+type Counters struct {
+	mu sync.Mutex
+	// mu protects c.
+	c *shmem.Doorbells
+}
+
+// Attach (re)attaches to the counters at base of the local and remote
+// register blocks, resuming both where they stand (see
+// shmem.NewDoorbells): rings meant for an earlier attachment do not look
+// pending.
+func (c *Counters) Attach(local, remote shmem.Mem, base int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.c = shmem.NewDoorbells(local, remote, base)
+}
+
+// Ring raises bits on the peer.
+func (c *Counters) Ring(bits uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.c.Ring(bits)
+}
+
+// Pending returns the bits raised on us since their last Clear.
+func (c *Counters) Pending() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.c.Pending()
+}
+
+// Clear acknowledges bits.
+func (c *Counters) Clear(bits uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.c.Clear(bits)
 }

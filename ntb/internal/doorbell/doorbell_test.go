@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ntstack/ntstack/internal/prim/shmem"
 	"github.com/ntstack/ntstack/ntb"
 )
 
@@ -108,4 +109,44 @@ func TestWaitersContext(t *testing.T) {
 		t.Fatal("Wait did not return after its context ended")
 	}
 	w.Wake() // no waiter: nothing to close, no panic
+}
+
+// Two ends' Counters over one pair of register blocks: a ring is pending
+// at the peer until it clears it, concurrent rings are all counted, and
+// an end attached anew does not see rings meant for the one before.
+func TestCounters(t *testing.T) {
+	regsA, regsB := shmem.Mem(make([]byte, 4*shmem.DoorbellBits)), shmem.Mem(make([]byte, 4*shmem.DoorbellBits))
+	var a, b Counters
+	a.Attach(regsA, regsB, 0)
+	b.Attach(regsB, regsA, 0)
+	a.Ring(1<<3 | 1<<60)
+	if got := b.Pending(); got != 1<<3|1<<60 {
+		t.Fatalf("pending %#x after a ring of bits 3 and 60", got)
+	}
+	b.Clear(1 << 3)
+	if got := b.Pending(); got != 1<<60 {
+		t.Fatalf("pending %#x after clearing bit 3", got)
+	}
+	b.Clear(1 << 60)
+	done := make(chan struct{})
+	for range 4 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for range 1000 {
+				a.Ring(1 << 7)
+			}
+		}()
+	}
+	for range 4 {
+		<-done
+	}
+	if got := regsB.Load32(4 * 7); got != 4000 {
+		t.Fatalf("bit 7's counter %d after 4000 rings", got)
+	}
+	a.Ring(1 << 9)
+	var b2 Counters
+	b2.Attach(regsB, regsA, 0)
+	if got := b2.Pending(); got != 0 {
+		t.Fatalf("a new attachment sees %#x pending", got)
+	}
 }

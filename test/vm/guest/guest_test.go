@@ -321,7 +321,9 @@ func TestDoorbell(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
 
-	// Rendezvous: a ring before the peer routed its vectors would be lost.
+	// Rendezvous: a ring before the peer routed its vectors would be lost,
+	// so the peer's ready word is polled, the one event no interrupt can
+	// carry.
 	store64(mem, OffReadyOf(me), ReadyMagic)
 	for load64(mem, OffReadyOf(peer)) != ReadyMagic {
 		select {

@@ -17,6 +17,7 @@ import (
 	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/ntb"
 	"github.com/ntstack/ntstack/ntb/ivshmem"
+	"github.com/ntstack/ntstack/ntb/ntbtest"
 	"github.com/ntstack/ntstack/vfio"
 )
 
@@ -168,12 +169,17 @@ func echo(ctx context.Context, t *testing.T, dev *ivshmem.Device, ep *transport.
 	}
 	// Linger until the streamer, having read our EOF, hangs up: tearing
 	// our Device down first would race our FIN against the link going
-	// down. Link is polled: the Endpoint owns the LinkEvents channel.
-	for dev.Link() == ntb.LinkUp {
+	// down. The Endpoint owns the LinkEvents channel, so the wait is on
+	// LinkChanged, taken before each look.
+	for {
+		changed := dev.LinkChanged()
+		if dev.Link() != ntb.LinkUp {
+			break
+		}
 		select {
 		case <-ctx.Done():
 			t.Fatal("the streamer never hung up")
-		case <-time.After(10 * time.Millisecond):
+		case <-changed:
 		}
 	}
 }
@@ -225,13 +231,7 @@ func TestConn(t *testing.T) {
 	}
 	_, a := attach(t, openPort(t, addrs[0]), ivshmem.Side0)
 	devB, b := attach(t, openPort(t, addrs[1]), ivshmem.Side1)
-	deadline := time.Now().Add(linkTimeout)
-	for devB.Link() != ntb.LinkUp {
-		if time.Now().After(deadline) {
-			t.Fatalf("link not up after %v", linkTimeout)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	ntbtest.WaitLink(t, devB, ntb.LinkUp, linkTimeout)
 	port := stackPort
 	start := time.Now()
 	nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) {

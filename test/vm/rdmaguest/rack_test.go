@@ -20,6 +20,7 @@ import (
 	"github.com/ntstack/ntstack/internal/daemon/doctor"
 	"github.com/ntstack/ntstack/internal/daemon/monitor"
 	"github.com/ntstack/ntstack/internal/daemon/proxy"
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 	"github.com/ntstack/ntstack/internal/wire/hostauth"
 	"github.com/ntstack/ntstack/socklike"
@@ -93,7 +94,9 @@ key = %q
 		rackServe(t, app)
 		return
 	}
-	// b: wait until a's HELLO has told this ntmon where a takes RDMA.
+	// b: wait until a's HELLO has told this ntmon where a takes RDMA. a is
+	// another guest, still booting under TCG: its status, looked at every
+	// 100 ms, is all there is to wait on, within a bound for its boot.
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		st := m.Status(context.Background())
@@ -112,7 +115,7 @@ key = %q
 		if err == nil || time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(200 * time.Millisecond) // a's application may not listen yet
+		time.Sleep(200 * time.Millisecond) // a's application, in the other guest, may not listen yet: only a dial tells
 	}
 	if err != nil {
 		t.Fatalf("dial %s:%d: %v", peer, rackPort, err)
@@ -124,15 +127,12 @@ key = %q
 		t.Fatalf("route %s (%s), want rdma", route.Path, route.Reason)
 	}
 	// ntproxy registers the connection just after its answer to Dial.
-	for i := 0; ; i++ {
-		snap := s.Snapshot()
-		if len(snap.Conns) == 1 && snap.Conns[0].Path == ctlapi.PathRDMA {
-			break
-		}
-		if i == 100 {
-			t.Fatalf("ntproxy's connections: %+v, want one over rdma", snap.Conns)
-		}
-		time.Sleep(20 * time.Millisecond)
+	var snap ctlapi.Snapshot
+	if !waitfor.Until(func() bool {
+		snap = s.Snapshot()
+		return len(snap.Conns) == 1 && snap.Conns[0].Path == ctlapi.PathRDMA
+	}) {
+		t.Fatalf("ntproxy's connections: %+v, want one over rdma", snap.Conns)
 	}
 	st := m.Status(context.Background())
 	var b strings.Builder
@@ -252,16 +252,12 @@ func startDaemons(t *testing.T, cfg *config.Config) (*monitor.Monitor, *proxy.Se
 	})
 	// Wait for a connection, not for the file: bind creates it before
 	// listen, and a dial in between is refused (seen once in CI).
-	for i := 0; ; i++ {
+	waitfor.True(t, "ntproxy's socket to take a connection", func() bool {
 		c, err := net.Dial("unix", cfg.Path(config.ProxySocket))
 		if err == nil {
 			c.Close()
-			break
 		}
-		if i == 500 {
-			t.Fatalf("ntproxy's socket takes no connection: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err == nil
+	})
 	return m, s
 }

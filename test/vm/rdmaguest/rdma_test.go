@@ -133,7 +133,7 @@ func client(t *testing.T, v *rdma.Verbs, peer string, msgs int) {
 		if time.Since(start) > 60*time.Second || !notUpYet(err) {
 			t.Fatalf("dial %s: %v", peer, err)
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // the server is another guest: only a dial tells when it listens
 	}
 	defer c.Close()
 	metric("role", "client", "connect_ms", time.Since(start).Milliseconds())
