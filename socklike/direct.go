@@ -84,6 +84,10 @@ type carrier struct {
 	rdone bool // the reader has left it for the next
 
 	wdone bool // under directConn.mu: the writer has left it
+
+	// The deadlines last given to c by Read and by Write (each under
+	// its lock): set again only when they change.
+	rdl, wdl time.Time
 }
 
 // directConn is a direct-mode connection's stream (see above).
@@ -212,7 +216,10 @@ func (d *directConn) Read(b []byte) (int, error) {
 			}
 			continue
 		}
-		cur.c.SetReadDeadline(dl)
+		if !dl.Equal(cur.rdl) {
+			cur.c.SetReadDeadline(dl)
+			cur.rdl = dl
+		}
 		n, err := d.readFrom(cur, b)
 		if n > 0 || err == nil {
 			return n, nil
@@ -284,12 +291,16 @@ func (d *directConn) Write(b []byte) (int, error) {
 			err = syscall.EPIPE
 		case failed != nil:
 			err = failed
-		case cur.fb:
-			cur.c.SetWriteDeadline(dl)
-			n, err = d.writeFallback(cur, b[total:])
 		default:
-			cur.c.SetWriteDeadline(dl)
-			n, err = cur.c.Write(b[total:])
+			if !dl.Equal(cur.wdl) {
+				cur.c.SetWriteDeadline(dl)
+				cur.wdl = dl
+			}
+			if cur.fb {
+				n, err = d.writeFallback(cur, b[total:])
+			} else {
+				n, err = cur.c.Write(b[total:])
+			}
 		}
 		d.wmu.Unlock()
 		total += n
@@ -339,6 +350,7 @@ func (d *directConn) mark(cur *carrier, l uint32) error {
 		return errors.New("a frame cut by a write deadline is still open")
 	}
 	cur.c.SetWriteDeadline(time.Time{})
+	cur.wdl = time.Time{}
 	_, err := cur.c.Write(binary.LittleEndian.AppendUint32(nil, l))
 	return err
 }
@@ -411,7 +423,8 @@ func (d *directConn) SetReadDeadline(t time.Time) error {
 	cur := d.reads[0]
 	d.bumpLocked()
 	d.mu.Unlock()
-	return cur.c.SetReadDeadline(t)
+	return cur.c.SetReadDeadline(t) // wakes a Read blocked on it, which sets it again
+
 }
 
 func (d *directConn) SetWriteDeadline(t time.Time) error {
@@ -420,7 +433,8 @@ func (d *directConn) SetWriteDeadline(t time.Time) error {
 	cur := d.w
 	d.bumpLocked()
 	d.mu.Unlock()
-	return cur.c.SetWriteDeadline(t)
+	return cur.c.SetWriteDeadline(t) // wakes a Write blocked on it, which sets it again
+
 }
 
 // leftLocked closes a fallback both the reader and the writer have left
@@ -630,6 +644,10 @@ func (d *directConn) install(cur *carrier, f *transport.Conn, h transport.Handov
 	}
 	route.Mode = "proxy" // ntproxy's Reason names the direct link
 	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return net.ErrClosed
+	}
 	d.w, d.fallback = nf, &route
 	d.reads = append(d.reads, nf)
 	cur.wdone = true
@@ -695,6 +713,11 @@ func (d *directConn) back(nc *transport.Conn) bool {
 	}
 	nd := &carrier{c: nc, wbase: off - hdrLen, rbase: peer - hdrLen}
 	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		nc.Close()
+		return true
+	}
 	d.w, d.fallback = nd, nil
 	d.reads = append(d.reads, nd)
 	cur.wdone = true
