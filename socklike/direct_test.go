@@ -10,6 +10,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -209,4 +210,25 @@ func TestDirectMovesAndBack(t *testing.T) {
 	}
 	_, err := r.c[0].Write([]byte("x"))
 	require.ErrorIs(t, err, net.ErrClosed)
+}
+
+// A peer that is gone still reads as a reset: the far end's direct link
+// closes under a blocked Read, and the Read fails with ECONNRESET.
+func TestDirectPeerGoneResets(t *testing.T) {
+	r := newDirectRig(t)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := r.c[0].Read(make([]byte, 1))
+		errc <- err
+	}()
+	waitfor.Blocked(t, "(*directConn).Read")
+	require.NoError(t, r.c[1].d.ep.Close())
+	err := <-errc
+	require.ErrorIs(t, err, syscall.ECONNRESET, "a blocked Read when the peer's end of the direct link is gone")
+	var oe *net.OpError
+	require.ErrorAs(t, err, &oe)
+	require.Equal(t, "read", oe.Op)
+	for _, c := range r.c {
+		require.NoError(t, c.Close())
+	}
 }
