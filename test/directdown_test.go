@@ -127,6 +127,7 @@ func TestRackDirectLinkDown(t *testing.T) {
 	type seen struct {
 		line  string
 		route socklike.Route
+		at    time.Time
 		ok    bool
 	}
 	var toFallback, toDirect seen
@@ -137,13 +138,13 @@ func TestRackDirectLinkDown(t *testing.T) {
 		if toFallback.line, toFallback.ok = appLog.wait("a: direct link", "moved to the fallback"); !toFallback.ok {
 			return
 		}
-		toFallback.route = c.Route()
+		toFallback.route, toFallback.at = c.Route(), time.Now()
 		var snap ctlapi.Snapshot
 		if admin.Call(context.Background(), ctlapi.PathSnapshot, nil, &snap) == nil {
 			fallbackConns = snap.Conns
 		}
 		toDirect.line, toDirect.ok = appLog.wait("a: direct link", "moved back")
-		toDirect.route = c.Route()
+		toDirect.route, toDirect.at = c.Route(), time.Now()
 	}()
 
 	var downAt, upAt time.Time
@@ -198,6 +199,8 @@ func TestRackDirectLinkDown(t *testing.T) {
 			}
 		}
 	}
+	t.Logf("on the fallback %v after the pull, back on the direct link %v after the link came back",
+		toFallback.at.Sub(downAt).Round(time.Millisecond), toDirect.at.Sub(upAt).Round(time.Millisecond))
 	t.Logf("1 GiB byte-exact in %v over a direct connection across the link pulled %v in for %v; the receiver's longest wait for data %v",
 		res.elapsed.Round(time.Millisecond), downAt.Sub(res.start).Round(time.Millisecond), upAt.Sub(downAt).Round(time.Millisecond), s.pause.Round(time.Millisecond))
 }
