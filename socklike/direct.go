@@ -96,7 +96,6 @@ type directConn struct {
 	name   string // the direct link's
 	side   int    // 0: dialed, moves the connection; 1: accepted
 	target string // side 0: the address dialed, for the fallback
-	class  qos.Class
 	ep     *transport.Endpoint
 	ln     *transport.Listener // side 1: the link's listener, for the way back
 	lease  *transport.Conn
@@ -118,7 +117,8 @@ type directConn struct {
 	closed   bool
 	wshut    bool
 	rdl, wdl time.Time
-	err      error // the connection failed
+	err      error     // the connection failed
+	class    qos.Class // what this side sends
 }
 
 // newDirect makes the stream of a direct connection over dc, on link
@@ -127,7 +127,10 @@ func (p *Proxy) newDirect(name string, side int, ep *transport.Endpoint, ln *tra
 	cr := &carrier{c: dc}
 	d := &directConn{p: p, name: name, side: side, ep: ep, ln: ln, lease: lease, reads: []*carrier{cr}, w: cr, changed: make(chan struct{}), class: dc.Priority()}
 	d.dialFallback = func(ctx context.Context) (*transport.Conn, Route, error) {
-		fc, err := p.dialOnce(ctx, d.target, dialOpts{class: d.class, cont: d.name})
+		d.mu.Lock()
+		class := d.class
+		d.mu.Unlock()
+		fc, err := p.dialOnce(ctx, d.target, dialOpts{class: class, cont: d.name})
 		if err != nil {
 			return nil, Route{}, err
 		}
@@ -718,6 +721,7 @@ func (d *directConn) back(nc *transport.Conn) bool {
 		nc.Close()
 		return true
 	}
+	nc.SetPriority(d.class)
 	d.w, d.fallback = nd, nil
 	d.reads = append(d.reads, nd)
 	cur.wdone = true
@@ -743,12 +747,9 @@ func (p *Proxy) continued(name string, f *transport.Conn, route Route) {
 // SetPriority sets the class of what this side sends, on the carrier in
 // use and the next.
 func (d *directConn) SetPriority(class qos.Class) error {
-	d.wmu.Lock()
-	defer d.wmu.Unlock()
 	d.mu.Lock()
-	cur := d.w
-	d.mu.Unlock()
-	if err := cur.c.SetPriority(class); err != nil {
+	defer d.mu.Unlock()
+	if err := d.w.c.SetPriority(class); err != nil {
 		return err
 	}
 	d.class = class
