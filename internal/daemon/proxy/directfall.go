@@ -26,17 +26,34 @@ import (
 const relayPoll = 50 * time.Millisecond
 
 // relayLinkState writes appproto.LeaseLinkDown and LeaseLinkUp on lease c
-// as link goes down and comes back, until done closes.
+// as link goes down and comes back, until done closes. A link down
+// because the peer's ntproxy exited, closed its end or went silent
+// (ntb.Liveness) is not relayed: the link itself, and the direct link
+// with it, still works.
 func (s *Server) relayLinkState(link *rackLink, c *transport.Conn, pc *pconn, done <-chan struct{}) {
 	dev := link.ep.Device()
 	w, _ := dev.(ntb.LinkWatcher)
+	lv, _ := dev.(ntb.Liveness)
+	failed := func() bool {
+		if dev.Link() == ntb.LinkUp {
+			return false
+		}
+		if lv == nil {
+			return true
+		}
+		switch lv.LinkCause() {
+		case ntb.CauseClosed, ntb.CauseGone, ntb.CauseSilent:
+			return false
+		}
+		return true
+	}
 	up := true
 	for {
 		var changed <-chan struct{}
 		if w != nil {
 			changed = w.LinkChanged()
 		}
-		if now := dev.Link() == ntb.LinkUp; now != up {
+		if now := !failed(); now != up {
 			up = now
 			msg := byte(appproto.LeaseLinkDown)
 			if up {

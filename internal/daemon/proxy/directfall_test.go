@@ -13,6 +13,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/prim/waitfor"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
+	"github.com/ntstack/ntstack/ntb"
 	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/socklike"
 )
@@ -149,4 +150,22 @@ func TestDirectContinueRefused(t *testing.T) {
 	require.NoError(t, r.b.admitContinue(far, "a", name))
 	require.Error(t, r.b.admitContinue(far, "c", name), "a link a granted, continued from c")
 	require.Error(t, r.b.admitContinue(far, "a", name+"0"), "a link b's application does not hold")
+}
+
+// The NTB link down because the far ntproxy went away is not the direct
+// link's failure: the direct connection stays on its link and carries on.
+func TestDirectOutlivesFarProxy(t *testing.T) {
+	r := newRack(t, "")
+	_, client := echoRack(t, r)
+	nc, err := (&socklike.Dialer{Proxy: client, Direct: true}).Dial("tcp", "b:80")
+	require.NoError(t, err)
+	defer nc.Close()
+	c := nc.(*socklike.Conn)
+	home := c.Route()
+	roundTrip(t, c, 1, 256<<10)
+	require.NoError(t, r.b.Close())
+	dev := r.a.links["b"].ep.Device()
+	waitfor.True(t, "a's NTB link down once b's ntproxy closed", func() bool { return dev.Link() != ntb.LinkUp })
+	roundTrip(t, c, 2, 256<<10)
+	require.Equal(t, home, c.Route(), "still on its direct link")
 }
