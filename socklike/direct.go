@@ -732,6 +732,28 @@ func (d *directConn) back(nc *transport.Conn) bool {
 	return true
 }
 
+// runContinue takes the connections ntproxy opens on PortContinue to carry
+// on direct connections, each introduced by an Incoming frame.
+func (p *Proxy) runContinue(ln *transport.Listener) {
+	for {
+		c, err := ln.AcceptConn()
+		if err != nil {
+			return
+		}
+		go func() {
+			var in appproto.Incoming
+			c.SetReadDeadline(time.Now().Add(moveTimeout))
+			err := appproto.ReadFrame(c, &in)
+			c.SetReadDeadline(time.Time{})
+			if err != nil || in.Continue == "" {
+				c.Close()
+				return
+			}
+			p.continued(in.Continue, c, Route{Path: in.Path, Mode: "proxy", Reason: in.Reason})
+		}()
+	}
+}
+
 // continued hands fallback f of direct link name to its connection.
 func (p *Proxy) continued(name string, f *transport.Conn, route Route) {
 	p.mu.Lock()

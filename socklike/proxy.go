@@ -223,6 +223,9 @@ func (p *Proxy) attachLocked() (_ *attachment, err error) {
 		}
 	}
 	uc.SetDeadline(time.Time{})
+	if ln, err := ep.Listen(appproto.PortContinue); err == nil {
+		go p.runContinue(ln) // ends with the attachment's endpoint
+	}
 	go a.runWatch()
 	return a, nil
 }
@@ -600,10 +603,6 @@ func (l *proxyListener) introduce(a *attachment, c *transport.Conn) {
 		return
 	}
 	local, remote, route := parseAddr(in.Local), parseAddr(in.Remote), Route{Path: in.Path, Mode: "proxy", Reason: in.Reason}
-	if in.Continue != "" {
-		l.p.continued(in.Continue, c, route)
-		return
-	}
 	conn := newConn(c, local, remote, route)
 	if in.Direct != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -98,13 +100,69 @@ func (s *Server) holdsDirect(a *app, name string) bool {
 	return false
 }
 
-// admitContinue checks a peer's open that carries on direct link name: a
-// link the peer granted (its name says so) and a that holds it here.
-func (s *Server) admitContinue(a *app, from, name string) error {
-	if !strings.HasPrefix(name, directPrefix+from+"-") || !s.holdsDirect(a, name) {
-		return ctlapi.Errorf(ctlapi.CodeRefused, "no direct link %q of %s to continue", name, from)
+// directHolder returns the application holding the lease of direct link
+// name, which from granted (its name says so), and the lease's record; nil
+// if none does.
+func (s *Server) directHolder(from, name string) (*app, *pconn) {
+	if !strings.HasPrefix(name, directPrefix+from+"-") {
+		return nil, nil
 	}
-	return nil
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, a := range s.apps {
+		for _, pc := range a.conns {
+			if pc.direct && pc.dlName == name {
+				return a, pc
+			}
+		}
+	}
+	return nil, nil
+}
+
+// serveContinue is serveInbound's part for a connection carrying on
+// direct link open.Continue: it goes to the application holding the link,
+// on its PortContinue (not through a listener, which may have closed since
+// the direct connection was accepted), and runs as a proxied connection.
+// The direct connection was admitted; its continuation is the same.
+func (s *Server) serveContinue(fc net.Conn, open appproto.RackOpen, in inbound, refuse func(error)) {
+	a, lease := s.directHolder(open.From, open.Continue)
+	switch {
+	case in.from != "" && open.From != in.from:
+		refuse(ctlapi.Errorf(ctlapi.CodeBadRequest, "open from %q arrived %s, which leads to %s", open.From, in.via, in.from))
+		return
+	case a == nil:
+		refuse(ctlapi.Errorf(ctlapi.CodeRefused, "no direct link %q of %s to continue", open.Continue, open.From))
+		return
+	case open.Direct != "" || open.Token == 0 || len(open.Secret) != legSecretLen:
+		refuse(ctlapi.Errorf(ctlapi.CodeBadRequest, "continuation from %s: direct, without a token or with a %d-byte resume secret", open.From, len(open.Secret)))
+		return
+	}
+	pc := &pconn{
+		id: s.nextID.Add(1), app: a.id, dir: "in", path: in.path, link: in.link, partition: in.partition,
+		reason: continueReason(open.Continue, fmt.Sprintf("from %s %s", open.From, in.via)),
+		local:  lease.local, remote: lease.remote, cont: open.Continue, secret: open.Secret,
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, dialTimeout)
+	defer cancel()
+	ac, err := a.ep.DialContext(ctx, appproto.PortContinue)
+	if err == nil {
+		if err = appproto.WriteFrame(ac, appproto.Incoming{Local: pc.local, Remote: pc.remote, Path: pc.path, Reason: pc.reason, Continue: open.Continue}); err != nil {
+			ac.Close()
+		}
+	}
+	if err != nil {
+		refuse(ctlapi.Errorf(ctlapi.CodeRefused, "app %d takes no continuation of direct link %s: %v", a.id, open.Continue, err))
+		return
+	}
+	fc.SetDeadline(time.Time{})
+	if err := appproto.WriteFrame(fc, appproto.DialReply{Local: pc.remote, Remote: pc.local, Path: pc.path, Window: pc.rxWindow()}); err != nil {
+		ac.Close()
+		fc.Close()
+		return
+	}
+	s.logf("connection %d: direct link %s continues through the proxies over %s", pc.id, pc.cont, pc.path)
+	peer, _ := s.cfg.Peer(open.From)
+	s.runLeg(a, s.newLeg(pc, ac, peer, legKey{open.From, open.Token}, false, fc, in.path, open.Window))
 }
 
 // continueReason is the reason of a proxied connection carrying on

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"crypto/sha256"
 	"fmt"
 	"io"
@@ -22,11 +23,22 @@ import (
 // connection moves to the fallback through the two proxies (its Route
 // says so, and a's snapshot shows the proxied connection carrying it);
 // restored, it moves back to its direct link. The echo of everything
-// written arrives byte for byte on the same Conn.
+// written arrives byte for byte on the same Conn. The echo server closed
+// its listener once it had accepted: the fallback does not need it.
 func TestDirectFailover(t *testing.T) {
 	port := 20000 + rand.IntN(20000)
 	r := newRack(t, fmt.Sprintf(`fallback = "{peer}:%d"`, port), fmt.Sprintf(`fallback = "{self}:%d"`, port))
-	_, client := echoRack(t, r)
+	ln, err := (&socklike.ListenConfig{Proxy: attach(t, r.cb)}).Listen(context.Background(), "tcp", ":80")
+	require.NoError(t, err)
+	go func() {
+		c, err := ln.Accept()
+		ln.Close()
+		if err == nil {
+			io.Copy(c, c)
+			c.Close()
+		}
+	}()
+	client := attach(t, r.ca)
 	nc, err := (&socklike.Dialer{Proxy: client, Direct: true}).Dial("tcp", "b:80")
 	require.NoError(t, err)
 	defer nc.Close()
@@ -114,7 +126,7 @@ func TestDirectFailover(t *testing.T) {
 
 // Only an application holding a direct link continues it: a's ntproxy
 // takes a continuation only from the application holding the link, and
-// b's only for a link a granted and b's application holds.
+// b's hands one only for a link a granted to the application holding it.
 func TestDirectContinueRefused(t *testing.T) {
 	r := newRack(t, "")
 	_, client := echoRack(t, r)
@@ -147,9 +159,12 @@ func TestDirectContinueRefused(t *testing.T) {
 	farName, far, _ := lease(r.b)
 	require.Equal(t, name, farName, "b's lease is of the same link")
 	require.NotNil(t, far)
-	require.NoError(t, r.b.admitContinue(far, "a", name))
-	require.Error(t, r.b.admitContinue(far, "c", name), "a link a granted, continued from c")
-	require.Error(t, r.b.admitContinue(far, "a", name+"0"), "a link b's application does not hold")
+	holderB, _ := r.b.directHolder("a", name)
+	require.Equal(t, far, holderB)
+	holderB, _ = r.b.directHolder("c", name)
+	require.Nil(t, holderB, "a link a granted, continued from c")
+	holderB, _ = r.b.directHolder("a", name+"0")
+	require.Nil(t, holderB, "a link b's application does not hold")
 }
 
 // The NTB link down because the far ntproxy went away is not the direct

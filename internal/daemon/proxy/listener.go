@@ -246,6 +246,10 @@ func (s *Server) serveInbound(fc net.Conn, in inbound) {
 		}
 		return
 	}
+	if open.Continue != "" {
+		s.serveContinue(fc, open, in, refuse)
+		return
+	}
 	l := in.listener
 	switch {
 	case in.from != "" && open.From != in.from:
@@ -274,10 +278,6 @@ func (s *Server) serveInbound(fc net.Conn, in inbound) {
 		remote: hostPort(open.From, in.remotePort),
 	}
 	if open.Direct != "" {
-		if open.Continue != "" {
-			refuse(ctlapi.Errorf(ctlapi.CodeBadRequest, "open from %s both direct and continuing", open.From))
-			return
-		}
 		if in.path != ctlapi.PathNTB {
 			refuse(ctlapi.Errorf(ctlapi.CodeBadRequest, "direct mode needs an NTB link, not %s", in.path))
 			return
@@ -295,16 +295,7 @@ func (s *Server) serveInbound(fc net.Conn, in inbound) {
 	}
 	pc.secret = open.Secret
 	incoming := appproto.Incoming{Local: pc.local, Remote: pc.remote, Path: pc.path}
-	if open.Continue != "" {
-		if err := s.admitContinue(l.app, open.From, open.Continue); err != nil {
-			refuse(err)
-			return
-		}
-		incoming.Continue, pc.cont = open.Continue, open.Continue
-		pc.reason = continueReason(pc.cont, pc.reason)
-		s.logf("connection %d: direct link %s continues through the proxies over %s", pc.id, pc.cont, pc.path)
-	}
-	if l.pool && pc.cont == "" { // a continuation is read as a stream (socklike/direct.go)
+	if l.pool {
 		s.tryPool(l.app, pc)
 		if pc.slot != nil {
 			incoming.Pool = &appproto.PoolGrant{Slot: pc.slot.index}

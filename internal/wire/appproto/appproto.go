@@ -55,6 +55,12 @@ const (
 	PortListen = 2
 )
 
+// PortContinue is the port of the application's end of its memory link
+// on which the proxy opens a connection carrying on one of its direct
+// connections (DialRequest.Continue), with an Incoming frame naming the
+// direct link first.
+const PortContinue = 3
+
 // The Hello/Welcome datagrams on the Unix socket:
 //
 //	Hello   (app → proxy): magic u32 | version u16 | name length u16 | name
