@@ -3,6 +3,7 @@ package socklike
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"time"
 
@@ -18,11 +19,11 @@ import (
 // deadline passed or the connection failed; what arrived before a failure
 // is still read first in shared-pool mode.
 type Conn struct {
-	c             *transport.Conn // the connection's stream; nil in shared-pool mode
+	c             *transport.Conn // the connection's stream; nil in shared-pool and direct mode
 	pc            *poolConn       // shared-pool mode's stream
+	d             *directConn     // direct mode's stream (direct.go)
 	local, remote Addr
 	route         Route
-	onClose       func() // run once by the first Close (direct mode's link)
 }
 
 var _ net.Conn = (*Conn)(nil)
@@ -50,8 +51,26 @@ func (c *Conn) opErr(err error) error {
 	return err
 }
 
+// dErr gives an error of direct mode's stream the standard library's
+// form.
+func (c *Conn) dErr(op string, err error) error {
+	if err == nil || err == io.EOF {
+		return err
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) {
+		oe.Op, oe.Source, oe.Addr = op, c.local, c.remote
+		return err
+	}
+	return &net.OpError{Op: op, Net: "ntb", Source: c.local, Addr: c.remote, Err: err}
+}
+
 // Read reads what the peer wrote into b.
 func (c *Conn) Read(b []byte) (int, error) {
+	if c.d != nil {
+		n, err := c.d.Read(b)
+		return n, c.dErr("read", err)
+	}
 	if c.c == nil {
 		return c.pc.Read(b)
 	}
@@ -64,6 +83,10 @@ func (c *Conn) Read(b []byte) (int, error) {
 
 // Write writes b, blocking while the peer's window or the ring is full.
 func (c *Conn) Write(b []byte) (int, error) {
+	if c.d != nil {
+		n, err := c.d.Write(b)
+		return n, c.dErr("write", err)
+	}
 	if c.c == nil {
 		return c.pc.Write(b)
 	}
@@ -77,14 +100,14 @@ func (c *Conn) Write(b []byte) (int, error) {
 // Close closes the connection: blocked calls return net.ErrClosed and the
 // peer reads io.EOF after everything written before.
 func (c *Conn) Close() error {
+	if c.d != nil {
+		return c.dErr("close", c.d.Close())
+	}
 	if c.c == nil {
 		return c.pc.Close()
 	}
 	if err := c.c.Close(); err != nil {
 		return c.opErr(err)
-	}
-	if c.onClose != nil {
-		c.onClose()
 	}
 	return nil
 }
@@ -92,6 +115,9 @@ func (c *Conn) Close() error {
 // CloseWrite shuts down the writing side: the peer reads io.EOF once it
 // has read everything written before.
 func (c *Conn) CloseWrite() error {
+	if c.d != nil {
+		return c.dErr("close", c.d.CloseWrite())
+	}
 	if c.c == nil {
 		return c.pc.CloseWrite()
 	}
@@ -104,12 +130,25 @@ func (c *Conn) CloseWrite() error {
 func (c *Conn) LocalAddr() net.Addr  { return c.local }
 func (c *Conn) RemoteAddr() net.Addr { return c.remote }
 
-// Route returns the connection's path and the reason it was chosen.
-func (c *Conn) Route() Route { return c.route }
+// Route returns the connection's path and the reason it was chosen. A
+// direct-mode connection whose link is down runs through the proxies, and
+// its Route says so until it is back on its link.
+func (c *Conn) Route() Route {
+	if c.d != nil {
+		if r, ok := c.d.route(); ok {
+			return r
+		}
+	}
+	return c.route
+}
 
 // SetDeadline sets both deadlines. Setting a deadline wakes a blocked call,
 // which then waits for the new one.
 func (c *Conn) SetDeadline(t time.Time) error {
+	if c.d != nil {
+		c.d.SetReadDeadline(t)
+		return c.d.SetWriteDeadline(t)
+	}
 	if c.c == nil {
 		return c.pc.SetDeadline(t)
 	}
@@ -117,6 +156,9 @@ func (c *Conn) SetDeadline(t time.Time) error {
 }
 
 func (c *Conn) SetReadDeadline(t time.Time) error {
+	if c.d != nil {
+		return c.d.SetReadDeadline(t)
+	}
 	if c.c == nil {
 		return c.pc.SetReadDeadline(t)
 	}
@@ -124,6 +166,9 @@ func (c *Conn) SetReadDeadline(t time.Time) error {
 }
 
 func (c *Conn) SetWriteDeadline(t time.Time) error {
+	if c.d != nil {
+		return c.d.SetWriteDeadline(t)
+	}
 	if c.c == nil {
 		return c.pc.SetWriteDeadline(t)
 	}
@@ -136,6 +181,9 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 // fixed at the dial (Dialer.Priority), and SetPriority fails with an error
 // wrapping errors.ErrUnsupported.
 func (c *Conn) SetPriority(class qos.Class) error {
+	if c.d != nil {
+		return c.d.SetPriority(class)
+	}
 	if c.c == nil {
 		return &net.OpError{Op: "set priority", Net: "ntb", Source: c.local, Addr: c.remote,
 			Err: fmt.Errorf("shared-pool mode: %w", errors.ErrUnsupported)}

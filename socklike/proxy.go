@@ -76,7 +76,8 @@ type Proxy struct {
 	// mu protects the following fields.
 	cur      *attachment
 	closed   bool
-	nextPort int // ports of this side of the memory link, for listeners
+	nextPort int                    // ports of this side of the memory link, for listeners
+	directs  map[string]*directConn // direct connections by link name, for their fallback
 }
 
 // attachment is one Hello/Welcome session with ntproxy.
@@ -222,6 +223,9 @@ func (p *Proxy) attachLocked() (_ *attachment, err error) {
 		}
 	}
 	uc.SetDeadline(time.Time{})
+	if ln, err := ep.Listen(appproto.PortContinue); err == nil {
+		go p.runContinue(ln) // ends with the attachment's endpoint
+	}
 	go a.runWatch()
 	return a, nil
 }
@@ -268,6 +272,7 @@ type dialOpts struct {
 	settle     bool // direct: fall back to proxy mode when refused for want of quota or of a direct path
 	pool       bool // shared-pool mode, where ntproxy can
 	transports []string
+	cont       string // a direct link whose connection this one carries on (direct.go)
 }
 
 // dialAny is dial, in shared-pool mode if o.pool.
@@ -318,7 +323,7 @@ func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (*Conn
 		return nil, opErr(err)
 	}
 	var reply appproto.DialReply
-	err = exchange(ctx, c, appproto.DialRequest{Target: host, Port: port, Priority: int(class), Direct: direct, Pool: o.pool && a.pool != nil, Transports: o.transports}, &reply)
+	err = exchange(ctx, c, appproto.DialRequest{Target: host, Port: port, Priority: int(class), Direct: direct, Pool: o.pool && a.pool != nil, Transports: o.transports, Continue: o.cont}, &reply)
 	if err == nil && reply.Code != errcode.OK {
 		err = codeErr(reply.Code, reply.Error)
 	}
@@ -354,6 +359,7 @@ func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (*Conn
 	}
 	route.Mode = "direct"
 	dc.local, dc.remote, dc.route = local, remote, route
+	dc.d.start(address)
 	return dc, nil
 }
 
@@ -386,25 +392,20 @@ func (p *Proxy) openDirect(ctx context.Context, dl *appproto.DirectLink, side in
 		return nil, fmt.Errorf("direct link %s: %w", dl.Name, err)
 	}
 	var dc *transport.Conn
+	var ln *transport.Listener // side 1's, kept for the way back from the fallback
 	if side == 0 {
 		dc, err = ep.DialContext(ctx, appproto.DirectPort)
 		shm.Remove(dl.Dir, dl.Name) // both ends hold it now
-	} else {
-		var ln *transport.Listener
-		if ln, err = ep.Listen(appproto.DirectPort); err == nil {
-			if _, err = lease.Write([]byte{appproto.DirectReady}); err == nil {
-				dc, err = acceptWithin(ln, 10*time.Second)
-			}
-			ln.Close()
+	} else if ln, err = ep.Listen(appproto.DirectPort); err == nil {
+		if _, err = lease.Write([]byte{appproto.DirectReady}); err == nil {
+			dc, err = acceptWithin(ln, 10*time.Second)
 		}
 	}
 	if err != nil {
 		ep.Close()
 		return nil, fmt.Errorf("direct link %s: %w", dl.Name, err)
 	}
-	w := &Conn{c: dc}
-	w.onClose = func() { go linger(dc, ep, lease) }
-	return w, nil
+	return &Conn{d: p.newDirect(dl.Name, side, ep, ln, dc, lease)}, nil
 }
 
 func acceptWithin(ln *transport.Listener, d time.Duration) (*transport.Conn, error) {
@@ -613,6 +614,7 @@ func (l *proxyListener) introduce(a *attachment, c *transport.Conn) {
 		}
 		route.Mode = "direct"
 		dc.local, dc.remote, dc.route = local, remote, route
+		dc.d.start("")
 		conn = dc
 	}
 	select {

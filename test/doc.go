@@ -6,7 +6,9 @@
 // Tests hold connections to what TCP gives: HTTP/1.1, h2c and gRPC beside
 // a CPU hog that saturates every core (TestHTTPUnderLoad; its duration is
 // NTSTACK_LOAD_DURATION, default 60 s), 1 GiB across an embedded link
-// forced down for 2 s (TestEmbeddedLinkDown), and
+// forced down for 2 s (TestEmbeddedLinkDown) and across the NTB link under
+// a direct-mode connection pulled for 2 s, which moves the connection to
+// the fallback and back (TestRackDirectLinkDown), and
 // ECONNRESET after a peer's crash, told apart from its orderly close
 // (TestPeerCrashVsClose, TestKillPeer). make loadcheck runs TestStress and
 // ntbench's TestRingManyConns ten times each beside the hog.

@@ -297,6 +297,11 @@ func (s *Server) serveDial(a *app, c *transport.Conn) {
 		s.serveDirect(a, c, req)
 		return
 	}
+	if req.Continue != "" && !s.holdsDirect(a, req.Continue) {
+		appproto.WriteFrame(c, appproto.DialReply{Code: ctlapi.CodeBadRequest, Error: fmt.Sprintf("app %d holds no direct link %q to continue", a.id, req.Continue)})
+		c.Close()
+		return
+	}
 	ctx, cancel := context.WithTimeout(s.ctx, dialTimeout)
 	pc, other, err := s.dial(ctx, a, req)
 	cancel()
@@ -356,11 +361,19 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (_ 
 		s.logf("dial %s:%d: %v", route.Host, req.Port, err)
 		return nil, nil, err
 	}
-	pc := &pconn{id: s.nextID.Add(1), app: a.id, dir: "out", path: route.Path, reason: route.Reason, link: route.Link, partition: -1, hops: route.Hops}
+	pc := &pconn{id: s.nextID.Add(1), app: a.id, dir: "out", path: route.Path, reason: route.Reason, link: route.Link, partition: -1, hops: route.Hops, cont: req.Continue}
 	if pc.secret, err = newLegSecret(); err != nil {
 		return nil, nil, ctlapi.Errorf(ctlapi.CodeInternal, "resume secret: %v", err)
 	}
 	pc.remote = hostPort(route.Host, req.Port)
+	if pc.cont != "" {
+		pc.reason = continueReason(pc.cont, pc.reason)
+		defer func() {
+			if err == nil {
+				s.logf("connection %d: direct link %s continues through the proxies over %s", pc.id, pc.cont, pc.path)
+			}
+		}()
+	}
 	if route.Path != picked {
 		s.logf("connection %d to %s: %s", pc.id, route.Host, route.Reason)
 	}
@@ -397,7 +410,7 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (_ 
 			return s.dialOffRackOpen(ctx, next, pc, req.Port)
 		}
 		pc.partition = fc.Partition()
-		if pc.peerWin, err = s.rackOpen(fc, route.Host, appproto.RackOpen{Port: req.Port, Token: pc.id, Window: pc.rxWindow(), Secret: pc.secret}); err != nil {
+		if pc.peerWin, err = s.rackOpen(fc, route.Host, appproto.RackOpen{Port: req.Port, Token: pc.id, Window: pc.rxWindow(), Secret: pc.secret, Continue: pc.cont}); err != nil {
 			fc.Close()
 			return nil, nil, err
 		}
@@ -418,7 +431,7 @@ func (s *Server) dialOffRackOpen(ctx context.Context, route ctlapi.Route, pc *pc
 		return nil, nil, err
 	}
 	pc.local = c.LocalAddr().String()
-	if pc.peerWin, err = s.rackOpen(c, route.Host, appproto.RackOpen{Port: port, Token: pc.id, Window: pc.rxWindow(), Secret: pc.secret}); err != nil {
+	if pc.peerWin, err = s.rackOpen(c, route.Host, appproto.RackOpen{Port: port, Token: pc.id, Window: pc.rxWindow(), Secret: pc.secret, Continue: pc.cont}); err != nil {
 		c.Close()
 		return nil, nil, err
 	}

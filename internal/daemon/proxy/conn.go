@@ -30,6 +30,8 @@ type pconn struct {
 	local     string
 	remote    string
 	direct    bool         // direct mode: the proxy holds only the lease
+	dlName    string       // direct mode: the direct link's name
+	cont      string       // a proxied connection carrying on direct link cont's (directfall.go)
 	leg       *leg         // the part between this proxy and a peer's, if any
 	slot      *poolUse     // shared-pool mode: its slot of the application's pool
 	peerWin   int          // the peer leg's receive window

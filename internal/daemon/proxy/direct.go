@@ -243,11 +243,19 @@ func (s *Server) holdLease(a *app, pc *pconn, c *transport.Conn, dl *appproto.Di
 		s.releaseDirect(a, dl)
 		return
 	}
+	if dl != nil {
+		pc.dlName = dl.Name
+	}
 	s.conns[pc.id] = pc
 	a.conns[pc.id] = pc
 	s.mu.Unlock()
+	done := make(chan struct{})
+	if link := s.links[hostOf(pc.remote)]; link != nil && pc.path == ctlapi.PathNTB {
+		go s.relayLinkState(link, c, pc, done)
+	}
 	var b [1]byte
 	c.Read(b[:])
+	close(done)
 	c.Close()
 	s.forget(pc)
 	s.releaseDirect(a, dl)

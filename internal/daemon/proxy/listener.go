@@ -246,6 +246,10 @@ func (s *Server) serveInbound(fc net.Conn, in inbound) {
 		}
 		return
 	}
+	if open.Continue != "" {
+		s.serveContinue(fc, open, in, refuse)
+		return
+	}
 	l := in.listener
 	switch {
 	case in.from != "" && open.From != in.from:

@@ -55,6 +55,12 @@ const (
 	PortListen = 2
 )
 
+// PortContinue is the port of the application's end of its memory link
+// on which the proxy opens a connection carrying on one of its direct
+// connections (DialRequest.Continue), with an Incoming frame naming the
+// direct link first.
+const PortContinue = 3
+
 // The Hello/Welcome datagrams on the Unix socket:
 //
 //	Hello   (app → proxy): magic u32 | version u16 | name length u16 | name
@@ -192,6 +198,11 @@ type DialRequest struct {
 	Pool bool `json:"pool,omitempty"`
 	// Transports restricts and orders the paths ("ntb", "rdma", "tcp").
 	Transports []string `json:"transports,omitempty"`
+	// Continue names a direct link of the application's whose connection
+	// goes on through the proxies while the link is down: the far proxy
+	// hands the connection to the application at the link's other end
+	// with Incoming.Continue, not to its listener's Accept.
+	Continue string `json:"continue,omitempty"`
 }
 
 // DirectLink is a window slice granted for one direct connection: in the
@@ -210,6 +221,14 @@ const DirectPort = 1
 // DirectReady is the byte a listening application writes on the Incoming
 // connection once it listens on its direct link.
 const DirectReady = 'R'
+
+// The bytes ntproxy writes on a direct connection's lease when the NTB
+// link under the direct link goes down and comes back: a direct link is
+// a slice of that link's window, so it fails and returns with it.
+const (
+	LeaseLinkDown = 'D'
+	LeaseLinkUp   = 'U'
+)
 
 // PoolGrant names the slot of the application's pool a shared-pool
 // connection uses.
@@ -261,6 +280,9 @@ type Incoming struct {
 	Reason string      `json:"reason"`
 	Direct *DirectLink `json:"direct,omitempty"`
 	Pool   *PoolGrant  `json:"pool,omitempty"`
+	// Continue: the connection carries on the direct connection of this
+	// link's name (DialRequest.Continue).
+	Continue string `json:"continue,omitempty"`
 }
 
 // WriteFrame writes v as one frame.
@@ -337,4 +359,8 @@ type RackOpen struct {
 	// DirectWindow is the direct link's window per side, which the opener
 	// chose (0: the far side's proxy.direct_window).
 	DirectWindow int `json:"direct_window,omitempty"`
+
+	// Continue: a proxied connection carrying on this direct link's
+	// connection (DialRequest.Continue).
+	Continue string `json:"continue,omitempty"`
 }

@@ -1,0 +1,122 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Detaching a connection from its link, so that another carrier takes its
+// stream over (socklike's direct mode moves to the proxies' path while its
+// own link is down, see socklike/direct.go).
+//
+// Only a paused connection detaches: its session ended with hope, and no
+// later session has adopted it. Endpoint.mu, under which a new session
+// adopts the paused connections, is held while the connection is marked,
+// so no session takes it over afterwards; the ended session's rings carry
+// nothing more for it (as for a resume, the bytes they still held are not
+// counted received and come again from the peer's retention).
+
+// ErrMoved is wrapped by the errors of a detached connection: its stream
+// goes on over another carrier. Read returns what arrived before the
+// detach first.
+var ErrMoved = errors.New("connection moved off its link")
+
+// errNotPaused is Detach's error for a connection that is not paused.
+var errNotPaused = errors.New("connection is not paused")
+
+// Handover is what a detached connection leaves to the carrier that takes
+// its stream over. Offsets count the connection's own stream bytes.
+type Handover struct {
+	// Received is how many of the peer's bytes this side took: Read still
+	// returns every one of them (then an error wrapping ErrMoved), and the
+	// peer must send again from here.
+	Received int64
+	// Sent is how many bytes this side sent; Acked how many of them the
+	// peer's application has read, for sure.
+	Sent, Acked int64
+	// Unacked is a copy of the bytes from Acked up to Sent: whatever the
+	// peer says it received among them goes again over the new carrier.
+	Unacked []byte
+}
+
+// From returns the bytes retained from offset received (the peer's
+// Received) up to Sent, or an error if the peer claims a point outside
+// what was retained.
+func (h Handover) From(received int64) ([]byte, error) {
+	if received < h.Acked || received > h.Sent {
+		return nil, fmt.Errorf("peer received %d bytes, outside the retained %d..%d", received, h.Acked, h.Sent)
+	}
+	return h.Unacked[received-h.Acked:], nil
+}
+
+// Paused reports whether the connection waits for a session to resume on
+// (its link is down or its session restarting).
+func (c *Conn) Paused() bool { return c.pausedAt.Load() != 0 }
+
+// Detach takes a paused connection off the endpoint for good and returns
+// what its stream's new carrier needs. Blocked and later calls fail with
+// an error wrapping ErrMoved once the bytes received before are read; the
+// connection never resumes, and a RESUME of the peer's for it is answered
+// with RESET. On a connection that is not paused Detach fails and changes
+// nothing.
+func (c *Conn) Detach() (Handover, error) {
+	ep := c.ep
+	ep.mu.Lock()
+	st := ep.orphan
+	if st == nil || c.pausedAt.Load() == 0 || st.lookup(c.id) != c {
+		ep.mu.Unlock()
+		return Handover{}, fmt.Errorf("detach connection %d: %w", c.id, errNotPaused)
+	}
+	c.mu.Lock()
+	ok := c.state == connEstablished && c.err == nil && !c.idFreed
+	if ok {
+		c.err = fmt.Errorf("%w: its stream goes on elsewhere", ErrMoved)
+	}
+	c.mu.Unlock()
+	ep.mu.Unlock()
+	if !ok {
+		return Handover{}, fmt.Errorf("detach connection %d: %w", c.id, errNotPaused)
+	}
+	c.flags.Or(fFailed)
+	var h Handover
+	c.smu.Lock()
+	h.Sent, h.Acked = c.sent.Load(), c.peerRead.Load()
+	h.Unacked = c.retainedLocked(h.Acked, h.Sent)
+	c.resuming = true // no DATA goes out after this count (see serveOnce, sendNow)
+	c.smu.Unlock()
+	// As takeOver counts it: what is counted but still in the old rings
+	// is lost with them.
+	c.rxmu.Lock()
+	lost := c.ringRest.Swap(0)
+	for _, f := range c.held {
+		if f.kind == kindData {
+			lost += int64(len(f.payload))
+		}
+	}
+	c.held = nil
+	c.restWaits.Store(false)
+	h.Received = c.recvd.Add(-lost)
+	c.rxmu.Unlock()
+	c.pausedAt.Store(0)
+	c.wake(c.rnotify)
+	c.wake(c.wnotify)
+	c.abandon()
+	ep.logf("connection %d detached: %d bytes received, %d sent, %d of them unacknowledged", c.id, h.Received, h.Sent, h.Sent-h.Acked)
+	return h, nil
+}
+
+// retainedLocked copies the retained bytes from offset from up to to
+// (c.smu held; peerRead ≤ from ≤ to ≤ sent).
+func (c *Conn) retainedLocked(from, to int64) []byte {
+	out := make([]byte, 0, to-from)
+	if to == from {
+		return out
+	}
+	mask := int64(len(c.keep) - 1)
+	for o := from; o < to; {
+		n := min(to-o, int64(len(c.keep))-o&mask)
+		out = append(out, c.keep[o&mask:][:n]...)
+		o += n
+	}
+	return out
+}

@@ -1,0 +1,779 @@
+package socklike
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/ntstack/ntstack/internal/transport"
+	"github.com/ntstack/ntstack/internal/wire/appproto"
+	"github.com/ntstack/ntstack/qos"
+)
+
+// A direct-mode connection that survives its link (DESIGN.md invariant
+// 9). Its stream runs over a sequence of carriers: the direct link's
+// connection, and while that link is down a proxied connection through
+// the two ntproxies (the fallback), then a new connection on the direct
+// link once it is back. The application keeps the same Conn.
+//
+// ntproxy writes appproto.LeaseLinkDown and LeaseLinkUp on the lease as
+// the NTB link under the direct link goes down and comes back (on the
+// emulated fabric the application then forces its direct link's state to
+// match: on hardware a direct link is a slice of that link's window). The
+// dialing end moves the connection; the accepting end follows.
+//
+// To the fallback. The direct connection pauses with its link
+// (transport's resume). The dialer asks its ntproxy for a proxied
+// connection continuing the direct link (DialRequest.Continue), which the
+// far ntproxy hands to the acceptor. Each end detaches its paused direct
+// connection (transport.Conn.Detach): what it received stays readable,
+// and it learns the bytes it sent that the peer may lack. Each tells the
+// other its received stream offset (8 bytes, little-endian) and sends
+// again from the peer's offset, from its retained bytes, then new writes:
+// nothing lost, nothing twice.
+//
+// Back. With the link up the dialer dials a new connection on it and the
+// acceptor accepts it; each writes on it the stream offset its writes
+// continue from and reads the peer's, then writes the back mark on the
+// fallback and writes on the direct link from then on. A reader reads the
+// fallback up to the peer's back mark, then the direct link. The
+// fallback is reliable and in order, so nothing is retained for this move.
+//
+// The fallback carries frames: a 4-byte little-endian length and that
+// many stream bytes; length fbBack is the back mark, fbFin the end of the
+// stream (CloseWrite).
+
+const (
+	fbBack  = 0
+	fbFin   = 1<<32 - 1
+	fbFrame = 64 << 10 // the most stream bytes a fallback frame carries
+	hdrLen  = 8        // a stream offset
+
+	// moveTimeout bounds each step of a move (a dial, a handshake).
+	moveTimeout = 10 * time.Second
+)
+
+// errBack is a carrier's end: the stream goes on over the next one.
+var errBack = errors.New("stream continues on the next carrier")
+
+// carrier is one stretch of a direct connection's stream.
+type carrier struct {
+	c  *transport.Conn
+	fb bool // the fallback: framed
+	// Stream offsets are the carrier's own plus these: of the bytes this
+	// side writes on it and of those it reads from it.
+	wbase, rbase int64
+
+	// Writer's, under directConn.wmu.
+	wrote int64  // fallback: stream bytes written
+	owe   int    // fallback: bytes the frame being written still owes
+	hdr   []byte // fallback: the part of a frame header not yet written
+
+	// Reader's, under directConn.rlock.
+	left  int     // fallback: bytes of the current frame not yet read
+	hbuf  [4]byte // fallback: a frame header being read
+	hn    int
+	eof   bool // the stream ended on this carrier
+	rdone bool // the reader has left it for the next
+
+	wdone bool // under directConn.mu: the writer has left it
+
+	// The deadlines last given to c by Read and by Write (each under
+	// its lock): set again only when they change.
+	rdl, wdl time.Time
+}
+
+// directConn is a direct-mode connection's stream (see above).
+type directConn struct {
+	p      *Proxy
+	name   string // the direct link's
+	side   int    // 0: dialed, moves the connection; 1: accepted
+	target string // side 0: the address dialed, for the fallback
+	ep     *transport.Endpoint
+	ln     *transport.Listener // side 1: the link's listener, for the way back
+	lease  *transport.Conn
+	// dialFallback opens side 0's fallback (through the proxies, a
+	// dialOnce with dialOpts.cont; tests put another carrier in).
+	dialFallback func(ctx context.Context) (*transport.Conn, Route, error)
+
+	moveMu sync.Mutex // serialises moves
+	rlock  sync.Mutex // serialises Reads
+	wlock  sync.Mutex // serialises Writes
+	wmu    sync.Mutex // held while a write goes to the write carrier, and by a move changing it
+
+	mu sync.Mutex
+	// mu protects the following fields.
+	reads    []*carrier    // what Read reads, in order: reads[0] now
+	w        *carrier      // what Write writes to
+	changed  chan struct{} // closed and replaced when the carriers, deadlines or state change
+	fallback *Route        // the route while on the fallback; nil on the direct link
+	closed   bool
+	wshut    bool
+	rdl, wdl time.Time
+	err      error     // the connection failed
+	class    qos.Class // what this side sends
+}
+
+// newDirect makes the stream of a direct connection over dc, on link
+// name's endpoint ep (ln: side 1's listener on it, kept for the way back).
+func (p *Proxy) newDirect(name string, side int, ep *transport.Endpoint, ln *transport.Listener, dc, lease *transport.Conn) *directConn {
+	cr := &carrier{c: dc}
+	d := &directConn{p: p, name: name, side: side, ep: ep, ln: ln, lease: lease, reads: []*carrier{cr}, w: cr, changed: make(chan struct{}), class: dc.Priority()}
+	d.dialFallback = func(ctx context.Context) (*transport.Conn, Route, error) {
+		d.mu.Lock()
+		class := d.class
+		d.mu.Unlock()
+		fc, err := p.dialOnce(ctx, d.target, dialOpts{class: class, cont: d.name})
+		if err != nil {
+			return nil, Route{}, err
+		}
+		return fc.c, fc.route, nil
+	}
+	p.mu.Lock()
+	if p.directs == nil {
+		p.directs = map[string]*directConn{}
+	}
+	p.directs[name] = d
+	p.mu.Unlock()
+	return d
+}
+
+// start begins following the lease (and on side 1 the link's listener);
+// target is the address side 0 dialed.
+func (d *directConn) start(target string) {
+	d.target = target
+	go d.runLease()
+	if d.ln != nil {
+		go d.runAccept()
+	}
+}
+
+func (d *directConn) logf(format string, args ...any) {
+	if d.p.cfg.Logf != nil {
+		d.p.cfg.Logf(format, args...)
+	}
+}
+
+// bumpLocked wakes every call waiting for a change (d.mu held).
+func (d *directConn) bumpLocked() {
+	close(d.changed)
+	d.changed = make(chan struct{})
+}
+
+// route is the connection's route now, and whether it is on the fallback.
+func (d *directConn) route() (Route, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fallback == nil {
+		return Route{}, false
+	}
+	return *d.fallback, true
+}
+
+// wait waits for a change or the deadline.
+func (d *directConn) wait(ch <-chan struct{}, dl time.Time) error {
+	if dl.IsZero() {
+		<-ch
+		return nil
+	}
+	t := time.NewTimer(time.Until(dl))
+	defer t.Stop()
+	select {
+	case <-ch:
+		return nil
+	case <-t.C:
+		return os.ErrDeadlineExceeded
+	}
+}
+
+// Read reads the stream from the carrier it is on.
+func (d *directConn) Read(b []byte) (int, error) {
+	d.rlock.Lock()
+	defer d.rlock.Unlock()
+	for {
+		d.mu.Lock()
+		cur, ch, dl, closed, failed := d.reads[0], d.changed, d.rdl, d.closed, d.err
+		next := len(d.reads) > 1
+		d.mu.Unlock()
+		switch {
+		case closed:
+			return 0, net.ErrClosed
+		case cur.rdone && next:
+			d.mu.Lock()
+			d.reads = d.reads[1:]
+			d.leftLocked(cur)
+			d.mu.Unlock()
+			continue
+		case cur.rdone && failed != nil:
+			return 0, failed
+		case cur.rdone:
+			if err := d.wait(ch, dl); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		if !dl.Equal(cur.rdl) {
+			cur.c.SetReadDeadline(dl)
+			cur.rdl = dl
+		}
+		n, err := d.readFrom(cur, b)
+		if n > 0 || err == nil {
+			return n, nil
+		}
+		if errors.Is(err, errBack) || errors.Is(err, transport.ErrMoved) {
+			cur.rdone = true
+			continue
+		}
+		return 0, err
+	}
+}
+
+// readFrom reads from cur: the stream's bytes, or errBack at its end.
+func (d *directConn) readFrom(cur *carrier, b []byte) (int, error) {
+	if !cur.fb {
+		return cur.c.Read(b)
+	}
+	if cur.eof {
+		return 0, io.EOF
+	}
+	if len(b) == 0 {
+		return 0, nil
+	}
+	for cur.left == 0 {
+		n, err := cur.c.Read(cur.hbuf[cur.hn:])
+		cur.hn += n
+		if err != nil {
+			return 0, err // io.EOF too: the peer closed without CloseWrite
+		}
+		if cur.hn < len(cur.hbuf) {
+			continue
+		}
+		cur.hn = 0
+		switch l := binary.LittleEndian.Uint32(cur.hbuf[:]); l {
+		case fbBack:
+			return 0, errBack
+		case fbFin:
+			cur.eof = true
+			return 0, io.EOF
+		default:
+			cur.left = int(l)
+		}
+	}
+	n, err := cur.c.Read(b[:min(len(b), cur.left)])
+	cur.left -= n
+	if n > 0 {
+		return n, nil
+	}
+	return 0, err
+}
+
+// Write writes b on the carrier the stream is on, following it as it
+// moves.
+func (d *directConn) Write(b []byte) (int, error) {
+	d.wlock.Lock()
+	defer d.wlock.Unlock()
+	total := 0
+	for total < len(b) {
+		d.wmu.Lock()
+		d.mu.Lock()
+		cur, ch, dl, closed, shut, failed := d.w, d.changed, d.wdl, d.closed, d.wshut, d.err
+		d.mu.Unlock()
+		var n int
+		var err error
+		switch {
+		case closed:
+			err = net.ErrClosed
+		case shut:
+			err = syscall.EPIPE
+		case failed != nil:
+			err = failed
+		default:
+			if !dl.Equal(cur.wdl) {
+				cur.c.SetWriteDeadline(dl)
+				cur.wdl = dl
+			}
+			if cur.fb {
+				n, err = d.writeFallback(cur, b[total:])
+			} else {
+				n, err = cur.c.Write(b[total:])
+			}
+		}
+		d.wmu.Unlock()
+		total += n
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, transport.ErrMoved) {
+			return total, err
+		}
+		d.mu.Lock()
+		moved := d.w != cur
+		d.mu.Unlock()
+		if !moved {
+			if err := d.wait(ch, dl); err != nil {
+				return total, err
+			}
+		}
+	}
+	return total, nil
+}
+
+// writeFallback writes a frame's worth of b on fallback carrier cur
+// (d.wmu held) and returns how many bytes of b went.
+func (d *directConn) writeFallback(cur *carrier, b []byte) (int, error) {
+	for len(cur.hdr) > 0 {
+		n, err := cur.c.Write(cur.hdr)
+		cur.hdr = cur.hdr[n:]
+		if err != nil {
+			return 0, err
+		}
+	}
+	if cur.owe == 0 {
+		l := min(len(b), fbFrame)
+		cur.hdr, cur.owe = binary.LittleEndian.AppendUint32(nil, uint32(l)), l
+		return d.writeFallback(cur, b)
+	}
+	n, err := cur.c.Write(b[:min(len(b), cur.owe)])
+	cur.owe -= n
+	cur.wrote += int64(n)
+	return n, err
+}
+
+// mark writes the header-only frame l (fbBack, fbFin) on fallback carrier
+// cur, waiting for no deadline (d.wmu held).
+func (d *directConn) mark(cur *carrier, l uint32) error {
+	if cur.owe > 0 || len(cur.hdr) > 0 {
+		return errors.New("a frame cut by a write deadline is still open")
+	}
+	cur.c.SetWriteDeadline(time.Time{})
+	cur.wdl = time.Time{}
+	_, err := cur.c.Write(binary.LittleEndian.AppendUint32(nil, l))
+	return err
+}
+
+// CloseWrite ends this side's stream.
+func (d *directConn) CloseWrite() error {
+	d.wlock.Lock()
+	defer d.wlock.Unlock()
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	d.mu.Lock()
+	cur, closed := d.w, d.closed
+	if !closed {
+		d.wshut = true
+	}
+	d.mu.Unlock()
+	switch {
+	case closed:
+		return net.ErrClosed
+	case cur.fb:
+		return d.mark(cur, fbFin)
+	}
+	if err := cur.c.CloseWrite(); err != nil && !errors.Is(err, transport.ErrMoved) {
+		return err
+	}
+	return nil // a move sends the end again
+}
+
+// Close closes the stream: its carriers, and once the peer has closed its
+// end of the direct link (linger), the link and the lease.
+func (d *directConn) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return net.ErrClosed
+	}
+	d.closed = true
+	cur := d.w
+	all := append([]*carrier{cur}, d.reads...)
+	d.bumpLocked()
+	d.mu.Unlock()
+	d.p.mu.Lock()
+	if d.p.directs[d.name] == d {
+		delete(d.p.directs, d.name)
+	}
+	d.p.mu.Unlock()
+	for _, cr := range all {
+		if cr != cur {
+			cr.c.Close()
+		}
+	}
+	if d.ln != nil {
+		d.ln.Close()
+	}
+	cur.c.Close()
+	if cur.fb {
+		d.ep.Close()
+		d.lease.Close()
+		return nil
+	}
+	go linger(cur.c, d.ep, d.lease)
+	return nil
+}
+
+// SetReadDeadline and SetWriteDeadline apply to the carrier in use and
+// to the next.
+func (d *directConn) SetReadDeadline(t time.Time) error {
+	d.mu.Lock()
+	d.rdl = t
+	cur := d.reads[0]
+	d.bumpLocked()
+	d.mu.Unlock()
+	return cur.c.SetReadDeadline(t) // wakes a Read blocked on it, which sets it again
+
+}
+
+func (d *directConn) SetWriteDeadline(t time.Time) error {
+	d.mu.Lock()
+	d.wdl = t
+	cur := d.w
+	d.bumpLocked()
+	d.mu.Unlock()
+	return cur.c.SetWriteDeadline(t) // wakes a Write blocked on it, which sets it again
+
+}
+
+// leftLocked closes a fallback both the reader and the writer have left
+// (d.mu held).
+func (d *directConn) leftLocked(cr *carrier) {
+	if cr.fb && cr.wdone && cr.rdone {
+		cr.c.Close()
+	}
+}
+
+// failLocked ends the connection with err (d.mu held).
+func (d *directConn) failLocked(err error) {
+	if d.err == nil {
+		d.err = err
+	}
+	d.bumpLocked()
+}
+
+// force sets the direct link's emulated state to follow the NTB link
+// under it (on hardware it follows by itself).
+func (d *directConn) force(down bool) {
+	f, ok := d.ep.Device().(interface {
+		ForceLinkDown()
+		ForceLinkUp()
+	})
+	switch {
+	case !ok:
+	case down:
+		f.ForceLinkDown()
+	default:
+		f.ForceLinkUp()
+	}
+}
+
+// runLease follows ntproxy's word on the NTB link; side 0 moves the
+// connection.
+func (d *directConn) runLease() {
+	var b [1]byte
+	for {
+		if _, err := d.lease.Read(b[:]); err != nil {
+			return
+		}
+		switch b[0] {
+		case appproto.LeaseLinkDown:
+			d.force(true)
+			if d.side == 0 {
+				d.toFallback()
+			}
+		case appproto.LeaseLinkUp:
+			d.force(false)
+			if d.side == 0 {
+				d.toDirect()
+			}
+		}
+	}
+}
+
+// runAccept takes side 0's connections back onto the direct link.
+func (d *directConn) runAccept() {
+	for {
+		nc, err := d.ln.AcceptConn()
+		if err != nil {
+			return
+		}
+		d.moveMu.Lock()
+		d.back(nc)
+		d.moveMu.Unlock()
+	}
+}
+
+// waitPaused waits until the direct connection c has paused with its
+// link, within moveTimeout; false if it did not, or ended.
+func waitPaused(c *transport.Conn) bool {
+	for end := time.Now().Add(moveTimeout); !c.Paused(); {
+		if c.Ended() || time.Now().After(end) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return true
+}
+
+// writeOffset and readOffset exchange a stream offset on c.
+func writeOffset(c *transport.Conn, off int64) error {
+	c.SetWriteDeadline(time.Now().Add(moveTimeout))
+	_, err := c.Write(binary.LittleEndian.AppendUint64(nil, uint64(off)))
+	c.SetWriteDeadline(time.Time{})
+	return err
+}
+
+func readOffset(c *transport.Conn) (int64, error) {
+	var b [hdrLen]byte
+	c.SetReadDeadline(time.Now().Add(moveTimeout))
+	_, err := io.ReadFull(c, b[:])
+	c.SetReadDeadline(time.Time{})
+	if v := binary.LittleEndian.Uint64(b[:]); err == nil && v >= 1<<62 {
+		err = fmt.Errorf("stream offset %d out of range", v)
+	}
+	return int64(binary.LittleEndian.Uint64(b[:])), err
+}
+
+// toFallback moves the connection (side 0) to the fallback, if it is on
+// its direct link and that has paused.
+func (d *directConn) toFallback() {
+	d.moveMu.Lock()
+	defer d.moveMu.Unlock()
+	d.mu.Lock()
+	cur, closed := d.w, d.closed
+	d.mu.Unlock()
+	if closed || cur.fb || !waitPaused(cur.c) {
+		return
+	}
+	for try := 1; try <= 3; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), moveTimeout)
+		f, route, err := d.dialFallback(ctx)
+		cancel()
+		if err != nil {
+			d.logf("direct link %s down: the fallback through the proxies refused (try %d): %v", d.name, try, err)
+			continue
+		}
+		peer, err := readOffset(f)
+		if err != nil {
+			f.Close()
+			d.logf("direct link %s down: the fallback through the proxies failed (try %d): %v", d.name, try, err)
+			continue
+		}
+		h, err := cur.c.Detach()
+		if err == nil {
+			err = writeOffset(f, cur.rbase+h.Received)
+		}
+		if err == nil {
+			err = d.install(cur, f, h, peer, route)
+		}
+		if err != nil {
+			f.Close()
+			d.fail(cur, err)
+		}
+		return
+	}
+}
+
+// fromFallback takes the connection (side 1) onto fallback f, which side 0
+// opened.
+func (d *directConn) fromFallback(f *transport.Conn, route Route) {
+	d.moveMu.Lock()
+	defer d.moveMu.Unlock()
+	d.mu.Lock()
+	cur, closed := d.w, d.closed
+	d.mu.Unlock()
+	if closed || cur.fb || !waitPaused(cur.c) {
+		f.Close() // side 0 tries again, or resumes on the link
+		return
+	}
+	h, err := cur.c.Detach()
+	if err != nil {
+		f.Close()
+		return
+	}
+	err = writeOffset(f, cur.rbase+h.Received)
+	var peer int64
+	if err == nil {
+		peer, err = readOffset(f)
+	}
+	if err == nil {
+		err = d.install(cur, f, h, peer, route)
+	}
+	if err != nil {
+		f.Close()
+		d.fail(cur, err)
+	}
+}
+
+// fail ends a connection whose direct carrier cur is detached and whose
+// move failed.
+func (d *directConn) fail(cur *carrier, err error) {
+	d.logf("direct link %s: the move to the fallback failed, the connection ends: %v", d.name, err)
+	d.mu.Lock()
+	d.failLocked(fmt.Errorf("%w: direct link down and the fallback failed: %v", syscall.ECONNRESET, err))
+	d.mu.Unlock()
+}
+
+// install puts the stream on fallback f after detached direct carrier cur:
+// it sends again what the peer, having received up to stream offset peer,
+// lacks (from h), and the end if this side wrote it.
+func (d *directConn) install(cur *carrier, f *transport.Conn, h transport.Handover, peer int64, route Route) error {
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	rest, err := h.From(peer - cur.wbase)
+	if err != nil {
+		return err
+	}
+	nf := &carrier{c: f, fb: true, wbase: peer, rbase: cur.rbase + h.Received}
+	for len(rest) > 0 {
+		n, err := d.writeFallback(nf, rest)
+		if err != nil {
+			return err
+		}
+		rest = rest[n:]
+	}
+	d.mu.Lock()
+	shut := d.wshut
+	d.mu.Unlock()
+	if shut {
+		if err := d.mark(nf, fbFin); err != nil {
+			return err
+		}
+	}
+	route.Mode = "proxy" // ntproxy's Reason names the direct link
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return net.ErrClosed
+	}
+	d.w, d.fallback = nf, &route
+	d.reads = append(d.reads, nf)
+	cur.wdone = true
+	d.bumpLocked()
+	d.mu.Unlock()
+	d.logf("direct link %s down: connection moved to the fallback through the proxies over %s, %d bytes sent again", d.name, route.Path, h.Sent-(peer-cur.wbase))
+	return nil
+}
+
+// toDirect moves the connection (side 0) back to its direct link.
+func (d *directConn) toDirect() {
+	d.moveMu.Lock()
+	defer d.moveMu.Unlock()
+	for try := 1; try <= 3; try++ {
+		d.mu.Lock()
+		onFallback, closed := d.w.fb, d.closed
+		d.mu.Unlock()
+		if closed || !onFallback {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), moveTimeout)
+		nc, err := d.ep.DialContext(ctx, appproto.DirectPort)
+		cancel()
+		if err != nil {
+			d.logf("direct link %s up: dial it again (try %d): %v", d.name, try, err)
+			continue
+		}
+		if d.back(nc) {
+			return
+		}
+	}
+}
+
+// back moves the stream from the fallback to nc, a new connection on the
+// direct link, and reports whether it did; if not, nc is closed and the
+// stream stays on the fallback.
+func (d *directConn) back(nc *transport.Conn) bool {
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	d.mu.Lock()
+	cur, closed, shut := d.w, d.closed, d.wshut
+	d.mu.Unlock()
+	if closed || !cur.fb || cur.owe > 0 || len(cur.hdr) > 0 {
+		nc.Close()
+		return false
+	}
+	off := cur.wbase + cur.wrote
+	err := writeOffset(nc, off)
+	var peer int64
+	if err == nil {
+		peer, err = readOffset(nc)
+	}
+	if err == nil {
+		err = d.mark(cur, fbBack)
+	}
+	if err != nil {
+		nc.Close()
+		d.logf("direct link %s up: the move back failed, the connection stays on the fallback: %v", d.name, err)
+		return false
+	}
+	if shut {
+		nc.CloseWrite()
+	}
+	nd := &carrier{c: nc, wbase: off - hdrLen, rbase: peer - hdrLen}
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		nc.Close()
+		return true
+	}
+	nc.SetPriority(d.class)
+	d.w, d.fallback = nd, nil
+	d.reads = append(d.reads, nd)
+	cur.wdone = true
+	d.leftLocked(cur)
+	d.bumpLocked()
+	d.mu.Unlock()
+	d.logf("direct link %s up: connection moved back to it from the fallback", d.name)
+	return true
+}
+
+// runContinue takes the connections ntproxy opens on PortContinue to carry
+// on direct connections, each introduced by an Incoming frame.
+func (p *Proxy) runContinue(ln *transport.Listener) {
+	for {
+		c, err := ln.AcceptConn()
+		if err != nil {
+			return
+		}
+		go func() {
+			var in appproto.Incoming
+			c.SetReadDeadline(time.Now().Add(moveTimeout))
+			err := appproto.ReadFrame(c, &in)
+			c.SetReadDeadline(time.Time{})
+			if err != nil || in.Continue == "" {
+				c.Close()
+				return
+			}
+			p.continued(in.Continue, c, Route{Path: in.Path, Mode: "proxy", Reason: in.Reason})
+		}()
+	}
+}
+
+// continued hands fallback f of direct link name to its connection.
+func (p *Proxy) continued(name string, f *transport.Conn, route Route) {
+	p.mu.Lock()
+	d := p.directs[name]
+	p.mu.Unlock()
+	if d == nil {
+		f.Close()
+		return
+	}
+	d.fromFallback(f, route)
+}
+
+// SetPriority sets the class of what this side sends, on the carrier in
+// use and the next.
+func (d *directConn) SetPriority(class qos.Class) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.w.c.SetPriority(class); err != nil {
+		return err
+	}
+	d.class = class
+	return nil
+}

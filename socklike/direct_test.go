@@ -1,0 +1,234 @@
+package socklike
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
+	"github.com/ntstack/ntstack/internal/transport"
+	"github.com/ntstack/ntstack/internal/wire/appproto"
+	"github.com/ntstack/ntstack/ntb/ntbtest"
+	"github.com/ntstack/ntstack/ntb/shm"
+)
+
+// engineConns dials b's listener on port from a, on the engine.
+func engineConns(t *testing.T, a, b *transport.Endpoint, port int) (*transport.Conn, *transport.Conn) {
+	t.Helper()
+	ln, err := b.Listen(port)
+	require.NoError(t, err)
+	defer ln.Close()
+	accepted := make(chan *transport.Conn, 1)
+	go func() {
+		c, _ := ln.AcceptConn()
+		accepted <- c
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := a.DialContext(ctx, port)
+	require.NoError(t, err)
+	s := <-accepted
+	require.NotNil(t, s)
+	return c, s
+}
+
+// directRig is a direct connection's two ends in one process: the direct
+// link a pair of shm devices, the leases and the fallback engine
+// connections over an in-memory link, whose ntproxy ends the test holds.
+type directRig struct {
+	c      [2]*Conn
+	proxy  [2]*transport.Conn // ntproxy's ends of the leases
+	dialed atomic.Int32       // fallbacks opened
+}
+
+func newDirectRig(t *testing.T) *directRig {
+	const name = "direct-a-1"
+	dir := t.TempDir()
+	var eps [2]*transport.Endpoint
+	for side := range 2 {
+		ep, err := transport.Open(name, transport.Config{Logf: t.Logf,
+			Fabric: shm.Options{Dir: dir, WindowSize: 1 << 20, Side: shm.Side0 + shm.Side(side), HeartbeatTimeout: appproto.LinkHeartbeatTimeout}})
+		require.NoError(t, err)
+		eps[side] = ep
+	}
+	ln, err := eps[1].Listen(appproto.DirectPort)
+	require.NoError(t, err)
+	accepted := make(chan *transport.Conn, 1)
+	go func() {
+		c, _ := ln.AcceptConn()
+		accepted <- c
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dc0, err := eps[0].DialContext(ctx, appproto.DirectPort)
+	require.NoError(t, err)
+	dc1 := <-accepted
+	require.NotNil(t, dc1)
+
+	da, db := ntbtest.NewPair(1 << 20)
+	ma, err := transport.Attach(da, transport.Config{})
+	require.NoError(t, err)
+	mb, err := transport.Attach(db, transport.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ma.Close()
+		mb.Close()
+		da.Close()
+		db.Close()
+	})
+	r := &directRig{}
+	var leases [2]*transport.Conn
+	for side := range 2 {
+		leases[side], r.proxy[side] = engineConns(t, ma, mb, 10+side)
+	}
+	ps := [2]*Proxy{}
+	for side := range 2 {
+		ps[side] = &Proxy{cfg: transport.Config{Logf: func(format string, args ...any) { t.Logf("side %d: "+format, append([]any{side}, args...)...) }}}
+	}
+	var lns [2]*transport.Listener
+	lns[1] = ln
+	var ds [2]*directConn
+	for side, dc := range []*transport.Conn{dc0, dc1} {
+		ds[side] = ps[side].newDirect(name, side, eps[side], lns[side], dc, leases[side])
+		r.c[side] = &Conn{d: ds[side], route: Route{Path: "ntb", Mode: "direct"}}
+	}
+	// Side 0's fallback: a connection over the in-memory link, which
+	// side 1's ntproxy hands to side 1 as an Incoming with Continue does.
+	fbPort := 100
+	ds[0].dialFallback = func(ctx context.Context) (*transport.Conn, Route, error) {
+		fbPort++
+		f0, f1 := engineConns(t, ma, mb, fbPort)
+		r.dialed.Add(1)
+		go ps[1].continued(name, f1, Route{Path: "tcp", Mode: "proxy", Reason: "fallback"})
+		return f0, Route{Path: "tcp", Mode: "proxy", Reason: "fallback"}, nil
+	}
+	ds[0].start("b:1")
+	ds[1].start("")
+	return r
+}
+
+// pull tells both ends that the NTB link went down (up: came back) and
+// waits until the connection is on the fallback (back on its link).
+func (r *directRig) pull(t *testing.T, down bool) {
+	msg, mode := byte(appproto.LeaseLinkDown), "proxy"
+	if !down {
+		msg, mode = appproto.LeaseLinkUp, "direct"
+	}
+	for _, p := range r.proxy {
+		_, err := p.Write([]byte{msg})
+		require.NoError(t, err)
+	}
+	waitfor.True(t, "both ends in "+mode+" mode", func() bool {
+		return r.c[0].Route().Mode == mode && r.c[1].Route().Mode == mode
+	})
+}
+
+// A direct connection streaming both ways moves to the fallback and back,
+// twice, and every byte arrives once, in order, on the same Conns; the
+// ends of the streams (CloseWrite) arrive too.
+func TestDirectMovesAndBack(t *testing.T) {
+	r := newDirectRig(t)
+	const size = 16 << 20
+	var moved [2]atomic.Int64 // bytes read at each end
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for dir := range 2 {
+		src, dst := r.c[dir], r.c[1-dir]
+		rng := rand.New(rand.NewPCG(41, uint64(dir)))
+		data := make([]byte, size)
+		for i := range data {
+			data[i] = byte(rng.Uint32())
+		}
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for off := 0; off < size; {
+				n := min(size-off, 1+rng.IntN(200<<10))
+				if _, err := src.Write(data[off : off+n]); err != nil {
+					errs <- fmt.Errorf("write %d at %d: %w", dir, off, err)
+					return
+				}
+				off += n
+			}
+			if err := src.CloseWrite(); err != nil {
+				errs <- fmt.Errorf("close write %d: %w", dir, err)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			h := sha256.New()
+			buf := make([]byte, 96<<10)
+			for {
+				n, err := dst.Read(buf)
+				h.Write(buf[:n])
+				moved[dir].Add(int64(n))
+				if errors.Is(err, io.EOF) {
+					break
+				}
+				if err != nil {
+					errs <- fmt.Errorf("read %d after %d bytes: %w", dir, moved[dir].Load(), err)
+					return
+				}
+			}
+			if moved[dir].Load() != size || [32]byte(h.Sum(nil)) != sha256.Sum256(data) {
+				errs <- fmt.Errorf("direction %d: %d bytes, want %d, or bytes lost, duplicated or reordered", dir, moved[dir].Load(), size)
+			}
+		}()
+	}
+	past := func(n int64) {
+		waitfor.True(t, fmt.Sprintf("both directions past %d bytes", n), func() bool {
+			return moved[0].Load() >= n && moved[1].Load() >= n || len(errs) > 0
+		})
+	}
+	for round, at := range []int64{size / 8, size / 2} {
+		past(at)
+		r.pull(t, true)
+		require.Contains(t, r.c[0].Route().Reason, "fallback", "round %d: Route on the fallback", round)
+		past(at + size/8)
+		r.pull(t, false)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.EqualValues(t, 2, r.dialed.Load(), "one fallback a pull")
+	require.Equal(t, Route{Path: "ntb", Mode: "direct"}, r.c[0].Route())
+	for _, c := range r.c {
+		require.NoError(t, c.Close())
+	}
+	_, err := r.c[0].Write([]byte("x"))
+	require.ErrorIs(t, err, net.ErrClosed)
+}
+
+// A peer that is gone still reads as a reset: the far end's direct link
+// closes under a blocked Read, and the Read fails with ECONNRESET.
+func TestDirectPeerGoneResets(t *testing.T) {
+	r := newDirectRig(t)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := r.c[0].Read(make([]byte, 1))
+		errc <- err
+	}()
+	waitfor.Blocked(t, "(*directConn).Read")
+	require.NoError(t, r.c[1].d.ep.Close())
+	err := <-errc
+	require.ErrorIs(t, err, syscall.ECONNRESET, "a blocked Read when the peer's end of the direct link is gone")
+	var oe *net.OpError
+	require.ErrorAs(t, err, &oe)
+	require.Equal(t, "read", oe.Op)
+	for _, c := range r.c {
+		require.NoError(t, c.Close())
+	}
+}
