@@ -318,7 +318,7 @@ func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (*Conn
 		return nil, opErr(err)
 	}
 	var reply appproto.DialReply
-	err = exchange(ctx, c, appproto.DialRequest{Target: host, Port: port, Priority: int(class), Direct: direct, Pool: o.pool && a.pool != nil, Transports: o.transports}, &reply)
+	err = exchange(ctx, c, appproto.DialRequest{Target: host, Port: port, Priority: int(class), Direct: direct, Early: direct, Pool: o.pool && a.pool != nil, Transports: o.transports}, &reply)
 	if err == nil && reply.Code != errcode.OK {
 		err = codeErr(reply.Code, reply.Error)
 	}
@@ -327,6 +327,9 @@ func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (*Conn
 	}
 	if err == nil && reply.Pool != nil && !o.pool {
 		err = fmt.Errorf("%w: a pool slot granted unasked", ErrProxy)
+	}
+	if err == nil && reply.Pending && !direct {
+		err = fmt.Errorf("%w: a pending reply to a dial in proxy mode", ErrProxy)
 	}
 	if err != nil {
 		c.Close()
@@ -347,7 +350,7 @@ func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (*Conn
 		return newConn(c, local, remote, route), nil
 	}
 	// c stays open as the lease on the link until dc closes.
-	dc, err := p.openDirect(ctx, reply.Direct, 0, c)
+	dc, err := p.openDirect(ctx, reply.Direct, 0, c, reply.Pending)
 	if err != nil {
 		c.Close()
 		return nil, opErr(err)
@@ -375,8 +378,10 @@ func (p *Proxy) openPool(a *attachment, g *appproto.PoolGrant, req *transport.Co
 
 // openDirect attaches side (0: dial, 1: listen) of a direct link and
 // returns its connection; closing that connection closes the link's
-// endpoint and the lease once the peer has closed too.
-func (p *Proxy) openDirect(ctx context.Context, dl *appproto.DirectLink, side int, lease *transport.Conn) (*Conn, error) {
+// endpoint and the lease once the peer has closed too. pending (side 0):
+// the grant came before the far side was brought in, and the verdict is
+// still to come on the lease (see dialEarly).
+func (p *Proxy) openDirect(ctx context.Context, dl *appproto.DirectLink, side int, lease *transport.Conn, pending bool) (*Conn, error) {
 	if dl.Window <= 0 || dl.Name == "" {
 		return nil, fmt.Errorf("%w: direct link %+v", ErrProxy, *dl)
 	}
@@ -387,8 +392,20 @@ func (p *Proxy) openDirect(ctx context.Context, dl *appproto.DirectLink, side in
 	}
 	var dc *transport.Conn
 	if side == 0 {
-		dc, err = ep.DialContext(ctx, appproto.DirectPort)
-		shm.Remove(dl.Dir, dl.Name) // both ends hold it now
+		var verdict error
+		if pending {
+			dc, verdict, err = dialEarly(ctx, ep, lease)
+		} else {
+			dc, err = ep.DialContext(ctx, appproto.DirectPort)
+		}
+		// Both ends hold the link now, or it failed: its files go (ntproxy
+		// removes them too, but may have done so before this end made
+		// them).
+		shm.Remove(dl.Dir, dl.Name)
+		if verdict != nil {
+			ep.Close()
+			return nil, verdict
+		}
 	} else {
 		var ln *transport.Listener
 		if ln, err = ep.Listen(appproto.DirectPort); err == nil {
@@ -405,6 +422,47 @@ func (p *Proxy) openDirect(ctx context.Context, dl *appproto.DirectLink, side in
 	w := &Conn{c: dc}
 	w.onClose = func() { go linger(dc, ep, lease) }
 	return w, nil
+}
+
+// dialEarly dials the direct link of a pending grant while ntproxy
+// brings in the far side, and reads the verdict from lease meanwhile: the
+// link's session and the dial overlap the proxies' exchange. A dial that
+// reaches the far side before it listens is refused; the far side listens
+// before its proxy answers, so that dial is made again once the verdict
+// is OK. A failed verdict comes back as verdict (the dial is dropped).
+func dialEarly(ctx context.Context, ep *transport.Endpoint, lease *transport.Conn) (dc *transport.Conn, verdict, err error) {
+	dctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		c   *transport.Conn
+		err error
+	}
+	dialed := make(chan result, 1)
+	go func() {
+		c, err := ep.DialContext(dctx, appproto.DirectPort)
+		dialed <- result{c, err}
+	}()
+	var reply appproto.DialReply
+	verdict = await(ctx, lease, &reply)
+	switch {
+	case verdict != nil:
+	case reply.Code != errcode.OK:
+		verdict = codeErr(reply.Code, reply.Error)
+	case reply.Pending:
+		verdict = fmt.Errorf("%w: a second pending reply", ErrProxy)
+	}
+	if verdict != nil {
+		cancel()
+		if r := <-dialed; r.c != nil {
+			r.c.Close()
+		}
+		return nil, verdict, nil
+	}
+	r := <-dialed
+	if errors.Is(r.err, syscall.ECONNREFUSED) {
+		r.c, r.err = ep.DialContext(ctx, appproto.DirectPort)
+	}
+	return r.c, nil, r.err
 }
 
 func acceptWithin(ln *transport.Listener, d time.Duration) (*transport.Conn, error) {
@@ -429,15 +487,28 @@ func linger(c *transport.Conn, ep *transport.Endpoint, lease *transport.Conn) {
 
 // exchange writes one request frame on c and reads the reply, within ctx.
 func exchange(ctx context.Context, c *transport.Conn, req, reply any) error {
+	return within(ctx, c, func() error {
+		err := appproto.WriteFrame(c, req)
+		if err == nil {
+			err = appproto.ReadFrame(c, reply)
+		}
+		return err
+	})
+}
+
+// await reads one reply frame from c, within ctx.
+func await(ctx context.Context, c *transport.Conn, reply any) error {
+	return within(ctx, c, func() error { return appproto.ReadFrame(c, reply) })
+}
+
+// within runs f, which reads and writes c, with c's deadline at ctx's.
+func within(ctx context.Context, c *transport.Conn, f func() error) error {
 	if dl, ok := ctx.Deadline(); ok {
 		c.SetDeadline(dl)
 	}
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	err := appproto.WriteFrame(c, req)
-	if err == nil {
-		err = appproto.ReadFrame(c, reply)
-	}
+	err := f()
 	if err != nil && ctx.Err() != nil {
 		err = dialErr(ctx.Err())
 	}
@@ -605,7 +676,7 @@ func (l *proxyListener) introduce(a *attachment, c *transport.Conn) {
 	conn := newConn(c, local, remote, route)
 	if in.Direct != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		dc, err := l.p.openDirect(ctx, in.Direct, 1, c)
+		dc, err := l.p.openDirect(ctx, in.Direct, 1, c, false)
 		cancel()
 		if err != nil {
 			c.Close()

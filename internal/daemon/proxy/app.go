@@ -491,11 +491,23 @@ func (s *Server) connect(ctx context.Context, host string, h ctlapi.Hop) (net.Co
 // proxy at its far end and waits for its verdict; it returns the peer's
 // receive window.
 func (s *Server) rackOpen(c net.Conn, host string, open appproto.RackOpen) (int, error) {
+	return s.rackOpenThen(c, host, open, nil)
+}
+
+// rackOpenThen is rackOpen that calls sent, if set, once the open is on
+// its way: what it does overlaps the far side's work. Its error ends the
+// open.
+func (s *Server) rackOpenThen(c net.Conn, host string, open appproto.RackOpen, sent func() error) (int, error) {
 	open.From = s.cfg.Host
 	port := open.Port
 	c.SetDeadline(time.Now().Add(requestTimeout))
 	var reply appproto.DialReply
 	err := appproto.WriteFrame(c, open)
+	if err == nil && sent != nil {
+		if err = sent(); err != nil {
+			return 0, err
+		}
+	}
 	if err == nil {
 		err = appproto.ReadFrame(c, &reply)
 	}
