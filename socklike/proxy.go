@@ -179,7 +179,7 @@ func (p *Proxy) attachLocked() (_ *attachment, err error) {
 		return nil, fail(err)
 	}
 	buf := make([]byte, appproto.MaxDatagram)
-	n, files, err := proc.RecvFiles(uc, buf, "ntproxy-link", "ntproxy-pool")
+	n, files, err := proc.RecvFiles(uc, buf, "ntproxy-link", "ntproxy-bell", "ntproxy-pool")
 	if err != nil {
 		return nil, fail(err)
 	}
@@ -197,10 +197,11 @@ func (p *Proxy) attachLocked() (_ *attachment, err error) {
 	if w.Code != errcode.OK {
 		return nil, fail(codeErr(w.Code, w.Message))
 	}
-	if f == nil {
-		return nil, fail(errors.New("welcome came without the memory link"))
+	if f == nil || len(files) < 2 {
+		return nil, fail(errors.New("welcome came without the memory link and its bell"))
 	}
-	dev, err := shm.OpenFile(f, fmt.Sprintf("app-%d", w.AppID), shm.Options{WindowSize: int(w.Window), Side: shm.Side1, HeartbeatTimeout: appproto.LinkHeartbeatTimeout})
+	dev, err := shm.OpenFile(f, fmt.Sprintf("app-%d", w.AppID), shm.Options{WindowSize: int(w.Window), Side: shm.Side1, HeartbeatTimeout: appproto.LinkHeartbeatTimeout,
+		Bell: shm.Bell{Read: files[1]}})
 	if err != nil {
 		return nil, fail(err)
 	}
@@ -212,11 +213,11 @@ func (p *Proxy) attachLocked() (_ *attachment, err error) {
 	ep.TakeDevice()
 	a := &attachment{unix: uc, ep: ep, id: w.AppID, done: make(chan struct{})}
 	if w.PoolSlots > 0 {
-		if len(files) < 2 {
+		if len(files) < 3 {
 			ep.Close()
 			return nil, fail(errors.New("welcome announced a shared pool but came without it"))
 		}
-		if a.pool, err = mapPool(files[1], int(w.PoolSlots), int(w.PoolRing)); err != nil {
+		if a.pool, err = mapPool(files[2], int(w.PoolSlots), int(w.PoolRing)); err != nil {
 			ep.Close()
 			return nil, fail(err)
 		}

@@ -41,7 +41,8 @@ import (
 
 // Version is the protocol version; a mismatch is refused with CodeVersion.
 // Version 2 added the shared buffer pool, version 3 the early direct
-// grant (DialRequest.Early, DialReply.Pending).
+// grant (DialRequest.Early, DialReply.Pending) and the memory link's
+// doorbell pipe.
 const Version = 3
 
 // LinkHeartbeatTimeout is the heartbeat timeout of an application's memory
@@ -62,7 +63,8 @@ const (
 //	Welcome (proxy → app): magic u32 | version u16 | code u16 | app id u64 |
 //	                       window u32 | pool slots u32 | pool ring u32 |
 //	                       message length u16 | message
-//	                       (+ the link's descriptor when code is OK, then
+//	                       (+ when code is OK the link's descriptor, the
+//	                       read end of its doorbell pipe (shm.Bell), then
 //	                       the pool's when pool slots is not 0)
 const (
 	Magic = 0x5041_544e // "NTAP" little-endian
