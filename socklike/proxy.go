@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ntstack/ntstack/internal/prim/proc"
+	"github.com/ntstack/ntstack/internal/prim/spingate"
 	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/appproto"
 	"github.com/ntstack/ntstack/internal/wire/errcode"
@@ -386,6 +387,9 @@ func (p *Proxy) openDirect(ctx context.Context, dl *appproto.DirectLink, side in
 	if dl.Window <= 0 || dl.Name == "" {
 		return nil, fmt.Errorf("%w: direct link %+v", ErrProxy, *dl)
 	}
+	// The link's meeting, session handshake and dial wake this process
+	// through the runtime's poller (the link's FIFOs, its socket).
+	defer spingate.Await()()
 	ep, err := transport.Open(dl.Name, transport.Config{SpinBudget: p.cfg.SpinBudget, Window: p.cfg.Window, MTU: p.cfg.MTU, Sockets: p.cfg.Sockets,
 		Fabric: shm.Options{Dir: dl.Dir, WindowSize: dl.Window, Side: shm.Side0 + shm.Side(side), HeartbeatTimeout: appproto.LinkHeartbeatTimeout}})
 	if err != nil {
