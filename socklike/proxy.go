@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ntstack/ntstack/internal/prim/proc"
+	"github.com/ntstack/ntstack/internal/prim/spingate"
 	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/appproto"
 	"github.com/ntstack/ntstack/internal/wire/errcode"
@@ -180,7 +181,7 @@ func (p *Proxy) attachLocked() (_ *attachment, err error) {
 		return nil, fail(err)
 	}
 	buf := make([]byte, appproto.MaxDatagram)
-	n, files, err := proc.RecvFiles(uc, buf, "ntproxy-link", "ntproxy-pool")
+	n, files, err := proc.RecvFiles(uc, buf, "ntproxy-link", "ntproxy-bell", "ntproxy-pool")
 	if err != nil {
 		return nil, fail(err)
 	}
@@ -198,10 +199,11 @@ func (p *Proxy) attachLocked() (_ *attachment, err error) {
 	if w.Code != errcode.OK {
 		return nil, fail(codeErr(w.Code, w.Message))
 	}
-	if f == nil {
-		return nil, fail(errors.New("welcome came without the memory link"))
+	if f == nil || len(files) < 2 {
+		return nil, fail(errors.New("welcome came without the memory link and its bell"))
 	}
-	dev, err := shm.OpenFile(f, fmt.Sprintf("app-%d", w.AppID), shm.Options{WindowSize: int(w.Window), Side: shm.Side1, HeartbeatTimeout: appproto.LinkHeartbeatTimeout})
+	dev, err := shm.OpenFile(f, fmt.Sprintf("app-%d", w.AppID), shm.Options{WindowSize: int(w.Window), Side: shm.Side1, HeartbeatTimeout: appproto.LinkHeartbeatTimeout,
+		Bell: shm.Bell{Read: files[1]}})
 	if err != nil {
 		return nil, fail(err)
 	}
@@ -213,11 +215,11 @@ func (p *Proxy) attachLocked() (_ *attachment, err error) {
 	ep.TakeDevice()
 	a := &attachment{unix: uc, ep: ep, id: w.AppID, done: make(chan struct{})}
 	if w.PoolSlots > 0 {
-		if len(files) < 2 {
+		if len(files) < 3 {
 			ep.Close()
 			return nil, fail(errors.New("welcome announced a shared pool but came without it"))
 		}
-		if a.pool, err = mapPool(files[1], int(w.PoolSlots), int(w.PoolRing)); err != nil {
+		if a.pool, err = mapPool(files[2], int(w.PoolSlots), int(w.PoolRing)); err != nil {
 			ep.Close()
 			return nil, fail(err)
 		}
@@ -323,7 +325,7 @@ func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (*Conn
 		return nil, opErr(err)
 	}
 	var reply appproto.DialReply
-	err = exchange(ctx, c, appproto.DialRequest{Target: host, Port: port, Priority: int(class), Direct: direct, Pool: o.pool && a.pool != nil, Transports: o.transports, Continue: o.cont}, &reply)
+	err = exchange(ctx, c, appproto.DialRequest{Target: host, Port: port, Priority: int(class), Direct: direct, Early: direct, Pool: o.pool && a.pool != nil, Transports: o.transports, Continue: o.cont}, &reply)
 	if err == nil && reply.Code != errcode.OK {
 		err = codeErr(reply.Code, reply.Error)
 	}
@@ -332,6 +334,9 @@ func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (*Conn
 	}
 	if err == nil && reply.Pool != nil && !o.pool {
 		err = fmt.Errorf("%w: a pool slot granted unasked", ErrProxy)
+	}
+	if err == nil && reply.Pending && !direct {
+		err = fmt.Errorf("%w: a pending reply to a dial in proxy mode", ErrProxy)
 	}
 	if err != nil {
 		c.Close()
@@ -352,7 +357,7 @@ func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (*Conn
 		return newConn(c, local, remote, route), nil
 	}
 	// c stays open as the lease on the link until dc closes.
-	dc, err := p.openDirect(ctx, reply.Direct, 0, c)
+	dc, err := p.openDirect(ctx, reply.Direct, 0, c, reply.Pending)
 	if err != nil {
 		c.Close()
 		return nil, opErr(err)
@@ -381,11 +386,16 @@ func (p *Proxy) openPool(a *attachment, g *appproto.PoolGrant, req *transport.Co
 
 // openDirect attaches side (0: dial, 1: listen) of a direct link and
 // returns its connection; closing that connection closes the link's
-// endpoint and the lease once the peer has closed too.
-func (p *Proxy) openDirect(ctx context.Context, dl *appproto.DirectLink, side int, lease *transport.Conn) (*Conn, error) {
+// endpoint and the lease once the peer has closed too. pending (side 0):
+// the grant came before the far side was brought in, and the verdict is
+// still to come on the lease (see dialEarly).
+func (p *Proxy) openDirect(ctx context.Context, dl *appproto.DirectLink, side int, lease *transport.Conn, pending bool) (*Conn, error) {
 	if dl.Window <= 0 || dl.Name == "" {
 		return nil, fmt.Errorf("%w: direct link %+v", ErrProxy, *dl)
 	}
+	// The link's meeting, session handshake and dial wake this process
+	// through the runtime's poller (the link's FIFOs, its socket).
+	defer spingate.Await()()
 	ep, err := transport.Open(dl.Name, transport.Config{SpinBudget: p.cfg.SpinBudget, Window: p.cfg.Window, MTU: p.cfg.MTU, Sockets: p.cfg.Sockets,
 		Fabric: shm.Options{Dir: dl.Dir, WindowSize: dl.Window, Side: shm.Side0 + shm.Side(side), HeartbeatTimeout: appproto.LinkHeartbeatTimeout}})
 	if err != nil {
@@ -394,8 +404,20 @@ func (p *Proxy) openDirect(ctx context.Context, dl *appproto.DirectLink, side in
 	var dc *transport.Conn
 	var ln *transport.Listener // side 1's, kept for the way back from the fallback
 	if side == 0 {
-		dc, err = ep.DialContext(ctx, appproto.DirectPort)
-		shm.Remove(dl.Dir, dl.Name) // both ends hold it now
+		var verdict error
+		if pending {
+			dc, verdict, err = dialEarly(ctx, ep, lease)
+		} else {
+			dc, err = ep.DialContext(ctx, appproto.DirectPort)
+		}
+		// Both ends hold the link now, or it failed: its files go (ntproxy
+		// removes them too, but may have done so before this end made
+		// them).
+		shm.Remove(dl.Dir, dl.Name)
+		if verdict != nil {
+			ep.Close()
+			return nil, verdict
+		}
 	} else if ln, err = ep.Listen(appproto.DirectPort); err == nil {
 		if _, err = lease.Write([]byte{appproto.DirectReady}); err == nil {
 			dc, err = acceptWithin(ln, 10*time.Second)
@@ -406,6 +428,47 @@ func (p *Proxy) openDirect(ctx context.Context, dl *appproto.DirectLink, side in
 		return nil, fmt.Errorf("direct link %s: %w", dl.Name, err)
 	}
 	return &Conn{d: p.newDirect(dl.Name, side, ep, ln, dc, lease)}, nil
+}
+
+// dialEarly dials the direct link of a pending grant while ntproxy
+// brings in the far side, and reads the verdict from lease meanwhile: the
+// link's session and the dial overlap the proxies' exchange. A dial that
+// reaches the far side before it listens is refused; the far side listens
+// before its proxy answers, so that dial is made again once the verdict
+// is OK. A failed verdict comes back as verdict (the dial is dropped).
+func dialEarly(ctx context.Context, ep *transport.Endpoint, lease *transport.Conn) (dc *transport.Conn, verdict, err error) {
+	dctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		c   *transport.Conn
+		err error
+	}
+	dialed := make(chan result, 1)
+	go func() {
+		c, err := ep.DialContext(dctx, appproto.DirectPort)
+		dialed <- result{c, err}
+	}()
+	var reply appproto.DialReply
+	verdict = await(ctx, lease, &reply)
+	switch {
+	case verdict != nil:
+	case reply.Code != errcode.OK:
+		verdict = codeErr(reply.Code, reply.Error)
+	case reply.Pending:
+		verdict = fmt.Errorf("%w: a second pending reply", ErrProxy)
+	}
+	if verdict != nil {
+		cancel()
+		if r := <-dialed; r.c != nil {
+			r.c.Close()
+		}
+		return nil, verdict, nil
+	}
+	r := <-dialed
+	if errors.Is(r.err, syscall.ECONNREFUSED) {
+		r.c, r.err = ep.DialContext(ctx, appproto.DirectPort)
+	}
+	return r.c, nil, r.err
 }
 
 func acceptWithin(ln *transport.Listener, d time.Duration) (*transport.Conn, error) {
@@ -430,15 +493,28 @@ func linger(c *transport.Conn, ep *transport.Endpoint, lease *transport.Conn) {
 
 // exchange writes one request frame on c and reads the reply, within ctx.
 func exchange(ctx context.Context, c *transport.Conn, req, reply any) error {
+	return within(ctx, c, func() error {
+		err := appproto.WriteFrame(c, req)
+		if err == nil {
+			err = appproto.ReadFrame(c, reply)
+		}
+		return err
+	})
+}
+
+// await reads one reply frame from c, within ctx.
+func await(ctx context.Context, c *transport.Conn, reply any) error {
+	return within(ctx, c, func() error { return appproto.ReadFrame(c, reply) })
+}
+
+// within runs f, which reads and writes c, with c's deadline at ctx's.
+func within(ctx context.Context, c *transport.Conn, f func() error) error {
 	if dl, ok := ctx.Deadline(); ok {
 		c.SetDeadline(dl)
 	}
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	err := appproto.WriteFrame(c, req)
-	if err == nil {
-		err = appproto.ReadFrame(c, reply)
-	}
+	err := f()
 	if err != nil && ctx.Err() != nil {
 		err = dialErr(ctx.Err())
 	}
@@ -606,7 +682,7 @@ func (l *proxyListener) introduce(a *attachment, c *transport.Conn) {
 	conn := newConn(c, local, remote, route)
 	if in.Direct != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		dc, err := l.p.openDirect(ctx, in.Direct, 1, c)
+		dc, err := l.p.openDirect(ctx, in.Direct, 1, c, false)
 		cancel()
 		if err != nil {
 			c.Close()

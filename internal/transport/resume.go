@@ -470,6 +470,21 @@ func (st *state) reset(id uint32, payload []byte) error {
 	if c == nil || c.nonce != nonce {
 		return nil // stale
 	}
+	c.mu.Lock()
+	closed := c.closeSent
+	c.mu.Unlock()
+	if closed {
+		// The peer frees a connection only once both CLOSEs have passed
+		// at its end: this is its orderly end, its CLOSE lost with the
+		// old rings. (Had it lost the connection otherwise, nobody is
+		// left to tell: this end has closed.)
+		c.smu.Lock()
+		c.resuming = false
+		c.smu.Unlock()
+		c.pausedAt.Store(0)
+		c.peerClose()
+		return nil
+	}
 	c.fail(resetErr("peer has no such connection", nil))
 	c.abandon()
 	return nil

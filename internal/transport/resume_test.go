@@ -529,3 +529,56 @@ func TestResumeNtbtestLiveness(t *testing.T) {
 		require.Equal(t, first, epoch(a), "a suspicion ends no session")
 	})
 }
+
+// A connection closed at this end whose peer answered with CLOSE and
+// freed it, the answer lost in the old rings: across a restart the
+// peer's RESET for it is that orderly end (the peer frees a connection
+// only once both CLOSEs have passed at its end), not a reset.
+func TestResumeLostCloseEndsOrderly(t *testing.T) {
+	a, b := endpoints(t, "ntbtest", Config{})
+	ca, cb := connPair(t, a, b, 900)
+	_, err := ca.Write([]byte("last words"))
+	require.NoError(t, err)
+	// Nothing at a consumes a frame from the rings until its session has
+	// ended: b's answering CLOSE stays in them.
+	a.mu.Lock()
+	old := a.cur
+	a.mu.Unlock()
+	rings := append(old.parts[:len(old.parts):len(old.parts)], old.control)
+	for _, p := range rings {
+		p.LockRX()
+	}
+	locked := true
+	unlock := func() {
+		if locked {
+			for _, p := range rings {
+				p.UnlockRX()
+			}
+			locked = false
+		}
+	}
+	defer unlock()
+	require.NoError(t, ca.Close())
+	got, err := io.ReadAll(cb)
+	require.NoError(t, err, "b reads a's bytes, then io.EOF")
+	require.Equal(t, "last words", string(got))
+	require.Eventually(t, func() bool {
+		cb.mu.Lock()
+		defer cb.mu.Unlock()
+		return cb.idFreed
+	}, 30*time.Second, time.Millisecond, "b answers a's CLOSE and frees the connection")
+	restart(b)
+	require.Eventually(t, func() bool { return old.sess.Err() != nil }, 30*time.Second, time.Millisecond,
+		"a's session ends with b's restart")
+	unlock()
+	newEpoch(t, a, old.sess.Epoch)
+	require.Eventually(t, ca.Ended, 30*time.Second, time.Millisecond, "a's connection ends once b answers its RESUME")
+	require.NoError(t, ca.failure(), "the peer ended the connection orderly")
+	ca.mu.Lock()
+	freed := ca.idFreed
+	ca.mu.Unlock()
+	require.True(t, freed, "a frees the connection's id")
+	require.Zero(t, ca.pausedAt.Load(), "nothing waits to resume")
+	_, err = ca.Read(make([]byte, 1))
+	require.ErrorIs(t, err, net.ErrClosed, "a closed connection reads net.ErrClosed, as ever")
+}

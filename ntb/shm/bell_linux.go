@@ -26,7 +26,9 @@ import (
 // would see its rings late, so it keeps the futex wait (Options.FutexWait;
 // the shared pool's 64 B round trips at a request a millisecond took
 // ~100 µs longer with the FIFO). A memory link (NewMemLink: ntproxy's
-// application links) has no directory for FIFOs and always does.
+// application links) has no directory for FIFOs; its creator may hand
+// the other end a pipe instead (Options.Bell, fileBell), else both wait
+// by futex.
 type bell struct {
 	fifo     *os.File // ours, opened read-write (never at end of file); nil if we wait by futex
 	peerPath string   // the peer's
@@ -67,6 +69,55 @@ func openBell(link string, side int, read bool) (*bell, error) {
 	b.fifo, b.rung = f, make(chan struct{})
 	go b.read()
 	return b, nil
+}
+
+// Bell is a memory link's doorbell wake-up in place of FIFOs beside a
+// link file (see bell): the ends of a pipe, one end's to read and the
+// other's to ring, which the link's creator makes and hands over with the
+// link's memory. Read is this end's (nil: it sleeps by futex), Ring the
+// peer's (nil: the peer sleeps by futex). OpenFile uses its own
+// duplicates; the caller keeps the files.
+type Bell struct {
+	Read, Ring *os.File
+}
+
+// fileBell is the bell of a memory link over the pipe ends of b.
+func fileBell(b Bell) (_ *bell, err error) {
+	bl := &bell{peerFd: -1}
+	defer func() {
+		if err != nil {
+			bl.close()
+		}
+	}()
+	if b.Ring != nil {
+		if bl.peerFd, err = unix.FcntlInt(b.Ring.Fd(), unix.F_DUPFD_CLOEXEC, 0); err != nil {
+			bl.peerFd = -1
+			return nil, fmt.Errorf("doorbell pipe: %w", err)
+		}
+		// A full pipe already holds a wake-up: a ring never blocks.
+		if err := unix.SetNonblock(bl.peerFd, true); err != nil {
+			return nil, fmt.Errorf("doorbell pipe: %w", err)
+		}
+	}
+	if b.Read != nil {
+		fd, err := unix.FcntlInt(b.Read.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("doorbell pipe: %w", err)
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO {
+			unix.Close(fd)
+			return nil, errors.New("doorbell pipe: not a pipe")
+		}
+		// Non-blocking, so that os.NewFile puts it in the runtime's poller.
+		if err := unix.SetNonblock(fd, true); err != nil {
+			unix.Close(fd)
+			return nil, fmt.Errorf("doorbell pipe: %w", err)
+		}
+		bl.fifo, bl.rung = os.NewFile(uintptr(fd), "doorbell pipe"), make(chan struct{})
+		go bl.read()
+	}
+	return bl, nil
 }
 
 // reads reports whether this side sleeps reading its FIFO.
@@ -110,6 +161,9 @@ func (b *bell) ring() bool {
 	b.peerMu.Lock()
 	defer b.peerMu.Unlock()
 	if b.peerFd < 0 {
+		if b.peerPath == "" {
+			return false // a pipe's write end, closed: nothing reads there
+		}
 		fd, err := unix.Open(b.peerPath, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return true

@@ -137,6 +137,12 @@ func fetch(sock string) (*os.File, int, error) {
 // takes its closing for the news that this end has attached (runServe),
 // so Open closes it once its monitor runs.
 func fetchHeld(sock string) (_ *os.File, _ int, _ net.Conn, err error) {
+	// Where no socket is, nobody serves: a look at the path costs a
+	// fraction of a failed dial, which Open makes for every side nobody
+	// has attached.
+	if _, err := os.Lstat(sock); err != nil {
+		return nil, 0, nil, err
+	}
 	c, err := net.DialTimeout("unix", sock, fetchTimeout)
 	if err != nil {
 		return nil, 0, nil, err

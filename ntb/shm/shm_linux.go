@@ -12,7 +12,8 @@
 // are counters in the memory; a sleeping peer is woken through its FIFO
 // beside the lock file (name.bell0, name.bell1), which it reads through
 // the Go runtime's poller, or, for a memory link without a directory,
-// through a futex word in the memory (see bell_linux.go). The link is up
+// through a pipe its creator hands over or a futex word in the memory
+// (see bell_linux.go). The link is up
 // from the moment both sides are attached; it is suspect while the peer's
 // heartbeat stands still, and goes down when the peer's process is gone,
 // it detaches, either end forces the link down, or it stays silent past
@@ -81,8 +82,10 @@ type Options struct {
 	// reading a FIFO through the runtime's poller (see bell_linux.go) —
 	// for a process whose goroutines spin while they wait, as ntproxy's
 	// do, since the poller is consulted only when none is runnable. A
-	// memory link always does.
+	// memory link does unless Bell gives it a pipe to read.
 	FutexWait bool
+	// Bell, for OpenFile, is the memory link's pipe bell (see Bell).
+	Bell Bell
 	// Logf, if set, receives what the device did on its own: files of the
 	// link's meeting point put back after they were removed or replaced,
 	// a move onto the peer's memory.
@@ -165,7 +168,8 @@ type Device struct {
 	wakeup atomic.Uint64 // WaitDoorbell's sleeps that ended (tests)
 	// bell, for a link opened by name, rings the peer's FIFO when the
 	// peer says it sleeps reading it, and holds ours if we do (see
-	// bell_linux.go); nil for a memory link.
+	// bell_linux.go); for a memory link the same over Options.Bell's
+	// pipe, or nil.
 	bell *bell
 
 	// guard is held by every method that touches the mapping, and Close
@@ -359,6 +363,10 @@ func (d *Device) attach(o Options) (err error) {
 	d.out = d.mem[windowOffset(peer, o.WindowSize) : windowOffset(peer, o.WindowSize)+o.WindowSize]
 	if d.path != "" {
 		if d.bell, err = openBell(d.path, d.side, !o.FutexWait); err != nil {
+			return err
+		}
+	} else if o.Bell != (Bell{}) {
+		if d.bell, err = fileBell(o.Bell); err != nil {
 			return err
 		}
 	}

@@ -131,7 +131,17 @@ func (s *Server) attach(c *net.UnixConn) (_ *app, err error) {
 	if a.memfd, err = shm.NewMemLink(fmt.Sprintf("app-%d", a.id)); err != nil {
 		return nil, refuse(ctlapi.CodeInternal, "%v", err)
 	}
-	o := shm.Options{WindowSize: s.cfg.Proxy.AppWindow, Side: shm.Side0, HeartbeatTimeout: appproto.LinkHeartbeatTimeout}
+	// The application sleeps reading a pipe, which this end rings: in the
+	// runtime's poller, so its sleeping link holds no P that its other
+	// goroutines (a direct link's session, its sockets) wait for, as a
+	// futex wait would. This end waits by futex (its goroutines spin).
+	bellRead, bellRing, err := os.Pipe()
+	if err != nil {
+		return nil, refuse(ctlapi.CodeInternal, "doorbell pipe: %v", err)
+	}
+	defer bellRead.Close()
+	defer bellRing.Close()
+	o := shm.Options{WindowSize: s.cfg.Proxy.AppWindow, Side: shm.Side0, HeartbeatTimeout: appproto.LinkHeartbeatTimeout, Bell: shm.Bell{Ring: bellRing}}
 	if a.dev, err = shm.OpenFile(a.memfd, fmt.Sprintf("app-%d", a.id), o); err != nil {
 		return nil, refuse(ctlapi.CodeInternal, "%v", err)
 	}
@@ -142,7 +152,7 @@ func (s *Server) attach(c *net.UnixConn) (_ *app, err error) {
 	if a.ep, err = transport.Attach(a.dev, s.appCfg); err != nil {
 		return nil, refuse(ctlapi.CodeInternal, "%v", err)
 	}
-	files := []*os.File{a.memfd}
+	files := []*os.File{a.memfd, bellRead}
 	w := appproto.Welcome{Version: appproto.Version, AppID: a.id, Window: uint32(s.cfg.Proxy.AppWindow)}
 	if s.cfg.Proxy.PoolSlots > 0 {
 		if a.pool, err = newAppPool(fmt.Sprintf("app-%d-pool", a.id), s.cfg.Proxy.PoolSlots, s.cfg.Proxy.PoolRing); err != nil {
@@ -504,11 +514,23 @@ func (s *Server) connect(ctx context.Context, host string, h ctlapi.Hop) (net.Co
 // proxy at its far end and waits for its verdict; it returns the peer's
 // receive window.
 func (s *Server) rackOpen(c net.Conn, host string, open appproto.RackOpen) (int, error) {
+	return s.rackOpenThen(c, host, open, nil)
+}
+
+// rackOpenThen is rackOpen that calls sent, if set, once the open is on
+// its way: what it does overlaps the far side's work. Its error ends the
+// open.
+func (s *Server) rackOpenThen(c net.Conn, host string, open appproto.RackOpen, sent func() error) (int, error) {
 	open.From = s.cfg.Host
 	port := open.Port
 	c.SetDeadline(time.Now().Add(requestTimeout))
 	var reply appproto.DialReply
 	err := appproto.WriteFrame(c, open)
+	if err == nil && sent != nil {
+		if err = sent(); err != nil {
+			return 0, err
+		}
+	}
 	if err == nil {
 		err = appproto.ReadFrame(c, &reply)
 	}

@@ -29,10 +29,19 @@ import (
 const directPrefix = "direct-"
 
 // serveDirect carries out a DialRequest with Direct set: c is the
-// request's connection, kept as the lease.
+// request's connection, kept as the lease. With req.Early the grant goes
+// out on c as soon as it is made (a Pending reply), so that the
+// application attaches its end of the link while the far side is brought
+// in; the reply that follows is the verdict.
 func (s *Server) serveDirect(a *app, c *transport.Conn, req appproto.DialRequest) {
 	ctx, cancel := context.WithTimeout(s.ctx, dialTimeout)
-	pc, dl, err := s.dialDirect(ctx, a, req)
+	var granted func(*pconn, *appproto.DirectLink) error
+	if req.Early {
+		granted = func(pc *pconn, dl *appproto.DirectLink) error {
+			return appproto.WriteFrame(c, appproto.DialReply{Local: pc.local, Remote: pc.remote, Path: pc.path, Reason: pc.reason, Direct: dl, Pending: true})
+		}
+	}
+	pc, dl, err := s.dialDirect(ctx, a, req, granted)
 	cancel()
 	if err != nil {
 		appproto.WriteFrame(c, appproto.DialReply{Code: ctlapi.CodeOf(err), Error: errMessage(err)})
@@ -50,8 +59,9 @@ func (s *Server) serveDirect(a *app, c *transport.Conn, req appproto.DialRequest
 }
 
 // dialDirect reserves the quota, names the link and has the far side's
-// application listen on it.
-func (s *Server) dialDirect(ctx context.Context, a *app, req appproto.DialRequest) (*pconn, *appproto.DirectLink, error) {
+// application listen on it, telling granted (if set) of the grant as soon
+// as the far side has been asked.
+func (s *Server) dialDirect(ctx context.Context, a *app, req appproto.DialRequest, granted func(*pconn, *appproto.DirectLink) error) (*pconn, *appproto.DirectLink, error) {
 	if _, err := validClass(req.Priority); err != nil {
 		return nil, nil, err
 	}
@@ -76,6 +86,15 @@ func (s *Server) dialDirect(ctx context.Context, a *app, req appproto.DialReques
 	if err := s.reserveDirect(a, dl); err != nil {
 		return nil, nil, err
 	}
+	// The grant goes out once the far side's part is under way, so that
+	// the application's attaching its end overlaps that, not this
+	// proxy's own exchange with the far side.
+	grant := func() error {
+		if granted == nil {
+			return nil
+		}
+		return granted(pc, dl)
+	}
 	switch route.Path {
 	case ctlapi.PathSHM:
 		l := s.listenerOn(req.Port)
@@ -84,6 +103,9 @@ func (s *Server) dialDirect(ctx context.Context, a *app, req appproto.DialReques
 			break
 		}
 		in := appproto.Incoming{Local: pc.remote, Remote: pc.local, Path: pc.path, Reason: pc.reason, Direct: dl}
+		if err = grant(); err != nil {
+			break
+		}
 		var ac *transport.Conn
 		if ac, err = s.handoffDirect(ctx, l, in, pc); err == nil {
 			q := &pconn{id: s.nextID.Add(1), app: l.app.id, dir: "in", path: pc.path, reason: pc.reason, partition: -1, direct: true,
@@ -101,7 +123,7 @@ func (s *Server) dialDirect(ctx context.Context, a *app, req appproto.DialReques
 			err = fabricErr(route.Host, req.Port, err)
 			break
 		}
-		_, err = s.rackOpen(fc, route.Host, appproto.RackOpen{Port: req.Port, Direct: dl.Name, DirectWindow: dl.Window})
+		_, err = s.rackOpenThen(fc, route.Host, appproto.RackOpen{Port: req.Port, Direct: dl.Name, DirectWindow: dl.Window}, grant)
 		fc.Close() // the far proxy holds its application's lease
 	}
 	if err != nil {

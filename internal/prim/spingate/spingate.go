@@ -38,6 +38,7 @@ import (
 
 var (
 	sockets  atomic.Bool
+	awaiting atomic.Int32 // Await calls not yet done
 	spinning atomic.Int32
 	procs    atomic.Int32 // GOMAXPROCS as last read (Refresh); 0 until then
 )
@@ -48,6 +49,22 @@ var (
 func Sockets() {
 	sockets.Store(true)
 	Refresh()
+}
+
+// Await declares, until the returned function is called, that a
+// goroutine of this process waits for a wake-up through the runtime's
+// poller — a link's doorbell FIFO or pipe while its session is set up
+// (a direct dial): meanwhile the process is bounded as one with sockets,
+// so that a spinner serving another endpoint does not keep the P the
+// wake-up needs. Spins already granted run out their budget.
+func Await() (done func()) {
+	awaiting.Add(1)
+	var once atomic.Bool
+	return func() {
+		if once.CompareAndSwap(false, true) {
+			awaiting.Add(-1)
+		}
+	}
 }
 
 // HasSockets reports whether Sockets was called.
@@ -64,7 +81,7 @@ func Limit() int {
 		Refresh()
 		p = int(procs.Load())
 	}
-	if sockets.Load() {
+	if sockets.Load() || awaiting.Load() > 0 {
 		return p - 1
 	}
 	return math.MaxInt32

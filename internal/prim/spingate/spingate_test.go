@@ -65,3 +65,22 @@ func TestSocketsLeaveAPFree(t *testing.T) {
 		t.Fatalf("no budget granted %v", got)
 	}
 }
+
+// While a goroutine awaits a wake-up through the poller, a one-P process
+// spins no more; once done, it spins as before.
+func TestAwaitBoundsUntilDone(t *testing.T) {
+	reset(t)
+	sockets.Store(false)
+	runtime.GOMAXPROCS(1)
+	Refresh()
+	done := Await()
+	if got := Enter(50 * time.Microsecond); got != 0 {
+		t.Fatalf("spinner of a one-P process awaiting the poller granted %v", got)
+	}
+	done()
+	done() // idempotent
+	if got := Enter(50 * time.Microsecond); got != 50*time.Microsecond {
+		t.Fatalf("spinner after the await granted %v, want its full budget", got)
+	}
+	Leave()
+}

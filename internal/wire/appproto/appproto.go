@@ -40,8 +40,10 @@ import (
 )
 
 // Version is the protocol version; a mismatch is refused with CodeVersion.
-// Version 2 added the shared buffer pool.
-const Version = 2
+// Version 2 added the shared buffer pool, version 3 the early direct
+// grant (DialRequest.Early, DialReply.Pending) and the memory link's
+// doorbell pipe.
+const Version = 3
 
 // LinkHeartbeatTimeout is the heartbeat timeout of an application's memory
 // link, at both ends. Its peer's death is known at once from the attach
@@ -67,7 +69,8 @@ const PortContinue = 3
 //	Welcome (proxy → app): magic u32 | version u16 | code u16 | app id u64 |
 //	                       window u32 | pool slots u32 | pool ring u32 |
 //	                       message length u16 | message
-//	                       (+ the link's descriptor when code is OK, then
+//	                       (+ when code is OK the link's descriptor, the
+//	                       read end of its doorbell pipe (shm.Bell), then
 //	                       the pool's when pool slots is not 0)
 const (
 	Magic = 0x5041_544e // "NTAP" little-endian
@@ -191,6 +194,11 @@ type DialRequest struct {
 	Port     int    `json:"port"`
 	Priority int    `json:"priority"`
 	Direct   bool   `json:"direct,omitempty"`
+	// Early, with Direct, asks for the slice as soon as this proxy has
+	// granted it: a first reply with Pending set names it, so that the
+	// application attaches its end while the proxies bring in the far
+	// one, and the verdict follows as a second reply.
+	Early bool `json:"early,omitempty"`
 	// Pool asks for shared-pool mode: the connection's bytes go through a
 	// slot of the application's pool (the reply's Pool), not the memory
 	// link. ntproxy settles for proxy mode, and says so in the reply's
@@ -207,8 +215,11 @@ type DialRequest struct {
 
 // DirectLink is a window slice granted for one direct connection: in the
 // emulated fabric, a link file Name under Dir with Window bytes per side.
-// The listening application attaches side 1 and listens on DirectPort; the
-// dialing one attaches side 0 and dials it.
+// The listening application attaches side 1, listens on DirectPort and
+// then writes DirectReady; the dialing one attaches side 0 (on a Pending
+// reply, before the far side may have) and dials it. A dial that arrives
+// before the far side listens is refused, and dialed again once the
+// verdict is OK: the far side wrote DirectReady before that.
 type DirectLink struct {
 	Name   string `json:"name"`
 	Dir    string `json:"dir"`
@@ -249,9 +260,14 @@ type DialReply struct {
 	Path   string       `json:"path,omitempty"`
 	Reason string       `json:"reason,omitempty"`
 	Direct *DirectLink  `json:"direct,omitempty"`
-	Pool   *PoolGrant   `json:"pool,omitempty"`
-	RxSeq  uint64       `json:"rx_seq,omitempty"` // answer to a resume
-	Window int          `json:"window,omitempty"`
+	// Pending: the first of two replies to an Early direct dial; Direct
+	// is granted and the far side is being brought in. The second reply
+	// is the verdict (OK, or the failure: the application then drops
+	// its end of the link).
+	Pending bool       `json:"pending,omitempty"`
+	Pool    *PoolGrant `json:"pool,omitempty"`
+	RxSeq   uint64     `json:"rx_seq,omitempty"` // answer to a resume
+	Window  int        `json:"window,omitempty"`
 }
 
 // ListenRequest asks the proxy to accept connections to Port (0: any free
