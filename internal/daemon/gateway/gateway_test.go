@@ -115,9 +115,10 @@ func echoServer(t *testing.T) string {
 
 // A TCP client and a TCP server, neither aware of ntstack, talk through
 // the gateways of two hosts: every byte echoed back in order, the client's
-// half close reaching the server, the counters on both sides.
+// half close reaching the server, the counters on both sides; in trunk
+// mode every connection on the one trunk.
 func TestCarry(t *testing.T) {
-	for _, mode := range []string{config.GatewayDirect, config.GatewayProxy} {
+	for _, mode := range []string{config.GatewayTrunk, config.GatewayDirect, config.GatewayProxy} {
 		t.Run(mode, func(t *testing.T) {
 			a, b := newRack(t, mode, echoServer(t))
 			fwd := a.gw.Stats()[0].Listen
@@ -148,6 +149,11 @@ func TestCarry(t *testing.T) {
 			require.Equal(t, uint64(3*size), eb.BytesIn)
 			require.Equal(t, uint64(3*size), eb.BytesOut)
 			require.Equal(t, mode, fa.Mode)
+			trunked := int64(0)
+			if mode == config.GatewayTrunk {
+				trunked = 3
+			}
+			require.Equal(t, trunked, a.gw.services[0].trunked.Load())
 		})
 	}
 }
