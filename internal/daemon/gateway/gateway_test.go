@@ -33,7 +33,7 @@ type host struct {
 // two CPUs a link monitor once missed the default 250 ms heartbeat
 // timeout (TestCarry, CI at 876f930), and these tests are about carrying
 // data, not detecting a dead link: the link allows 2 s.
-func newRack(t *testing.T, mode, target string) (a, b host) {
+func newRack(t testing.TB, mode, target string) (a, b host) {
 	t.Helper()
 	root := t.TempDir()
 	fabric := filepath.Join("/dev/shm", fmt.Sprintf("ntstack-gwtest-%d-%d", os.Getpid(), rand.Uint32()))
@@ -65,7 +65,7 @@ key = %q
 		go func() { served <- s.ListenAndServe() }()
 		var p *socklike.Proxy
 		require.Eventually(t, func() bool {
-			p, err = socklike.AttachProxy(cfg.Path(config.ProxySocket), socklike.Config{})
+			p, err = socklike.AttachProxy(cfg.Path(config.ProxySocket), socklike.Config{Sockets: true}) // as ntproxy attaches its gateway
 			return err == nil
 		}, 5*time.Second, 5*time.Millisecond)
 		g, err := New(cfg, p, t.Logf)
@@ -93,7 +93,7 @@ key = %q
 }
 
 // echoServer is a TCP server echoing each connection until EOF.
-func echoServer(t *testing.T) string {
+func echoServer(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

@@ -3,9 +3,11 @@ package gateway
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"slices"
@@ -92,7 +94,9 @@ type trunk struct {
 	failed time.Time
 	ports  []int
 	ep     *transport.Endpoint
-	remove sync.Once // the link file goes once both ends hold it
+	link   string     // the link's name in the fabric directory
+	remove sync.Once  // the link file goes once a connection shows both ends hold it
+	callMu sync.Mutex // serialises announcements on the control connection
 
 	mu sync.Mutex
 	// mu protects the following fields.
@@ -198,7 +202,7 @@ func (g *Gateway) openTrunk(t *trunk) {
 		return
 	}
 	close(t.ready)
-	g.logf("gateway: trunk %s to %s carries ports %v", t.ep.Device().Name(), t.host, t.ports)
+	g.logf("gateway: trunk %s to %s carries ports %v", t.link, t.host, t.ports)
 	t.mu.Lock()
 	ctl := t.ctl
 	t.mu.Unlock()
@@ -223,13 +227,6 @@ func (g *Gateway) setupTrunk(ctx context.Context, t *trunk) (err error) {
 	var nonce [8]byte
 	rand.Read(nonce[:])
 	open := trunkOpen{Link: trunkPrefix + g.cfg.Host + "-" + hex.EncodeToString(nonce[:]), Window: trunkWindow(g.cfg)}
-	ep, err := g.openTrunkLink(open, shm.Side0)
-	if err != nil {
-		return err
-	}
-	if !t.hold(ctl, ep) {
-		return net.ErrClosed
-	}
 	defer func() {
 		if err != nil {
 			shm.Remove(g.cfg.Proxy.FabricDir, open.Link)
@@ -238,6 +235,8 @@ func (g *Gateway) setupTrunk(ctx context.Context, t *trunk) (err error) {
 	if dl, ok := ctx.Deadline(); ok {
 		ctl.SetDeadline(dl)
 	}
+	// The far end attaches first, so that it serves the link's memory, as
+	// the accepting end of a direct link does.
 	var reply trunkReply
 	if err = appproto.WriteFrame(ctl, open); err == nil {
 		err = appproto.ReadFrame(ctl, &reply)
@@ -249,7 +248,14 @@ func (g *Gateway) setupTrunk(ctx context.Context, t *trunk) (err error) {
 		return errors.New(reply.Error)
 	}
 	ctl.SetDeadline(time.Time{})
-	t.ports = reply.Ports
+	ep, err := g.openTrunkLink(open, shm.Side0)
+	if err != nil {
+		return err
+	}
+	if !t.hold(ctl, ep) {
+		return net.ErrClosed
+	}
+	t.ports, t.link = reply.Ports, open.Link
 	return nil
 }
 
@@ -285,14 +291,33 @@ func (g *Gateway) dialTrunk(ctx context.Context, svc *service) (c net.Conn, ok b
 	if err != nil || !slices.Contains(t.ports, port) {
 		return nil, false
 	}
+	if err := t.announce(port); err != nil {
+		t.end()
+		return nil, false
+	}
 	fc, err := t.ep.DialContext(ctx, port)
 	if err != nil {
 		// The trunk is going (the far gateway stopped listening with it).
 		return nil, false
 	}
-	t.remove.Do(func() { shm.Remove(g.cfg.Proxy.FabricDir, t.ep.Device().Name()) })
+	t.remove.Do(func() { shm.Remove(g.cfg.Proxy.FabricDir, t.link) })
 	svc.trunked.Add(1)
 	return fc, true
+}
+
+// announce tells the far end, on the control connection, that a
+// connection to port follows, so that it accepts one there (see
+// serveTrunk).
+func (t *trunk) announce(port int) error {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], uint16(port))
+	t.callMu.Lock()
+	defer t.callMu.Unlock()
+	t.mu.Lock()
+	ctl := t.ctl
+	t.mu.Unlock()
+	_, err := ctl.Write(b[:])
+	return err
 }
 
 // serveTrunks accepts trunks on ln (the trunk port) until it closes.
@@ -369,6 +394,7 @@ func (g *Gateway) serveTrunk(ctx context.Context, ctl net.Conn) {
 		g.mu.Unlock()
 	}()
 	var ports []int
+	lns, svcs := map[int]*transport.Listener{}, map[int]*service{}
 	for _, svc := range g.services {
 		if svc.stat.Kind != "export" {
 			continue
@@ -383,27 +409,38 @@ func (g *Gateway) serveTrunk(ctx context.Context, ctl net.Conn) {
 			return
 		}
 		ports = append(ports, port)
-		g.wg.Add(1)
-		go func() {
-			defer g.wg.Done()
-			for {
-				c, err := ln.AcceptConn()
-				if err != nil {
-					return
-				}
-				g.wg.Add(1)
-				go func() {
-					defer g.wg.Done()
-					g.carry(ctx, svc, c, func() {})
-				}()
-			}
-		}()
+		lns[port], svcs[port] = ln, svc
 	}
 	ctl.SetDeadline(time.Time{})
 	if err := appproto.WriteFrame(ctl, trunkReply{Ports: ports}); err != nil {
 		return
 	}
 	g.logf("gateway: trunk %s from %s carries ports %v", open.Link, from, ports)
-	var b [1]byte
-	ctl.Read(b[:]) // the opener writes nothing more: this ends with the lease
+	// One Accept per announcement rather than one always pending: a
+	// pending Accept has the trunk's poller watch the rings whenever no
+	// call runs, which costs each record of a lone request/response
+	// connection a hand-off to the poller. An announcement whose
+	// connection never comes leaves its Accept to take the next one to
+	// that port. The control connection's end is the trunk's.
+	var b [2]byte
+	for {
+		if _, err := io.ReadFull(ctl, b[:]); err != nil {
+			return
+		}
+		port := int(binary.BigEndian.Uint16(b[:]))
+		ln, svc := lns[port], svcs[port]
+		if ln == nil {
+			g.logf("gateway: trunk from %s: announcement for port %d, which it does not carry", from, port)
+			return
+		}
+		g.wg.Add(1)
+		go func() {
+			defer g.wg.Done()
+			c, err := ln.AcceptConn()
+			if err != nil {
+				return
+			}
+			g.carry(ctx, svc, c, func() {})
+		}()
+	}
 }
