@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,7 +34,9 @@ type host struct {
 // two CPUs a link monitor once missed the default 250 ms heartbeat
 // timeout (TestCarry, CI at 876f930), and these tests are about carrying
 // data, not detecting a dead link: the link allows 2 s.
-func newRack(t testing.TB, mode, target string) (a, b host) {
+//
+// bConfig, if given, is appended to b's configuration.
+func newRack(t testing.TB, mode, target string, bConfig ...string) (a, b host) {
 	t.Helper()
 	root := t.TempDir()
 	fabric := filepath.Join("/dev/shm", fmt.Sprintf("ntstack-gwtest-%d-%d", os.Getpid(), rand.Uint32()))
@@ -87,7 +90,7 @@ key = %q
 		}
 		return host{cfg: cfg, gw: g}
 	}
-	b = start("b", "a", fmt.Sprintf("[[gateway.export]]\nport = 7000\ntarget = %q", target))
+	b = start("b", "a", fmt.Sprintf("[[gateway.export]]\nport = 7000\ntarget = %q\n%s", target, strings.Join(bConfig, "\n")))
 	a = start("a", "b", "[[gateway.forward]]\nlisten = \"127.0.0.1:0\"\nto = \"b:7000\"")
 	return a, b
 }
