@@ -30,12 +30,14 @@ import (
 // connection on it:
 //
 //	host a gateway                                    host b gateway
-//	  control: socklike conn to b:TrunkPort ────────▶ trunk listener
+//	  control: socklike conn to b:1023 ─────────────▶ trunk listener
 //	    trunkOpen{link, window} ──────────────────────▶ attach side 1,
 //	                                                  listen on each export
 //	    ◀──────────────────────────── trunkReply{ports}  port the ACL allows
 //	  attach side 0
-//	  carried conn: OPEN port 6379 on the trunk ─────▶ accept, dial target
+//	  per carried conn:
+//	    announcement: port, 2 bytes big-endian ───────▶ one Accept on port
+//	    OPEN port on the trunk ──────────────────────▶ accepted, dial target
 //
 // Setting up a carried connection is then an OPEN on a live link (no link
 // file, no lease, no quota grant), and the link's poller, doorbell and
@@ -43,10 +45,12 @@ import (
 // connection is taken off the ring by whoever polls, and one doorbell
 // wakes the gateway for a burst of them.
 //
-// The control connection is the trunk's lease: when it ends (either
-// gateway stopped, the ntproxys lost each other), both ends close the
-// trunk and its carried connections with it; the next forwarded
-// connection opens a new trunk. A trunk that cannot be opened (the far
+// The control connection (config.GatewayTrunkPort) is the trunk's lease:
+// when it ends (either gateway stopped, the ntproxys lost each other),
+// both ends close the trunk and its carried connections with it; the next
+// forwarded connection opens a new trunk. It also carries the
+// announcements: the far end accepts one connection per announcement
+// rather than keeping an Accept pending (see serveTrunk). A trunk that cannot be opened (the far
 // gateway has no exports, an old gateway, no NTB path) leaves the forward
 // to dial a direct link per connection, as in direct mode, and is tried
 // again after trunkRetry.
