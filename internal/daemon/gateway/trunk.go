@@ -106,6 +106,20 @@ type trunk struct {
 	// mu protects the following fields.
 	ctl   net.Conn
 	ended bool
+	done  chan struct{} // closed when it ends (nil until the first look)
+}
+
+// doneCh returns a channel closed when the trunk ends.
+func (t *trunk) doneCh() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.done == nil {
+		t.done = make(chan struct{})
+		if t.ended {
+			close(t.done)
+		}
+	}
+	return t.done
 }
 
 // closed reports whether ch is closed.
@@ -152,6 +166,9 @@ func (t *trunk) end() {
 		return
 	}
 	t.ended = true
+	if t.done != nil {
+		close(t.done)
+	}
 	if t.ctl != nil {
 		t.ctl.Close()
 	}
@@ -299,7 +316,19 @@ func (g *Gateway) dialTrunk(ctx context.Context, svc *service) (c net.Conn, ok b
 		t.end()
 		return nil, false
 	}
-	fc, err := t.ep.DialContext(ctx, port)
+	// A trunk that ends under the dial (the far gateway dropped it) ends
+	// the dial too: the connection then goes as in direct mode.
+	dctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ended := t.doneCh()
+	go func() {
+		select {
+		case <-ended:
+			cancel()
+		case <-dctx.Done():
+		}
+	}()
+	fc, err := t.ep.DialContext(dctx, port)
 	if err != nil {
 		// The trunk is going (the far gateway stopped listening with it).
 		return nil, false
@@ -348,6 +377,7 @@ func (g *Gateway) serveTrunks(ctx context.Context, ln net.Listener) error {
 func (g *Gateway) serveTrunk(ctx context.Context, ctl net.Conn) {
 	t := &trunk{ctl: ctl}
 	defer t.end()
+	defer context.AfterFunc(ctx, t.end)() // Run is ending: so is the trunk, set up or not
 	from, _, _ := net.SplitHostPort(ctl.RemoteAddr().String())
 	ctl.SetDeadline(time.Now().Add(dialTimeout))
 	var open trunkOpen
