@@ -86,6 +86,7 @@ key = %q
 		select {
 		case <-g.Ready():
 		case err := <-ran:
+			ran <- nil // for the cleanup, which stops the proxy
 			t.Fatalf("gateway of %s: %v", name, err)
 		}
 		return host{cfg: cfg, gw: g}
