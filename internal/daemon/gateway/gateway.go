@@ -168,13 +168,19 @@ func (g *Gateway) Run(ctx context.Context) (err error) {
 		}
 		g.logf("gateway: %s %s -> %s", svc.stat.Kind, svc.stat.Listen, svc.stat.To)
 	}
-	var trunkLn net.Listener // the exports' trunk port, if any
+	// The exports' trunk port, if any. Without it the peers' forwards
+	// carry their connections as in direct mode, so it failing stops
+	// nothing.
+	var trunkLn net.Listener
 	if len(lns) > len(g.cfg.Gateway.Forward) {
 		lc := socklike.ListenConfig{Proxy: g.proxy}
-		if trunkLn, err = lc.Listen(context.Background(), "ntb", ":"+strconv.Itoa(config.GatewayTrunkPort)); err != nil {
-			return fmt.Errorf("gateway trunk port %d: %w", config.GatewayTrunkPort, err)
+		var lerr error
+		if trunkLn, lerr = lc.Listen(context.Background(), "ntb", ":"+strconv.Itoa(config.GatewayTrunkPort)); lerr != nil {
+			g.logf("gateway: no trunks for the peers (their forwards dial a link per connection): trunk port %d: %v", config.GatewayTrunkPort, lerr)
+			trunkLn = nil
+		} else {
+			defer trunkLn.Close()
 		}
-		defer trunkLn.Close()
 	}
 	close(g.ready)
 	// The accept loops count in wg too, so that a connection they accept

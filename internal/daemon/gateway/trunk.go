@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/prim/accept"
 	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/appproto"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
@@ -360,14 +361,13 @@ func (t *trunk) announce(port int) error {
 }
 
 // serveTrunks accepts trunks on ln (the trunk port) until it closes.
+// Accept errors are retried with backoff, as serve's.
 func (g *Gateway) serveTrunks(ctx context.Context, ln net.Listener) error {
+	retry := accept.Retry{What: "gateway trunk port", Logf: g.logf}
 	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			return fmt.Errorf("gateway trunk port: %w", err)
+		c, ok := accept.Next(&retry, ctx.Done(), ln.Accept)
+		if !ok {
+			return nil
 		}
 		g.wg.Add(1)
 		go func() {
