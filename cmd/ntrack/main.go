@@ -7,7 +7,7 @@
 //
 //	ntrack up -hosts 2 -bin ./bin [-dir /tmp/rack] [-name ntrdemo]
 //	ntrack down -prefix ntrdemo
-//	ntrack demo -bin ./bin [-time 2s]
+//	ntrack demo -bin ./bin [-time 2s] [-gateway]
 //	ntrack relay [-procs 2] LISTEN=TO ...
 //
 // up starts the rack, prints its namespaces, addresses and config paths
@@ -19,8 +19,8 @@
 // daemons and over TCP loopback, prints both, then unmodified redis-server
 // and nginx under redis-benchmark and wrk through the TCP gateway and over
 // TCP, and beside them two plain TCP relays (ntrack relay) in place of the
-// gateways, the ceiling of two user-space hops; then it tears the rack
-// down. relay copies each connection to LISTEN to a new one to TO, both
+// gateways, the ceiling of two user-space hops (-gateway: that table
+// alone); then it tears the rack down. relay copies each connection to LISTEN to a new one to TO, both
 // ways, with two Ps as an ntproxy whose gateway serves.
 package main
 
@@ -106,7 +106,7 @@ func command(f func(args []string, stdout, stderr io.Writer) error) func(context
 const (
 	upSynopsis    = "-hosts N -bin DIR [-dir DIR] [-name NAME] [-keep]"
 	downSynopsis  = "-prefix PREFIX"
-	demoSynopsis  = "-bin DIR [-time 2s]"
+	demoSynopsis  = "-bin DIR [-time 2s] [-gateway]"
 	relaySynopsis = "[-procs 2] LISTEN=TO ..."
 )
 
@@ -191,6 +191,7 @@ func demo(args []string, out, stderr io.Writer) error {
 	fs := cli.FlagSet("ntrack demo", demoSynopsis, stderr)
 	bin := fs.String("bin", "", "directory holding the ntmon and ntproxy binaries (required)")
 	per := fs.Duration("time", 2*time.Second, "measured time per workload, size and transport")
+	gatewayOnly := fs.Bool("gateway", false, "run only the gateway table (TCP, the relays and the gateway)")
 	if done, err := parse(fs, args, out); done {
 		return err
 	}
@@ -207,11 +208,13 @@ func demo(args []string, out, stderr io.Writer) error {
 	a, b := r.Host("a"), r.Host("b")
 	fmt.Fprintf(out, "rack %s: hosts a (%s) and b (%s), NTB link %s, ntmon and ntproxy on each\n",
 		r.Name(), a.IP, b.IP, a.Config.Peers[0].Link)
-	fmt.Fprintf(out, "KV server and HTTP file server attached to b's ntproxy, clients to a's; baseline: the same code over TCP loopback\n\n")
-	res, err := rackdemo.Run(ctx, rackdemo.Options{ServerHost: b.Config, ClientHost: a.Config, KVTime: *per, HTTPTime: *per})
-	res.Print(out)
-	if err != nil {
-		return err
+	if !*gatewayOnly {
+		fmt.Fprintf(out, "KV server and HTTP file server attached to b's ntproxy, clients to a's; baseline: the same code over TCP loopback\n\n")
+		res, err := rackdemo.Run(ctx, rackdemo.Options{ServerHost: b.Config, ClientHost: a.Config, KVTime: *per, HTTPTime: *per})
+		res.Print(out)
+		if err != nil {
+			return err
+		}
 	}
 	fmt.Fprintf(out, "\nunmodified redis-server and nginx on b; redis-benchmark and wrk on a through ntproxy's TCP gateway (NTB link), then over TCP to %s\n\n", b.IP)
 	self, err := os.Executable()

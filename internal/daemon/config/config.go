@@ -74,8 +74,10 @@ type Config struct {
 // Gateway configures ntproxy's TCP gateway, which carries the connections
 // of unmodified TCP clients and servers over the fabric.
 type Gateway struct {
-	// Mode is how forwarded connections cross the fabric: "direct" (the
-	// default: a granted link of their own) or "proxy" (through ntproxy).
+	// Mode is how forwarded connections cross the fabric: "trunk" (the
+	// default: connections on one link shared by the two hosts' gateways,
+	// or as in direct mode where there is none), "direct" (a granted link
+	// of their own) or "proxy" (through ntproxy).
 	Mode string `toml:"mode"`
 	// RedirectCgroup is a cgroup2 directory: connects from its processes
 	// to a forward's rack addresses are rewritten, by an eBPF program, to
@@ -104,9 +106,15 @@ type Export struct {
 
 // Gateway modes.
 const (
+	GatewayTrunk  = "trunk"
 	GatewayDirect = "direct"
 	GatewayProxy  = "proxy"
 )
+
+// GatewayTrunkPort is the rack port a gateway with exports listens on
+// for its peers' gateways to open a trunk (gateway.mode "trunk"): below
+// 1024, so that only a privileged process — ntproxy — may listen on it.
+const GatewayTrunkPort = 1023
 
 // Monitor configures ntmon.
 type Monitor struct {
@@ -381,7 +389,7 @@ func (c *Config) setDefaults() {
 		c.Proxy.MaxAppsPerUID = DefaultMaxAppsPerUID
 	}
 	if c.Gateway.Mode == "" {
-		c.Gateway.Mode = GatewayDirect
+		c.Gateway.Mode = GatewayTrunk
 	}
 	c.Quota.setDefaults()
 }
@@ -501,8 +509,8 @@ func (c *Config) Validate() error {
 
 func (c *Config) validateGateway(bad func(string, ...any)) {
 	g := c.Gateway
-	if g.Mode != "" && g.Mode != GatewayDirect && g.Mode != GatewayProxy {
-		bad("gateway.mode %q: want %s or %s", g.Mode, GatewayDirect, GatewayProxy)
+	if g.Mode != "" && g.Mode != GatewayTrunk && g.Mode != GatewayDirect && g.Mode != GatewayProxy {
+		bad("gateway.mode %q: want %s, %s or %s", g.Mode, GatewayTrunk, GatewayDirect, GatewayProxy)
 	}
 	for i, f := range g.Forward {
 		if _, _, err := net.SplitHostPort(f.Listen); err != nil {
@@ -523,6 +531,9 @@ func (c *Config) validateGateway(bad func(string, ...any)) {
 	for i, e := range g.Export {
 		if e.Port < 1 || e.Port > 65534 {
 			bad("gateway.export[%d].port %d outside 1..65534", i, e.Port)
+		}
+		if e.Port == GatewayTrunkPort {
+			bad("gateway.export[%d].port %d is the gateways' trunk port", i, e.Port)
 		}
 		if _, _, err := net.SplitHostPort(e.Target); err != nil {
 			bad("gateway.export[%d].target %q: %v", i, e.Target, err)

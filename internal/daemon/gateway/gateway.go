@@ -15,9 +15,12 @@
 //
 // The gateway is an application of its own ntproxy (socklike attached
 // mode): routing, access control, ports and reclaim are ntproxy's, and its
-// connections show in `ntmon status` like any other. In direct mode (the
-// default) each forwarded connection gets a link of its own and the
-// proxies leave the data path.
+// connections show in `ntmon status` like any other. In trunk mode (the
+// default; trunk.go) the gateways of two hosts share one link of their
+// own and every connection a forward carries between them is a
+// connection on it, the proxies off the data path; `ntmon status` shows
+// the trunk's control connection, the gateway's counters each carried
+// one. In direct mode each forwarded connection gets a link of its own.
 //
 // With gateway.redirect_cgroup set, a cgroup/connect4 and connect6 eBPF
 // program (internal/daemon/redirect) rewrites connects from that cgroup's
@@ -63,23 +66,28 @@ type Gateway struct {
 	services []*service
 	redirect *redirect.Redirect // nil without gateway.redirect_cgroup
 
-	wg sync.WaitGroup
+	wg  sync.WaitGroup
+	ctx context.Context // Run's
 
 	mu sync.Mutex
 	// mu protects the following fields.
 	conns   map[*carried]struct{}
-	closing bool          // Run is ending: carry nothing more
-	ready   chan struct{} // closed once every listener is up
+	trunks  map[string]*trunk // opened by this gateway's forwards, by host
+	served  map[string]*trunk // opened by peers to reach the exports, by host
+	closing bool              // Run is ending: carry nothing more
+	ready   chan struct{}     // closed once every listener is up
 }
 
 // service is one forward or export with its counters.
 type service struct {
 	stat ctlapi.GatewayStat // the fixed fields; Gateway.mu guards Listen
+	port int                // an export's rack port
 	// redirected are the rack addresses the eBPF redirect sends here
 	// (guarded by Gateway.mu).
 	redirected []netip.AddrPort
 
 	active, total, failed atomic.Int64
+	trunked               atomic.Int64  // carried on a trunk (trunk.go)
 	bytesIn, bytesOut     atomic.Uint64 // from the TCP side, to the TCP side
 	lastErr               atomic.Pointer[string]
 }
@@ -103,7 +111,8 @@ func New(cfg *config.Config, p *socklike.Proxy, logf func(string, ...any)) (*Gat
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
-	g := &Gateway{cfg: cfg, proxy: p, logf: logf, conns: map[*carried]struct{}{}, ready: make(chan struct{})}
+	g := &Gateway{cfg: cfg, proxy: p, logf: logf, ctx: context.Background(), ready: make(chan struct{}),
+		conns: map[*carried]struct{}{}, trunks: map[string]*trunk{}, served: map[string]*trunk{}}
 	for _, f := range cfg.Gateway.Forward {
 		g.services = append(g.services, &service{stat: ctlapi.GatewayStat{Kind: "forward", Listen: f.Listen, To: f.To, Mode: cfg.Gateway.Mode}})
 	}
@@ -115,7 +124,7 @@ func New(cfg *config.Config, p *socklike.Proxy, logf func(string, ...any)) (*Gat
 		g.redirect = r
 	}
 	for _, e := range cfg.Gateway.Export {
-		g.services = append(g.services, &service{stat: ctlapi.GatewayStat{Kind: "export", Listen: ":" + strconv.Itoa(e.Port), To: e.Target}})
+		g.services = append(g.services, &service{port: e.Port, stat: ctlapi.GatewayStat{Kind: "export", Listen: ":" + strconv.Itoa(e.Port), To: e.Target}})
 	}
 	return g, nil
 }
@@ -126,6 +135,7 @@ func (g *Gateway) Ready() <-chan struct{} { return g.ready }
 // Run listens on every forward and export and carries their connections
 // until ctx ends. It fails at once if a listener cannot be set up.
 func (g *Gateway) Run(ctx context.Context) (err error) {
+	g.ctx = ctx
 	var lns []net.Listener
 	defer func() {
 		for _, ln := range lns {
@@ -158,15 +168,36 @@ func (g *Gateway) Run(ctx context.Context) (err error) {
 		}
 		g.logf("gateway: %s %s -> %s", svc.stat.Kind, svc.stat.Listen, svc.stat.To)
 	}
+	// The exports' trunk port, if any. Without it the peers' forwards
+	// carry their connections as in direct mode, so it failing stops
+	// nothing.
+	var trunkLn net.Listener
+	if len(lns) > len(g.cfg.Gateway.Forward) {
+		lc := socklike.ListenConfig{Proxy: g.proxy}
+		var lerr error
+		if trunkLn, lerr = lc.Listen(context.Background(), "ntb", ":"+strconv.Itoa(config.GatewayTrunkPort)); lerr != nil {
+			g.logf("gateway: no trunks for the peers (their forwards dial a link per connection): trunk port %d: %v", config.GatewayTrunkPort, lerr)
+			trunkLn = nil
+		} else {
+			defer trunkLn.Close()
+		}
+	}
 	close(g.ready)
 	// The accept loops count in wg too, so that a connection they accept
 	// while Run stops is added before wg reaches zero.
-	errc := make(chan error, len(lns))
+	errc := make(chan error, len(lns)+1)
 	g.wg.Add(len(lns))
 	for i, ln := range lns {
 		go func() {
 			defer g.wg.Done()
 			errc <- g.serve(ctx, ln, g.services[i])
+		}()
+	}
+	if trunkLn != nil {
+		g.wg.Add(1)
+		go func() {
+			defer g.wg.Done()
+			errc <- g.serveTrunks(ctx, trunkLn)
 		}()
 	}
 	select {
@@ -177,12 +208,24 @@ func (g *Gateway) Run(ctx context.Context) (err error) {
 		ln.Close()
 	}
 	lns = nil
+	if trunkLn != nil {
+		trunkLn.Close()
+	}
 	g.mu.Lock()
 	g.closing = true
 	for c := range g.conns {
 		c.close()
 	}
+	var trunks []*trunk
+	for _, m := range []map[string]*trunk{g.trunks, g.served} {
+		for _, t := range m {
+			trunks = append(trunks, t)
+		}
+	}
 	g.mu.Unlock()
+	for _, t := range trunks {
+		t.end()
+	}
 	g.wg.Wait()
 	return err
 }
@@ -311,7 +354,12 @@ func (g *Gateway) dial(ctx context.Context, svc *service) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "tcp", svc.stat.To)
 	}
-	if g.cfg.Gateway.Mode != config.GatewayProxy { // "" is the default, direct
+	if g.cfg.Gateway.Mode != config.GatewayProxy { // "" is the default, trunk
+		if g.cfg.Gateway.Mode != config.GatewayDirect {
+			if c, ok := g.dialTrunk(ctx, svc); ok {
+				return c, nil
+			}
+		}
 		d := socklike.Dialer{Proxy: g.proxy, Direct: true}
 		return d.DialContext(ctx, "ntb", svc.stat.To)
 	}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,7 +34,9 @@ type host struct {
 // two CPUs a link monitor once missed the default 250 ms heartbeat
 // timeout (TestCarry, CI at 876f930), and these tests are about carrying
 // data, not detecting a dead link: the link allows 2 s.
-func newRack(t *testing.T, mode, target string) (a, b host) {
+//
+// bConfig, if given, is appended to b's configuration.
+func newRack(t testing.TB, mode, target string, bConfig ...string) (a, b host) {
 	t.Helper()
 	root := t.TempDir()
 	fabric := filepath.Join("/dev/shm", fmt.Sprintf("ntstack-gwtest-%d-%d", os.Getpid(), rand.Uint32()))
@@ -65,7 +68,7 @@ key = %q
 		go func() { served <- s.ListenAndServe() }()
 		var p *socklike.Proxy
 		require.Eventually(t, func() bool {
-			p, err = socklike.AttachProxy(cfg.Path(config.ProxySocket), socklike.Config{})
+			p, err = socklike.AttachProxy(cfg.Path(config.ProxySocket), socklike.Config{Sockets: true}) // as ntproxy attaches its gateway
 			return err == nil
 		}, 5*time.Second, 5*time.Millisecond)
 		g, err := New(cfg, p, t.Logf)
@@ -83,17 +86,18 @@ key = %q
 		select {
 		case <-g.Ready():
 		case err := <-ran:
+			ran <- nil // for the cleanup, which stops the proxy
 			t.Fatalf("gateway of %s: %v", name, err)
 		}
 		return host{cfg: cfg, gw: g}
 	}
-	b = start("b", "a", fmt.Sprintf("[[gateway.export]]\nport = 7000\ntarget = %q", target))
+	b = start("b", "a", fmt.Sprintf("[[gateway.export]]\nport = 7000\ntarget = %q\n%s", target, strings.Join(bConfig, "\n")))
 	a = start("a", "b", "[[gateway.forward]]\nlisten = \"127.0.0.1:0\"\nto = \"b:7000\"")
 	return a, b
 }
 
 // echoServer is a TCP server echoing each connection until EOF.
-func echoServer(t *testing.T) string {
+func echoServer(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -115,9 +119,10 @@ func echoServer(t *testing.T) string {
 
 // A TCP client and a TCP server, neither aware of ntstack, talk through
 // the gateways of two hosts: every byte echoed back in order, the client's
-// half close reaching the server, the counters on both sides.
+// half close reaching the server, the counters on both sides; in trunk
+// mode every connection on the one trunk.
 func TestCarry(t *testing.T) {
-	for _, mode := range []string{config.GatewayDirect, config.GatewayProxy} {
+	for _, mode := range []string{config.GatewayTrunk, config.GatewayDirect, config.GatewayProxy} {
 		t.Run(mode, func(t *testing.T) {
 			a, b := newRack(t, mode, echoServer(t))
 			fwd := a.gw.Stats()[0].Listen
@@ -148,6 +153,11 @@ func TestCarry(t *testing.T) {
 			require.Equal(t, uint64(3*size), eb.BytesIn)
 			require.Equal(t, uint64(3*size), eb.BytesOut)
 			require.Equal(t, mode, fa.Mode)
+			trunked := int64(0)
+			if mode == config.GatewayTrunk {
+				trunked = 3
+			}
+			require.Equal(t, trunked, a.gw.services[0].trunked.Load())
 		})
 	}
 }
