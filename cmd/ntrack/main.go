@@ -32,6 +32,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -106,7 +107,7 @@ func command(f func(args []string, stdout, stderr io.Writer) error) func(context
 const (
 	upSynopsis    = "-hosts N -bin DIR [-dir DIR] [-name NAME] [-keep]"
 	downSynopsis  = "-prefix PREFIX"
-	demoSynopsis  = "-bin DIR [-time 2s]"
+	demoSynopsis  = "-bin DIR [-time 2s] [-only proxy,pool,direct,tcp] [-gateway=false]"
 	relaySynopsis = "[-procs 2] LISTEN=TO ..."
 )
 
@@ -191,6 +192,8 @@ func demo(args []string, out, stderr io.Writer) error {
 	fs := cli.FlagSet("ntrack demo", demoSynopsis, stderr)
 	bin := fs.String("bin", "", "directory holding the ntmon and ntproxy binaries (required)")
 	per := fs.Duration("time", 2*time.Second, "measured time per workload, size and transport")
+	only := fs.String("only", "", "rack workload transports to run, comma-separated, of proxy, pool, direct and tcp (default: all)")
+	withGateway := fs.Bool("gateway", true, "run the gateway table after the rack workloads")
 	if done, err := parse(fs, args, out); done {
 		return err
 	}
@@ -208,9 +211,13 @@ func demo(args []string, out, stderr io.Writer) error {
 	fmt.Fprintf(out, "rack %s: hosts a (%s) and b (%s), NTB link %s, ntmon and ntproxy on each\n",
 		r.Name(), a.IP, b.IP, a.Config.Peers[0].Link)
 	fmt.Fprintf(out, "KV server and HTTP file server attached to b's ntproxy, clients to a's; baseline: the same code over TCP loopback\n\n")
-	res, err := rackdemo.Run(ctx, rackdemo.Options{ServerHost: b.Config, ClientHost: a.Config, KVTime: *per, HTTPTime: *per})
+	var transports []string
+	if *only != "" {
+		transports = strings.Split(*only, ",")
+	}
+	res, err := rackdemo.Run(ctx, rackdemo.Options{ServerHost: b.Config, ClientHost: a.Config, KVTime: *per, HTTPTime: *per, Transports: transports})
 	res.Print(out)
-	if err != nil {
+	if err != nil || !*withGateway {
 		return err
 	}
 	fmt.Fprintf(out, "\nunmodified redis-server and nginx on b; redis-benchmark and wrk on a through ntproxy's TCP gateway (NTB link), then over TCP to %s\n\n", b.IP)
