@@ -207,13 +207,14 @@ func (l *leg) runPool() {
 	var moved int64
 	var sporadic bool // the last wait outlasted pool.BusySpin (see pool.Spin)
 	var lastHead, lastTail uint64
+	frame := make([]byte, legStage)
 	for !l.ended.Load() {
 		af, pf := s.AppFlags(), s.ProxyFlags() // flags first: a FIN's head is final
 		head, tail := s.OutHead(), s.InTail()
 		if head != lastHead || tail != lastTail {
 			lastHead, lastTail, moved = head, tail, time.Now().UnixNano()
 		}
-		if err := l.poolOut(af, head); err != nil {
+		if err := l.poolOut(af, head, frame); err != nil {
 			l.close(fmt.Errorf("application: %w", err))
 			return
 		}
@@ -227,8 +228,9 @@ func (l *leg) runPool() {
 	}
 }
 
-// poolOut takes what the application wrote up to head into tx.
-func (l *leg) poolOut(af uint32, head uint64) error {
+// poolOut takes what the application wrote up to head into tx, and sends
+// it at once if it may (sendInline, with frame).
+func (l *leg) poolOut(af uint32, head uint64, frame []byte) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if end := l.tx.end(); head != end {
@@ -240,7 +242,7 @@ func (l *leg) poolOut(af uint32, head uint64) error {
 		l.pc.inFlight[0].Store(int64(l.tx.n))
 		l.pc.bytesTX.Add(n)
 		l.pc.msgsTX.Add(1)
-		l.cond.Broadcast()
+		l.sendInline(frame)
 	}
 	if af&(pool.FlagFin|pool.FlagClosed) != 0 && !l.finQueued {
 		l.finQueued = true
