@@ -71,13 +71,6 @@ const (
 	legAckEvery   = 256 << 10
 	legInline     = 8 << 10 // larger payloads are not copied into a frame
 	legStage      = legHdr + legInline
-	// inlineGap: bytes that come within this of the previous ones are part
-	// of a burst, which the hand-off to runSend or runDeliver batches (one
-	// frame and one write for many of the application's writes); bytes
-	// that come after a pause — a request, a reply — go on at once on the
-	// goroutine that has them. It is shorter than any round trip through
-	// two proxies.
-	inlineGap = 20 * time.Microsecond
 	// legIOMax bounds one read from and one write to the application: the
 	// deliverer acknowledges after each write, so one must stay well below
 	// legMaxUnacked for the sender to keep going meanwhile.
@@ -144,10 +137,10 @@ type leg struct {
 	finAt       int64    // the peer's stream length once its FIN came, else -1
 	finDone     bool     // the FIN is passed on to the application
 	dclosed     bool
-	rxBusy      bool  // a receive loop reads into rx's free room (outside dmu)
-	delivering  bool  // a goroutine writes rx's bytes to the application (outside dmu)
-	rxAt        int64 // when the last small frame came (UnixNano; deliverInlineLocked)
-	discard     bool  // shared-pool mode: the application closed; drop what arrives
+	rxBusy      bool       // a receive loop reads into rx's free room (outside dmu)
+	delivering  bool       // a goroutine writes rx's bytes to the application (outside dmu)
+	rxBurst     burstMeter // small frames received (deliverInlineLocked)
+	discard     bool       // shared-pool mode: the application closed; drop what arrives
 
 	mu sync.Mutex
 	// mu protects the following fields.
@@ -155,13 +148,13 @@ type leg struct {
 	cur       net.Conn   // nil between transports
 	ackWanted uint64     // acknowledge this much (runSend sends it)
 	ackSent   uint64
-	path      string   // cur's path: ctlapi.PathNTB, PathRDMA or PathTCP
-	gen       uint64   // bumped at every transport change
-	tx        byteRing // the application's bytes not yet acknowledged, from tx.base
-	sent      uint64   // bytes written on cur (≥ tx.base)
-	writing   bool     // a goroutine holds the write turn (writeDueLocked)
-	txAt      int64    // when the application's last bytes were queued (UnixNano; sendInline)
-	finQueued bool     // the application finished writing at tx.end()
+	path      string     // cur's path: ctlapi.PathNTB, PathRDMA or PathTCP
+	gen       uint64     // bumped at every transport change
+	tx        byteRing   // the application's bytes not yet acknowledged, from tx.base
+	sent      uint64     // bytes written on cur (≥ tx.base)
+	writing   bool       // a goroutine holds the write turn (writeDueLocked)
+	txBurst   burstMeter // the application's writes queued (sendInline)
+	finQueued bool       // the application finished writing at tx.end()
 	finSent   bool
 	closed    bool
 	down      time.Time // when the current outage began
@@ -298,12 +291,9 @@ func (l *leg) runSend() {
 // whole (legInline; mu held): a request then leaves the proxy on the
 // goroutine that read it, with no hand-off to runSend and its wake-up.
 // Bulk is left to runSend, so that reading the next bytes and writing
-// these overlap, and so is a burst (inlineGap).
+// these overlap, and so is a burst (burstMeter).
 func (l *leg) sendInline(frame []byte) {
-	now := time.Now().UnixNano()
-	burst := now-l.txAt < int64(inlineGap)
-	l.txAt = now
-	if burst || l.writing || l.cur == nil || l.tx.end()-l.sent > legInline {
+	if l.txBurst.burst(time.Now().UnixNano()) || l.writing || l.cur == nil || l.tx.end()-l.sent > legInline {
 		l.cond.Broadcast()
 		return
 	}
@@ -610,18 +600,15 @@ type roomer interface{ WriteRoom() int64 }
 // application on the receiving goroutine itself (dmu held; released
 // around the write) when they fit one small frame, they are all rx holds,
 // nobody else is delivering, and the application's connection has the
-// credit for them, and they do not come in a burst (inlineGap): a reply
+// credit for them, and they do not come in a burst (burstMeter): a reply
 // then leaves the proxy on the goroutine that
 // read it, with no hand-off to runDeliver and its wake-up. The write
 // cannot wait for the application to read, which would stop the receive
 // loop and the peer's acknowledgements behind it. It reports whether it
 // delivered (the deliverer has then nothing to do for these bytes).
 func (l *leg) deliverInlineLocked() bool {
-	now := time.Now().UnixNano()
-	burst := now-l.rxAt < int64(inlineGap)
-	l.rxAt = now
 	r, ok := l.app.(roomer)
-	if !ok || burst || l.slot != nil || l.delivering || l.dclosed || l.rx.n > legInline || r.WriteRoom() < int64(l.rx.n) {
+	if !ok || l.rxBurst.burst(time.Now().UnixNano()) || l.slot != nil || l.delivering || l.dclosed || l.rx.n > legInline || r.WriteRoom() < int64(l.rx.n) {
 		return false
 	}
 	p := l.rx.span(l.rx.base, l.rx.n)
