@@ -2,13 +2,15 @@ package proxy
 
 import "time"
 
-// A leg's bytes go on at once on the goroutine that has them — the pump
-// or runPool sending, the receive loop delivering — unless they come in a
+// A proxy-mode leg's bytes go on at once on the goroutine that has them —
+// the pump sending, the receive loop delivering — unless they come in a
 // burst, which the hand-off to runSend or runDeliver batches: one frame
 // and one write for many of the application's writes, while the goroutine
 // that has them goes back to reading. A request or a reply after a pause
 // is no burst; the write after it within inlineGap, and a stream of small
-// writes, are.
+// writes, are. (In shared-pool mode runPool hands every write to runSend:
+// it also watches the application's reads, which must not wait on a
+// send.)
 const (
 	// inlineGap: bytes that come within this of the previous ones are in
 	// a row with them. It is shorter than any round trip through two

@@ -207,14 +207,13 @@ func (l *leg) runPool() {
 	var moved int64
 	var sporadic bool // the last wait outlasted pool.BusySpin (see pool.Spin)
 	var lastHead, lastTail uint64
-	frame := make([]byte, legStage)
 	for !l.ended.Load() {
 		af, pf := s.AppFlags(), s.ProxyFlags() // flags first: a FIN's head is final
 		head, tail := s.OutHead(), s.InTail()
 		if head != lastHead || tail != lastTail {
 			lastHead, lastTail, moved = head, tail, time.Now().UnixNano()
 		}
-		if err := l.poolOut(af, head, frame); err != nil {
+		if err := l.poolOut(af, head); err != nil {
 			l.close(fmt.Errorf("application: %w", err))
 			return
 		}
@@ -228,9 +227,8 @@ func (l *leg) runPool() {
 	}
 }
 
-// poolOut takes what the application wrote up to head into tx, and sends
-// it at once if it may (sendInline, with frame).
-func (l *leg) poolOut(af uint32, head uint64, frame []byte) error {
+// poolOut takes what the application wrote up to head into tx.
+func (l *leg) poolOut(af uint32, head uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if end := l.tx.end(); head != end {
@@ -242,7 +240,7 @@ func (l *leg) poolOut(af uint32, head uint64, frame []byte) error {
 		l.pc.inFlight[0].Store(int64(l.tx.n))
 		l.pc.bytesTX.Add(n)
 		l.pc.msgsTX.Add(1)
-		l.sendInline(frame)
+		l.cond.Broadcast()
 	}
 	if af&(pool.FlagFin|pool.FlagClosed) != 0 && !l.finQueued {
 		l.finQueued = true

@@ -72,7 +72,6 @@ func FuzzPoolSlot(f *testing.F) {
 		c := newMemConn(nil, 0)
 		l := s.newLeg(pc, newMemConn(nil, 0), config.Peer{Host: "b"}, legKey{"b", 1}, false, c, "ntb", 0)
 		data := make([]byte, ring)
-		frame := make([]byte, legStage)
 		for k := 0; len(in) >= 9 && k < poolMaxSteps; in, k = in[9:], k+1 {
 			op, v := int(in[0])%poolOps, binary.LittleEndian.Uint64(in[1:])
 			var err error
@@ -100,7 +99,7 @@ func FuzzPoolSlot(f *testing.F) {
 				return // the leg fails its transport
 			}
 			af, head, tail := slot.AppFlags(), slot.OutHead(), slot.InTail()
-			if err := l.poolOut(af, head, frame); err != nil {
+			if err := l.poolOut(af, head); err != nil {
 				return // runPool closes the connection
 			}
 			l.mu.Lock()
