@@ -32,6 +32,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -106,7 +107,7 @@ func command(f func(args []string, stdout, stderr io.Writer) error) func(context
 const (
 	upSynopsis    = "-hosts N -bin DIR [-dir DIR] [-name NAME] [-keep]"
 	downSynopsis  = "-prefix PREFIX"
-	demoSynopsis  = "-bin DIR [-time 2s] [-gateway]"
+	demoSynopsis  = "-bin DIR [-time 2s] [-only proxy,pool,direct,tcp,gateway]"
 	relaySynopsis = "[-procs 2] LISTEN=TO ..."
 )
 
@@ -191,12 +192,25 @@ func demo(args []string, out, stderr io.Writer) error {
 	fs := cli.FlagSet("ntrack demo", demoSynopsis, stderr)
 	bin := fs.String("bin", "", "directory holding the ntmon and ntproxy binaries (required)")
 	per := fs.Duration("time", 2*time.Second, "measured time per workload, size and transport")
-	gatewayOnly := fs.Bool("gateway", false, "run only the gateway table (TCP, the relays and the gateway)")
+	only := fs.String("only", "", "parts to run, comma-separated, of the rack workloads' transports proxy, pool, direct and tcp, and gateway (the gateway table: TCP, the relays and the gateway); default: all")
 	if done, err := parse(fs, args, out); done {
 		return err
 	}
 	if *bin == "" {
 		return fmt.Errorf("demo: want -bin DIR: %w", errUsage)
+	}
+	var transports []string
+	withGateway := *only == ""
+	for _, part := range strings.Split(*only, ",") {
+		switch part {
+		case "":
+		case "gateway":
+			withGateway = true
+		case "proxy", "pool", "direct", "tcp":
+			transports = append(transports, part)
+		default:
+			return fmt.Errorf("demo: -only %q: want proxy, pool, direct, tcp or gateway: %w", part, errUsage)
+		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -208,13 +222,16 @@ func demo(args []string, out, stderr io.Writer) error {
 	a, b := r.Host("a"), r.Host("b")
 	fmt.Fprintf(out, "rack %s: hosts a (%s) and b (%s), NTB link %s, ntmon and ntproxy on each\n",
 		r.Name(), a.IP, b.IP, a.Config.Peers[0].Link)
-	if !*gatewayOnly {
+	if *only == "" || len(transports) > 0 {
 		fmt.Fprintf(out, "KV server and HTTP file server attached to b's ntproxy, clients to a's; baseline: the same code over TCP loopback\n\n")
-		res, err := rackdemo.Run(ctx, rackdemo.Options{ServerHost: b.Config, ClientHost: a.Config, KVTime: *per, HTTPTime: *per})
+		res, err := rackdemo.Run(ctx, rackdemo.Options{ServerHost: b.Config, ClientHost: a.Config, KVTime: *per, HTTPTime: *per, Transports: transports})
 		res.Print(out)
 		if err != nil {
 			return err
 		}
+	}
+	if !withGateway {
+		return nil
 	}
 	fmt.Fprintf(out, "\nunmodified redis-server and nginx on b; redis-benchmark and wrk on a through ntproxy's TCP gateway (NTB link), then over TCP to %s\n\n", b.IP)
 	self, err := os.Executable()

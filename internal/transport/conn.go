@@ -368,3 +368,12 @@ func dialErr(err error) error {
 	}
 	return err
 }
+
+// WriteRoom returns how many bytes a Write may send now without waiting
+// for the peer's credit: the peer's window less what it has not yet
+// read. A Write of that much can still wait briefly for ring space.
+func (c *Conn) WriteRoom() int64 {
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	return c.window - (c.sent.Load() - c.peerRead.Load())
+}

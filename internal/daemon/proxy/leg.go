@@ -137,8 +137,10 @@ type leg struct {
 	finAt       int64    // the peer's stream length once its FIN came, else -1
 	finDone     bool     // the FIN is passed on to the application
 	dclosed     bool
-	rxBusy      bool // a receive loop reads into rx's free room (outside dmu)
-	discard     bool // shared-pool mode: the application closed; drop what arrives
+	rxBusy      bool       // a receive loop reads into rx's free room (outside dmu)
+	delivering  bool       // a goroutine writes rx's bytes to the application (outside dmu)
+	rxBurst     burstMeter // small frames received (deliverInlineLocked)
+	discard     bool       // shared-pool mode: the application closed; drop what arrives
 
 	mu sync.Mutex
 	// mu protects the following fields.
@@ -146,11 +148,13 @@ type leg struct {
 	cur       net.Conn   // nil between transports
 	ackWanted uint64     // acknowledge this much (runSend sends it)
 	ackSent   uint64
-	path      string   // cur's path: ctlapi.PathNTB, PathRDMA or PathTCP
-	gen       uint64   // bumped at every transport change
-	tx        byteRing // the application's bytes not yet acknowledged, from tx.base
-	sent      uint64   // bytes written on cur (≥ tx.base)
-	finQueued bool     // the application finished writing at tx.end()
+	path      string     // cur's path: ctlapi.PathNTB, PathRDMA or PathTCP
+	gen       uint64     // bumped at every transport change
+	tx        byteRing   // the application's bytes not yet acknowledged, from tx.base
+	sent      uint64     // bytes written on cur (≥ tx.base)
+	writing   bool       // a goroutine holds the write turn (writeDueLocked)
+	txBurst   burstMeter // the application's writes queued (sendInline)
+	finQueued bool       // the application finished writing at tx.end()
 	finSent   bool
 	closed    bool
 	down      time.Time // when the current outage began
@@ -223,6 +227,7 @@ func (s *Server) runLeg(a *app, l *leg) {
 // runPump reads the application straight into the unacknowledged ring,
 // queueing its bytes for the peer; it waits while the ring is full.
 func (l *leg) runPump() {
+	frame := make([]byte, legStage)
 	for {
 		l.mu.Lock()
 		var room []byte
@@ -243,7 +248,7 @@ func (l *leg) runPump() {
 			l.mu.Lock()
 			l.tx.commit(n)
 			l.pc.inFlight[0].Store(int64(l.tx.n))
-			l.cond.Broadcast()
+			l.sendInline(frame)
 			l.mu.Unlock()
 			l.pc.bytesTX.Add(uint64(n))
 			l.pc.msgsTX.Add(1)
@@ -262,19 +267,53 @@ func (l *leg) runPump() {
 	}
 }
 
-// runSend writes acknowledgements, queued bytes and the FIN on the
-// current transport. It is the transport's only writer.
+// runSend writes on the current transport what nobody else writes: the
+// deliverer's acknowledgements, bulk the pump leaves to it, what a new
+// transport must send again, the FIN. It and the pump's inline sends
+// (sendInline) take turns: one writer at a time holds l.writing.
 func (l *leg) runSend() {
-	frame := make([]byte, legHdr+legInline)
+	frame := make([]byte, legStage)
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	for {
-		l.mu.Lock()
-		for !l.closed && (l.cur == nil || (l.ackWanted == l.ackSent && l.sendable() == 0 && !l.finDueLocked())) {
+		for !l.closed && (l.writing || !l.dueLocked()) {
 			l.cond.Wait()
 		}
 		if l.closed {
-			l.mu.Unlock()
 			return
 		}
+		l.writeDueLocked(frame)
+	}
+}
+
+// sendInline has the goroutine that just queued bytes write them itself
+// when nobody holds the write turn and they fit one small frame, copied
+// whole (legInline; mu held): a request then leaves the proxy on the
+// goroutine that read it, with no hand-off to runSend and its wake-up.
+// Bulk is left to runSend, so that reading the next bytes and writing
+// these overlap, and so is a burst (burstMeter).
+func (l *leg) sendInline(frame []byte) {
+	if l.txBurst.burst(time.Now().UnixNano()) || l.writing || l.cur == nil || l.tx.end()-l.sent > legInline {
+		l.cond.Broadcast()
+		return
+	}
+	l.writeDueLocked(frame)
+}
+
+// dueLocked: there is a transport and something to write on it.
+func (l *leg) dueLocked() bool {
+	return l.cur != nil && (l.ackWanted != l.ackSent || l.sendable() > 0 || l.finDueLocked())
+}
+
+// writeDueLocked takes the write turn and writes acknowledgements, queued
+// bytes and the FIN while any is due; mu is held on entry and on return,
+// and released around each write. Whatever becomes due meanwhile it
+// writes too: the turn's holder looks again before it lets go, so whoever
+// waited for the turn has nothing left to do when it ends.
+func (l *leg) writeDueLocked(frame []byte) {
+	l.writing = true
+	defer func() { l.writing = false }()
+	for !l.closed && l.dueLocked() {
 		c, gen, seq := l.cur, l.gen, l.sent
 		var b, payload []byte
 		var n uint64
@@ -317,12 +356,15 @@ func (l *leg) runSend() {
 				l.sent = seq + n
 			}
 		}
-		l.mu.Unlock()
-		if err != nil {
-			l.fail(gen, err)
-		}
-		if fin {
-			l.maybeDone()
+		if err != nil || fin {
+			l.mu.Unlock()
+			if err != nil {
+				l.fail(gen, err)
+			}
+			if fin {
+				l.maybeDone()
+			}
+			l.mu.Lock()
 		}
 	}
 }
@@ -451,7 +493,9 @@ func (l *leg) receive(c net.Conn, gen, seq uint64, n int, head, scratch []byte) 
 		l.rx.put(h) // fits: checked above
 		l.rxSeq += uint64(len(h))
 		keep -= len(h)
-		l.rxAddedLocked()
+		if skip+keep > 0 || !l.deliverInlineLocked() {
+			l.rxAddedLocked()
+		}
 	}
 	if skip+keep == 0 {
 		l.dmu.Unlock()
@@ -506,37 +550,92 @@ func (l *leg) receiveRest(c net.Conn, gen uint64, skip, keep int, scratch []byte
 
 // runDeliver writes what was received to the application, in order,
 // straight from rx, and has it acknowledged every legAckEvery bytes and
-// at the end.
+// at the end. It and the receive loop's inline deliveries
+// (deliverInlineLocked) take turns: one writer at a time holds
+// l.delivering.
 func (l *leg) runDeliver() {
 	for {
 		l.dmu.Lock()
-		for !l.dclosed && l.rx.n == 0 && !(l.finAt >= 0 && !l.finDone) {
+		for !l.dclosed && (l.delivering || (l.rx.n == 0 && !(l.finAt >= 0 && !l.finDone))) {
 			l.dcond.Wait()
 		}
 		if l.dclosed {
 			l.dmu.Unlock()
 			return
 		}
-		// Only runDeliver takes bytes off rx: p stays intact unlocked.
+		// Only the turn's holder takes bytes off rx: p stays intact unlocked.
 		p := l.rx.span(l.rx.base, legIOMax)
 		n := len(p)
 		fin := n == 0
+		l.delivering = true
 		l.dmu.Unlock()
+		var err error
 		if fin {
 			cw, ok := l.app.(interface{ CloseWrite() error })
 			if !ok || cw.CloseWrite() != nil {
-				l.close(errors.New("application: half close failed"))
-				return
+				err = errors.New("half close failed")
 			}
-		} else if _, err := l.app.Write(p); err != nil {
+		} else {
+			_, err = l.app.Write(p)
+		}
+		l.dmu.Lock()
+		l.delivering = false
+		if err != nil {
+			l.dmu.Unlock()
 			l.close(fmt.Errorf("application: %w", err))
 			return
 		}
-		l.dmu.Lock()
 		ack := l.deliveredLocked(l.rx.base+uint64(n), fin)
 		l.dmu.Unlock()
 		l.wantAck(ack, fin)
 	}
+}
+
+// roomer is an application connection that says how many bytes a Write
+// may take now without waiting for the application to read
+// (transport.Conn).
+type roomer interface{ WriteRoom() int64 }
+
+// deliverInlineLocked writes rx's bytes, just received, to the
+// application on the receiving goroutine itself (dmu held; released
+// around the write) when they fit one small frame, they are all rx holds,
+// nobody else is delivering, and the application's connection has the
+// credit for them, and they do not come in a burst (burstMeter): a reply
+// then leaves the proxy on the goroutine that
+// read it, with no hand-off to runDeliver and its wake-up. The write
+// cannot wait for the application to read, which would stop the receive
+// loop and the peer's acknowledgements behind it. It reports whether it
+// delivered (the deliverer has then nothing to do for these bytes).
+func (l *leg) deliverInlineLocked() bool {
+	r, ok := l.app.(roomer)
+	if !ok || l.rxBurst.burst(time.Now().UnixNano()) || l.slot != nil || l.delivering || l.dclosed || l.rx.n > legInline || r.WriteRoom() < int64(l.rx.n) {
+		return false
+	}
+	p := l.rx.span(l.rx.base, l.rx.n)
+	if len(p) != l.rx.n { // wraps: the deliverer writes it in two
+		return false
+	}
+	l.delivering = true
+	l.dmu.Unlock()
+	_, err := l.app.Write(p)
+	l.dmu.Lock()
+	l.delivering = false
+	if err != nil {
+		l.dmu.Unlock()
+		l.close(fmt.Errorf("application: %w", err))
+		l.dmu.Lock()
+		return true
+	}
+	ack := l.deliveredLocked(l.rx.base+uint64(len(p)), false)
+	if l.rx.n > 0 || l.finAt >= 0 {
+		l.dcond.Broadcast() // more for runDeliver
+	}
+	if ack > 0 {
+		l.dmu.Unlock()
+		l.wantAck(ack, false)
+		l.dmu.Lock()
+	}
+	return true
 }
 
 // deliveredLocked records (dmu held) that rx's bytes before seq have

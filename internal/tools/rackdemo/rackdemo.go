@@ -40,6 +40,9 @@ type Options struct {
 	Seed       uint64
 	ServerHost *config.Config // the host the servers attach to (b)
 	ClientHost *config.Config // the host the clients attach to (a)
+	// Transports names the transports to run, of "proxy", "pool",
+	// "direct" and "tcp" (default: all, in that order).
+	Transports []string
 }
 
 func (o *Options) setDefaults() {
@@ -149,8 +152,20 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		host: func(int) string { return tcpAddr },
 		path: func(net.Conn) string { return "tcp" },
 	}
+	all := map[string]transport{"proxy": rackT, "pool": poolT, "direct": directT, "tcp": tcpT}
+	var run []transport
+	for _, name := range o.Transports {
+		t, ok := all[name]
+		if !ok {
+			return Result{}, fmt.Errorf("unknown transport %q (want proxy, pool, direct or tcp)", name)
+		}
+		run = append(run, t)
+	}
+	if len(run) == 0 {
+		run = []transport{rackT, poolT, directT, tcpT}
+	}
 	var res Result
-	for _, t := range []transport{rackT, poolT, directT, tcpT} {
+	for _, t := range run {
 		rows, err := runKV(ctx, t, o)
 		res.KV = append(res.KV, rows...)
 		if err != nil {
