@@ -145,14 +145,11 @@ func (p *Proxy) newDirect(name string, side int, ep *transport.Endpoint, ln *tra
 	return d
 }
 
-// start begins following the lease (and on side 1 the link's listener);
-// target is the address side 0 dialed.
+// start begins following the lease; target is the address side 0
+// dialed.
 func (d *directConn) start(target string) {
 	d.target = target
 	go d.runLease()
-	if d.ln != nil {
-		go d.runAccept()
-	}
 }
 
 func (d *directConn) logf(format string, args ...any) {
@@ -421,22 +418,34 @@ func (d *directConn) Close() error {
 // SetReadDeadline and SetWriteDeadline apply to the carrier in use and
 // to the next.
 func (d *directConn) SetReadDeadline(t time.Time) error {
+	idle := d.rlock.TryLock() // no Read runs: give cur the deadline for it
 	d.mu.Lock()
 	d.rdl = t
 	cur := d.reads[0]
 	d.bumpLocked()
 	d.mu.Unlock()
-	return cur.c.SetReadDeadline(t) // wakes a Read blocked on it, which sets it again
+	if !idle {
+		return cur.c.SetReadDeadline(t) // wakes a Read blocked on it, which sets it again
+	}
+	defer d.rlock.Unlock()
+	cur.rdl = t
+	return cur.c.SetReadDeadline(t)
 
 }
 
 func (d *directConn) SetWriteDeadline(t time.Time) error {
+	idle := d.wmu.TryLock() // no write runs: give cur the deadline for it
 	d.mu.Lock()
 	d.wdl = t
 	cur := d.w
 	d.bumpLocked()
 	d.mu.Unlock()
-	return cur.c.SetWriteDeadline(t) // wakes a Write blocked on it, which sets it again
+	if !idle {
+		return cur.c.SetWriteDeadline(t) // wakes a Write blocked on it, which sets it again
+	}
+	defer d.wmu.Unlock()
+	cur.wdl = t
+	return cur.c.SetWriteDeadline(t)
 
 }
 
@@ -495,7 +504,10 @@ func (d *directConn) runLease() {
 	}
 }
 
-// runAccept takes side 0's connections back onto the direct link.
+// runAccept takes side 0's connection back onto the direct link. It runs
+// only from side 1's move to the fallback until the move back: an Accept
+// pending on the link's endpoint would have its poller take every record
+// of the live direct connection, a wake-up more on each.
 func (d *directConn) runAccept() {
 	for {
 		nc, err := d.ln.AcceptConn()
@@ -503,8 +515,11 @@ func (d *directConn) runAccept() {
 			return
 		}
 		d.moveMu.Lock()
-		d.back(nc)
+		ok := d.back(nc)
 		d.moveMu.Unlock()
+		if ok {
+			return
+		}
 	}
 }
 
@@ -596,6 +611,8 @@ func (d *directConn) fromFallback(f *transport.Conn, route Route) {
 		f.Close()
 		return
 	}
+	// Listen for the way back before side 0 can learn of this move.
+	go d.runAccept()
 	err = writeOffset(f, cur.rbase+h.Received)
 	var peer int64
 	if err == nil {
