@@ -47,7 +47,7 @@ type retention struct {
 const (
 	keepSmall = 1 << 10
 	keepChunk = 64 << 10
-	keepFree  = 8
+	keepFree  = 4
 )
 
 // buf returns an empty buffer of at least n bytes' capacity, a retired
@@ -244,16 +244,19 @@ func (r *retention) bytesAt(o, end int64) []byte {
 	return s.b[o-s.off:][:min(end-o, s.off+int64(len(s.b))-o)]
 }
 
-// size is the memory the retention holds of its own (by reference, the
-// copies only).
+// size is the memory the retention holds of its own: by reference, its
+// copies and the retired ones kept for reuse (not the spans' records).
 func (r *retention) size() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := len(r.ring)
 	for _, s := range r.spans[r.head:] {
 		if s.part == nil {
-			n += len(s.b)
+			n += cap(s.b)
 		}
+	}
+	for _, b := range r.free {
+		n += cap(b)
 	}
 	return n
 }
