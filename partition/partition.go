@@ -121,7 +121,10 @@ func (p *Partition) OnOverwrite(fn func(below uint64)) { p.overwrite = fn }
 // the overwrite hook has seen what the record will overwrite.
 func (p *Partition) reserve(n int) ([]byte, error) {
 	if p.sess.dead.Load() {
-		return nil, p.sess.Err()
+		if err := p.sess.Err(); err != nil {
+			return nil, err
+		}
+		return nil, ErrSessionEnded // failing: the cause is being recorded
 	}
 	if p.overwrite != nil {
 		if r, size := p.tx.Reach(n), uint64(p.tx.Size()); r > size {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"syscall"
 	"time"
 
@@ -276,11 +277,15 @@ func (c *Conn) resumable() bool {
 // finds its connection wherever the take-over is.
 func (st *state) adopt(old *state) {
 	var cs []*Conn
+	now := st.ep.now()
 	for i := range old.conns {
 		c := old.conns[i].Load()
-		if c == nil || c.pausedAt.Load() == 0 || !c.resumable() {
+		if c == nil || !c.resumable() {
 			continue
 		}
+		// finish paused it; a RESUME the old session's poll applied
+		// after that (resumeFrom) has cleared the pause: pause it again.
+		c.pausedAt.CompareAndSwap(0, now+1)
 		c.smu.Lock()
 		c.resuming, c.peerResume = true, nil
 		c.smu.Unlock()
@@ -297,6 +302,16 @@ func (st *state) adopt(old *state) {
 	old.mu.Unlock()
 	st.nextGen.Store(old.nextGen.Load())
 	st.live.Store(int32(len(cs)))
+	// What the connections retain by reference lies in the old rings,
+	// which the first frame any of them sends on st overwrites (a RESUME
+	// may go as soon as its take-over is done): copy it all out first.
+	// The old session's sends have stopped (partition's quiesce), and
+	// c.smu keeps a straggling serve pass of c's out meanwhile.
+	for _, c := range cs {
+		c.smu.Lock()
+		c.keep.materialize(c.peerRead.Load())
+		c.smu.Unlock()
+	}
 	for _, c := range cs {
 		st.takeOver(old, c)
 	}
@@ -339,11 +354,6 @@ func (st *state) takeOver(old *state, c *Conn) {
 		c.fail(resetErr("no partition for the resumed connection", err))
 		return
 	}
-	// What is retained by reference lies in the old rings, which the new
-	// session will write: copy it out now, before anything is sent on it
-	// (st is not published yet), and with c.smu held, so no straggler of
-	// the old session's sends for c adds to it.
-	c.keep.materialize(c.peerRead.Load())
 	c.unit, c.slot, c.unplaced, c.moving, c.inSched = u, slot, false, false, false
 	c.waitCredit, c.wantSent = false, false
 	pending := func(kind uint32) bool {
@@ -355,8 +365,13 @@ func (st *state) takeOver(old *state, c *Conn) {
 		return false
 	}
 	// FIN and CLOSE already sent may have been lost: they follow the
-	// resent bytes again (both are idempotent at the receiver).
-	after := c.frames
+	// resent bytes again (both are idempotent at the receiver). A RESUME
+	// of an earlier take-over that never went out (its session ended
+	// first) is superseded by this one: the peer takes one a session.
+	after := slices.DeleteFunc(c.frames, func(f ctlFrame) bool {
+		k, _ := splitTag(f.tag)
+		return k == kindResume
+	})
 	if finSent && !pending(kindFin) {
 		after = append(after, ctlFrame{tag: makeTag(kindFin, c.peerID)})
 	}
