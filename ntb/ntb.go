@@ -195,6 +195,17 @@ type Idler interface {
 	Idle(on bool)
 }
 
+// SharedWindow is a Device whose outbound window is the very memory of the
+// peer's inbound window, as on the emulated fabric: a write to it lands
+// there whatever the link's state, and what this end wrote stays until
+// this end overwrites it. WindowShared reports whether that holds. A
+// sender may then keep what it sent by reference and read it back after
+// a session ends; behind a bridge, whose posted writes may be lost with a
+// failing link, it keeps a copy instead.
+type SharedWindow interface {
+	WindowShared() bool
+}
+
 // LinkWatcher is a Device that can tell a waiter of the next link change:
 // LinkChanged returns a channel closed by the first change after the
 // call. Taken before a look at Link, it closes WaitDoorbell's window (a

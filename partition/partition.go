@@ -26,8 +26,9 @@ type Partition struct {
 
 	txMu sync.Mutex
 	// txMu protects the following fields.
-	tx      *ring.Producer
-	ringEnd bool // EndTX rings the peer whether or not it sleeps armed (RingOnEnd)
+	tx        *ring.Producer
+	ringEnd   bool               // EndTX rings the peer whether or not it sleeps armed (RingOnEnd)
+	overwrite func(below uint64) // see OnOverwrite
 
 	rxMu sync.Mutex
 	// rxMu protects the following fields.
@@ -80,20 +81,61 @@ func (p *Partition) TryBeginTX() bool {
 // Send adds one record to the batch (between BeginTX and EndTX), as
 // TrySend does.
 func (p *Partition) Send(tag uint32, hdr, body []byte) error {
-	if p.sess.dead.Load() {
-		return p.sess.Err()
-	}
-	b, err := p.tx.Reserve(len(hdr) + len(body))
+	b, err := p.reserve(len(hdr) + len(body))
 	if err != nil {
-		if errors.Is(err, ring.ErrCorrupt) {
-			p.sess.fail(err)
-		}
 		return err
 	}
 	copy(b, hdr)
 	copy(b[len(hdr):], body)
 	p.tx.Commit(tag)
 	return nil
+}
+
+// SendRef is Send of a record of body alone that also says where its
+// payload lies: ref aliases the peer's memory, at is its write position
+// (ring.Producer.Position). The bytes stay there until a later record of
+// this ring overwrites them (see OnOverwrite) — the peer's ring formats
+// rewrite only its headers — so a sender on a device whose outbound
+// window is shared memory (ntb.SharedWindow) may keep them by reference
+// and read them back, even after the session has ended, as long as no
+// later session has written the ring yet.
+func (p *Partition) SendRef(tag uint32, body []byte) (ref []byte, at uint64, err error) {
+	b, err := p.reserve(len(body))
+	if err != nil {
+		return nil, 0, err
+	}
+	copy(b, body)
+	at = p.tx.Reserved()
+	p.tx.Commit(tag)
+	return b, at, nil
+}
+
+// OnOverwrite installs fn, which Send and SendRef call (TX lock held)
+// before each record they write, with the write position below which
+// that record overwrites what earlier laps of the ring left: whoever
+// keeps references into the ring (SendRef) copies out there what it
+// still needs. Install it before the first Send.
+func (p *Partition) OnOverwrite(fn func(below uint64)) { p.overwrite = fn }
+
+// reserve reserves n payload bytes in the TX ring (TX lock held), after
+// the overwrite hook has seen what the record will overwrite.
+func (p *Partition) reserve(n int) ([]byte, error) {
+	if p.sess.dead.Load() {
+		if err := p.sess.Err(); err != nil {
+			return nil, err
+		}
+		return nil, ErrSessionEnded // failing: the cause is being recorded
+	}
+	if p.overwrite != nil {
+		if r, size := p.tx.Reach(n), uint64(p.tx.Size()); r > size {
+			p.overwrite(r - size)
+		}
+	}
+	b, err := p.tx.Reserve(n)
+	if err != nil && errors.Is(err, ring.ErrCorrupt) {
+		p.sess.fail(err)
+	}
+	return b, err
 }
 
 // EndTX publishes the batch, rings the peer if it sleeps and releases the

@@ -64,19 +64,39 @@ func BenchmarkStream64K(b *testing.B) {
 	c2.Close()
 }
 
-// BenchmarkKeep is the retention copy a DATA record costs its sender
-// (resume.go), with a window's worth in flight.
+// BenchmarkKeep is the retention a DATA record costs its sender
+// (keep.go), with a window's worth in flight: "copy" the copy a sender
+// behind a bridge makes, "ref" what a sender on shared memory keeps (a copy for small records).
 func BenchmarkKeep(b *testing.B) {
 	for _, size := range []int{64, 64 << 10} {
-		b.Run(fmt.Sprint(size), func(b *testing.B) {
+		b.Run(fmt.Sprint("copy/", size), func(b *testing.B) {
+			var r retention
+			buf := make([]byte, size)
+			var sent int64
+			b.SetBytes(int64(size))
+			for range b.N {
+				r.add(sent, buf, max(0, sent-DefaultWindow/2))
+				sent += int64(size)
+			}
+		})
+		b.Run(fmt.Sprint("ref/", size), func(b *testing.B) {
+			var r retention
+			var q ringRefs
 			c := &Conn{}
 			buf := make([]byte, size)
 			var sent int64
 			b.SetBytes(int64(size))
 			for range b.N {
-				c.keepLocked(sent, buf)
-				sent += int64(size)
 				c.peerRead.Store(max(0, sent-DefaultWindow/2))
+				if size <= keepSmall {
+					r.addSmall(sent, buf, c.peerRead.Load())
+					sent += int64(size)
+					continue
+				}
+				q.overwrite(nil, uint64(max(0, sent-2*DefaultWindow)))
+				r.addRef(sent, buf, nil, uint64(sent), c.peerRead.Load())
+				sent += int64(size)
+				q.push(c, sent, uint64(sent-int64(size)))
 			}
 		})
 	}

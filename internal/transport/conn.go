@@ -159,7 +159,7 @@ func (c *Conn) releaseLocal() {
 		c.unit.unplace(c.slot)
 		c.unplaced = true
 	}
-	c.keep = nil // nothing will be sent again
+	c.keep.reset() // nothing will be sent again
 	c.smu.Unlock()
 	c.mu.Lock()
 	held := c.quotaHeld

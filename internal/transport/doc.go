@@ -23,8 +23,8 @@
 // spin-then-park spin.go; the classification of traffic into small
 // messages and bulk flows traffic.go; frames and their encodings frame.go;
 // taps (frame capture) tap.go; counters stats.go; the retention of sent
-// bytes, the resumption of connections on a new session and the errors a
-// lost peer gives resume.go.
+// bytes keep.go; the resumption of connections on a new session and the
+// errors a lost peer gives resume.go.
 //
 // Sessions end; connections need not (DESIGN.md invariant 9). A sender
 // keeps what it sent until the peer's CREDIT covers it; when a session

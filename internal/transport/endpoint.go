@@ -22,6 +22,7 @@ type Endpoint struct {
 	cfg     Config
 	dev     ntb.Device
 	idler   ntb.Idler // dev, if it checks its link less often while we are idle
+	byRef   bool      // connections retain by reference: dev's outbound window is shared memory (keep.go)
 	ownsDev bool
 	link    *partition.Link
 
@@ -121,6 +122,9 @@ func Attach(dev ntb.Device, cfg Config) (*Endpoint, error) {
 	}
 	ep.quota.Name, ep.quota.Limit = "receive-window memory quota", cfg.MemoryQuota
 	ep.idler, _ = dev.(ntb.Idler)
+	if sw, ok := dev.(ntb.SharedWindow); ok {
+		ep.byRef = sw.WindowShared()
+	}
 	link, err := partition.Open(dev, partition.Config{Partitions: cfg.Partitions, OnSession: ep.install, Logf: cfg.Logf})
 	if err != nil {
 		return nil, fmt.Errorf("attach %s: %w", dev.Name(), err)
@@ -234,8 +238,15 @@ func (ep *Endpoint) install(s *partition.Session) {
 		traffic:  make([]partTraffic, len(s.Partitions())),
 		headWait: make([]int64, len(s.Partitions())),
 		headOff:  make([]int, len(s.Partitions())),
+		refs:     make([]ringRefs, len(s.Partitions())),
 	}
 	st.nextID = 1
+	if ep.byRef {
+		for i, p := range st.parts {
+			q := &st.refs[i]
+			p.OnOverwrite(func(below uint64) { q.overwrite(p, below) })
+		}
+	}
 	for _, p := range st.parts {
 		st.rxRings += int64(p.RxRingSize())
 	}

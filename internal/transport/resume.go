@@ -4,8 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/bits"
 	"math/rand/v2"
+	"slices"
 	"syscall"
 	"time"
 
@@ -15,16 +15,15 @@ import (
 
 // Connections that outlive their session (DESIGN.md invariant 9).
 //
-// Retention. A connection's sender keeps a copy of every byte it sends
-// until the peer's CREDIT covers it (sendHalf.keep): the bytes between
-// peerRead and sent, which the credit bounds by the peer's window. CREDIT
-// reports bytes the peer's application has read; a byte read is out of
-// the ring, in the reader's own process, and survives the session. The
-// copy is a ring indexed by stream offset (offset o at keep[o&(len-1)]),
-// so retiring bytes costs nothing: a newer byte overwrites a retired one.
-// It grows by doubling to the peer's window, rounded up to a power of two,
-// as the bytes in flight need; a connection that only ever has a message
-// in flight holds a few KiB.
+// Retention. A connection's sender keeps every byte it sends until the
+// peer's CREDIT covers it (sendHalf.keep): the bytes between peerRead and
+// sent, which the credit bounds by the peer's window. CREDIT reports
+// bytes the peer's application has read; a byte read is out of the ring,
+// in the reader's own process, and survives the session. On a device
+// whose outbound window is shared memory the bytes are kept where they
+// were written, in the peer's ring, and copied out only before the ring
+// overwrites them or a new session writes it; elsewhere they are copied
+// as they are sent (keep.go).
 //
 // Resume. When a session ends and the cause leaves hope — the link went
 // down for a reason other than the peer's exit or close, or the peer
@@ -147,33 +146,15 @@ func newNonce() uint64 {
 	}
 }
 
-// keepLocked retains b, sent at stream offset at (c.smu held).
+// keepLocked retains b, sent at stream offset at, when the connection
+// retains by copy, or by reference as a copy (keepSmall; c.smu held).
+// Larger records retained by reference sendDataLocked has retained.
 func (c *Conn) keepLocked(at int64, b []byte) {
-	end := at + int64(len(b))
-	if need := end - c.peerRead.Load(); need > int64(len(c.keep)) {
-		c.growKeepLocked(at, need)
-	}
-	mask := int64(len(c.keep) - 1)
-	n := copy(c.keep[at&mask:], b)
-	copy(c.keep, b[n:])
-}
-
-// growKeepLocked makes room for need bytes retained, carrying over the
-// retained bytes below at.
-func (c *Conn) growKeepLocked(at, need int64) {
-	size := max(keepMin, 2*len(c.keep), 1<<bits.Len64(uint64(need-1)))
-	old := c.keep
-	c.keep = make([]byte, size)
-	if len(old) == 0 {
-		return
-	}
-	from := max(c.peerRead.Load(), at-int64(len(old)))
-	for o := from; o < at; {
-		n := min(at-o, int64(len(old))-o&int64(len(old)-1))
-		src := old[o&int64(len(old)-1):][:n]
-		m := copy(c.keep[o&int64(size-1):], src)
-		copy(c.keep, src[m:])
-		o += n
+	switch {
+	case !c.ep.byRef:
+		c.keep.add(at, b, c.peerRead.Load())
+	case len(b) <= keepSmall:
+		c.keep.addSmall(at, b, c.peerRead.Load())
 	}
 }
 
@@ -296,11 +277,15 @@ func (c *Conn) resumable() bool {
 // finds its connection wherever the take-over is.
 func (st *state) adopt(old *state) {
 	var cs []*Conn
+	now := st.ep.now()
 	for i := range old.conns {
 		c := old.conns[i].Load()
-		if c == nil || c.pausedAt.Load() == 0 || !c.resumable() {
+		if c == nil || !c.resumable() {
 			continue
 		}
+		// finish paused it; a RESUME the old session's poll applied
+		// after that (resumeFrom) has cleared the pause: pause it again.
+		c.pausedAt.CompareAndSwap(0, now+1)
 		c.smu.Lock()
 		c.resuming, c.peerResume = true, nil
 		c.smu.Unlock()
@@ -317,6 +302,16 @@ func (st *state) adopt(old *state) {
 	old.mu.Unlock()
 	st.nextGen.Store(old.nextGen.Load())
 	st.live.Store(int32(len(cs)))
+	// What the connections retain by reference lies in the old rings,
+	// which the first frame any of them sends on st overwrites (a RESUME
+	// may go as soon as its take-over is done): copy it all out first.
+	// The old session's sends have stopped (partition's quiesce), and
+	// c.smu keeps a straggling serve pass of c's out meanwhile.
+	for _, c := range cs {
+		c.smu.Lock()
+		c.keep.materialize(c.peerRead.Load())
+		c.smu.Unlock()
+	}
 	for _, c := range cs {
 		st.takeOver(old, c)
 	}
@@ -370,8 +365,13 @@ func (st *state) takeOver(old *state, c *Conn) {
 		return false
 	}
 	// FIN and CLOSE already sent may have been lost: they follow the
-	// resent bytes again (both are idempotent at the receiver).
-	after := c.frames
+	// resent bytes again (both are idempotent at the receiver). A RESUME
+	// of an earlier take-over that never went out (its session ended
+	// first) is superseded by this one: the peer takes one a session.
+	after := slices.DeleteFunc(c.frames, func(f ctlFrame) bool {
+		k, _ := splitTag(f.tag)
+		return k == kindResume
+	})
 	if finSent && !pending(kindFin) {
 		after = append(after, ctlFrame{tag: makeTag(kindFin, c.peerID)})
 	}
@@ -427,9 +427,11 @@ func (c *Conn) resumeFrom(m *resumeMsg) error {
 		c.smu.Unlock()
 		return fmt.Errorf("resume for connection %d, which is not resuming", c.id)
 	}
-	sent := c.sent.Load()
+	// A session that ended while bytes were being sent again leaves
+	// sent short of resendTo: everything up to resendTo was sent.
+	sent := max(c.sent.Load(), c.resendTo)
 	from := int64(m.received)
-	if from > sent || from < c.peerRead.Load() || sent-from > int64(len(c.keep)) {
+	if from > sent || from < c.peerRead.Load() || !c.keep.holds(from, sent) {
 		err := resetErr("peer resumed from a point we do not hold", fmt.Errorf("received %d, sent %d, acknowledged %d", from, sent, c.peerRead.Load()))
 		c.resuming = false
 		c.smu.Unlock()
@@ -507,7 +509,6 @@ func (c *Conn) abandon() {
 // anything and whether c must wait (credit, ring space, tokens) before
 // the rest.
 func (c *Conn) resendLocked(p *partition.Partition, send func(uint32, []byte) error, budget int) (sent bool, err error, wait bool) {
-	mask := int64(len(c.keep) - 1)
 	for budget > 0 && c.sent.Load() < c.resendTo {
 		s := c.sent.Load()
 		credit := c.window - (s - c.peerRead.Load())
@@ -519,9 +520,13 @@ func (c *Conn) resendLocked(p *partition.Partition, send func(uint32, []byte) er
 			}
 			return sent, nil, true
 		}
-		chunk := min(c.resendTo-s, int64(c.ep.cfg.MTU), credit, int64(p.MaxPayload()), int64(budget), int64(len(c.keep))-s&mask)
+		b := c.keep.bytesAt(s, c.resendTo)
+		if len(b) == 0 {
+			return sent, fmt.Errorf("connection %d: byte %d to send again is not retained", c.id, s), true
+		}
+		chunk := min(int64(len(b)), int64(c.ep.cfg.MTU), credit, int64(p.MaxPayload()), int64(budget))
 		c.sent.Add(chunk)
-		if err := send(makeTag(kindData, c.peerID), c.keep[s&mask:][:chunk]); err != nil {
+		if err := send(makeTag(kindData, c.peerID), b[:chunk]); err != nil {
 			c.sent.Add(-chunk)
 			return sent, err, true
 		}

@@ -404,13 +404,13 @@ func TestResumeUnknownPeerResets(t *testing.T) {
 	require.Contains(t, err.Error(), "peer has no such connection")
 }
 
-// The retention ring keeps exactly the bytes between the peer's
+// Retained by copy, the ring keeps exactly the bytes between the peer's
 // acknowledgement and what was sent, across growth and wrap.
 func TestKeepRing(t *testing.T) {
-	c := &Conn{}
+	var r retention
 	rng := rand.New(rand.NewPCG(1, 2))
 	var stream []byte
-	var sent int64
+	var sent, ack int64
 	for range 2000 {
 		n := 1 + rng.IntN(9000)
 		b := make([]byte, n)
@@ -418,19 +418,21 @@ func TestKeepRing(t *testing.T) {
 			b[i] = byte(rng.Uint32())
 		}
 		stream = append(stream, b...)
-		c.keepLocked(sent, b)
+		r.add(sent, b, ack)
 		sent += int64(n)
 		// The peer acknowledges some, keeping at most 64 KiB in flight.
-		ack := max(c.peerRead.Load(), sent-int64(rng.IntN(64<<10)))
-		c.peerRead.Store(ack)
-		mask := int64(len(c.keep) - 1)
-		for o := ack; o < sent; o++ {
-			if c.keep[o&mask] != stream[o] {
-				t.Fatalf("byte %d lost (kept %d..%d in %d)", o, ack, sent, len(c.keep))
+		ack = max(ack, sent-int64(rng.IntN(64<<10)))
+		require.True(t, r.holds(ack, sent))
+		for o := ack; o < sent; {
+			kept := r.bytesAt(o, sent)
+			require.NotEmpty(t, kept, "byte %d not retained", o)
+			if string(kept) != string(stream[o:o+int64(len(kept))]) {
+				t.Fatalf("bytes from %d lost (kept %d..%d in %d)", o, ack, sent, r.size())
 			}
+			o += int64(len(kept))
 		}
 	}
-	require.LessOrEqual(t, len(c.keep), 128<<10, "retention grows to the bytes in flight, rounded up")
+	require.LessOrEqual(t, r.size(), 128<<10, "retention grows to the bytes in flight, rounded up")
 }
 
 // FIN and CLOSE keep their place behind the bytes sent again: a stream

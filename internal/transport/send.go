@@ -51,9 +51,8 @@ type sendHalf struct {
 	moveSlot   int
 	txBytes    uint64
 	txMark     uint64 // txBytes at the last rebalance
-	// keep retains the bytes between peerRead and sent, stream offset o
-	// at keep[o&(len(keep)-1)] (resume.go).
-	keep       []byte
+	// keep retains the bytes between peerRead and sent (keep.go).
+	keep       retention
 	resuming   bool       // on a new session, waiting for the peer's RESUME: no DATA
 	peerResume *resumeMsg // a RESUME that came before our take-over reached the connection
 	resendTo   int64      // retained bytes up to here go again, from sent, before more
@@ -267,11 +266,15 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wa
 		return sent, 0, false
 	}
 	cfg := &c.ep.cfg
-	// The bytes this call sends are retained (keepLocked) once they are
-	// out: a bulk run is published first, so the peer reads it while this
-	// end copies it, and before the writer has its buffer back.
+	// Retained by copy, the bytes this call sends are copied (keepLocked)
+	// once they are out: a bulk run is published first, so the peer reads
+	// it while this end copies it, and before the writer has its buffer
+	// back. By reference, sendDataLocked has retained them already.
 	keepAt, keepOff := c.sent.Load(), c.outOff
 	keep := func() {
+		if c.ep.byRef {
+			return
+		}
 		if n := c.outOff - keepOff; n > 0 {
 			if n > smallWrite && *open&(1<<slot) != 0 {
 				p.EndTX()
@@ -305,9 +308,13 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wa
 			return sent, w, true
 		}
 		begin()
-		if err := c.sendDataLocked(p, c.out[c.outOff:c.outOff+chunk]); err != nil {
+		piece := c.out[c.outOff : c.outOff+chunk]
+		if err := c.sendDataLocked(p, piece); err != nil {
 			keep()
 			return failed(err)
+		}
+		if c.ep.byRef && chunk <= keepSmall {
+			c.keepLocked(c.sent.Load()-int64(chunk), piece)
 		}
 		c.countTx(u, chunk)
 		c.outOff += chunk
@@ -379,13 +386,28 @@ func (c *Conn) txLocked(p *partition.Partition, tag uint32, body []byte) error {
 
 // sendDataLocked adds b to p's open batch as a DATA record of c's (c.smu
 // held). The bytes count as sent before the record is visible: the peer
-// may credit them before the batch ends. The caller retains them
-// (keepLocked) before b is the application's again.
+// may credit them before the batch ends. By reference, a record above
+// keepSmall is retained here, where it lies in the ring; otherwise the
+// caller retains it (keepLocked) before b is the application's again.
 func (c *Conn) sendDataLocked(p *partition.Partition, b []byte) error {
-	c.sent.Add(int64(len(b)))
-	if err := c.txLocked(p, makeTag(kindData, c.peerID), b); err != nil {
+	at := c.sent.Add(int64(len(b))) - int64(len(b))
+	tag := makeTag(kindData, c.peerID)
+	if !c.ep.byRef || len(b) <= keepSmall {
+		if err := c.txLocked(p, tag, b); err != nil {
+			c.sent.Add(int64(-len(b)))
+			return err
+		}
+		return nil
+	}
+	ref, pos, err := p.SendRef(tag, b)
+	if err != nil {
 		c.sent.Add(int64(-len(b)))
 		return err
+	}
+	c.keep.addRef(at, ref, p, pos, c.peerRead.Load())
+	c.unit.st.refs[p.Index].push(c, at+int64(len(b)), pos)
+	if ts := c.ep.taps.Load(); ts != nil {
+		ts.emit(c.st(), TapTX, p.Index, tag, c.id, b)
 	}
 	return nil
 }

@@ -36,6 +36,9 @@ type state struct {
 	// head a Read has taken so far (0: none; see pollLocked); guarded by
 	// the partition's RX lock.
 	headOff []int
+	// refs is, per data partition, the spans retained by reference that
+	// lie in its TX ring (keep.go); guarded by the partition's TX lock.
+	refs []ringRefs
 
 	mu sync.Mutex
 	// mu protects the following fields.

@@ -77,6 +77,10 @@ func (d *Device) InboundWindow() []byte  { return d.in }
 func (d *Device) OutboundWindow() []byte { return d.peer.in }
 func (d *Device) DoorbellCount() int     { return doorbellBits }
 
+// WindowShared reports true (ntb.SharedWindow): the pair's windows are
+// the same slices.
+func (d *Device) WindowShared() bool { return true }
+
 // changedLocked wakes every waiter.
 func (d *Device) changedLocked() { d.wake.Wake() }
 

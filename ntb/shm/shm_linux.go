@@ -543,6 +543,13 @@ func (d *Device) Port() int { return d.side }
 func (d *Device) InboundWindow() []byte  { return d.in }
 func (d *Device) OutboundWindow() []byte { return d.out }
 
+// WindowShared reports true (ntb.SharedWindow): both ends map the same
+// memory, and a write lands whatever the link's state. The memory under
+// the windows changes only when an end moves onto its peer's link memory
+// (adopt), which happens only after one end restarted, and a restarted
+// end has no connections to resume.
+func (d *Device) WindowShared() bool { return true }
+
 func (d *Device) DoorbellCount() int { return doorbellBits }
 
 // RingPeer adds one to the peer's counter of every bit set, then to its

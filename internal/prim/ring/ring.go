@@ -327,6 +327,29 @@ func (p *Producer) Reserve(n int) ([]byte, error) {
 	return p.data[off : off+n : off+n], nil
 }
 
+// Position is the producer's write position: every byte it has written
+// since the ring was formatted, padding and headers included. The byte
+// at position q lies at ring offset q mod Size, so a record written up to
+// position r overwrites what the lap before left below r-Size.
+func (p *Producer) Position() uint64 { return p.write }
+
+// Reach is the write position one past the last byte that a record of n
+// payload bytes, reserved now, would write: its padding, its header and
+// payload, and the zero word after it.
+func (p *Producer) Reach(n int) uint64 {
+	total := uint64(recHdr + align8(max(n, 0)))
+	pos := p.write & p.mask
+	pad := uint64(0)
+	if pos+total > p.size {
+		pad = p.size - pos
+	}
+	return p.write + pad + total + recHdr
+}
+
+// Reserved is the write position of the outstanding reservation's
+// payload (see Position).
+func (p *Producer) Reserved() uint64 { return p.write + uint64(p.padLen) + recHdr }
+
 // Commit publishes the reserved record with tag (≤ MaxTag). It reports
 // whether the consumer asked to be woken: if so, ring its doorbell.
 func (p *Producer) Commit(tag uint32) (wake bool) {
