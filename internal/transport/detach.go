@@ -84,6 +84,9 @@ func (c *Conn) Detach() (Handover, error) {
 	h.Unacked = c.retainedLocked(h.Acked, h.Sent)
 	c.resuming = true // no DATA goes out after this count (see serveOnce, sendNow)
 	c.smu.Unlock()
+	if int64(len(h.Unacked)) != h.Sent-h.Acked {
+		return Handover{}, fmt.Errorf("detach connection %d: %d of its %d unacknowledged bytes retained", c.id, len(h.Unacked), h.Sent-h.Acked)
+	}
 	// As takeOver counts it: what is counted but still in the old rings
 	// is lost with them.
 	c.rxmu.Lock()
@@ -106,17 +109,17 @@ func (c *Conn) Detach() (Handover, error) {
 }
 
 // retainedLocked copies the retained bytes from offset from up to to
-// (c.smu held; peerRead ≤ from ≤ to ≤ sent).
+// (c.smu held; peerRead ≤ from ≤ to ≤ sent); short if some are not
+// retained.
 func (c *Conn) retainedLocked(from, to int64) []byte {
 	out := make([]byte, 0, to-from)
-	if to == from {
-		return out
-	}
-	mask := int64(len(c.keep) - 1)
 	for o := from; o < to; {
-		n := min(to-o, int64(len(c.keep))-o&mask)
-		out = append(out, c.keep[o&mask:][:n]...)
-		o += n
+		b := c.keep.bytesAt(o, to)
+		if len(b) == 0 {
+			break
+		}
+		out = append(out, b...)
+		o += int64(len(b))
 	}
 	return out
 }
