@@ -31,10 +31,11 @@ type app struct {
 	memfd  *os.File
 	dev    *shm.Device
 	ep     *transport.Endpoint
-	pool   *appPool       // its shared buffer pool (nil: shared-pool mode off)
-	memory int64          // bytes of shared memory granted: its link and direct links
-	direct int64          // bytes of direct links, against proxy.direct_quota
-	wg     sync.WaitGroup // its request and splice goroutines
+	svc    map[int]*transport.Listener // on ep: the service ports, listening before the Welcome
+	pool   *appPool                    // its shared buffer pool (nil: shared-pool mode off)
+	memory int64                       // bytes of shared memory granted: its link and direct links
+	direct int64                       // bytes of direct links, against proxy.direct_quota
+	wg     sync.WaitGroup              // its request and splice goroutines
 
 	// Guarded by Server.mu.
 	conns map[uint64]*pconn
@@ -57,13 +58,7 @@ func (s *Server) runApp(c *net.UnixConn, identified func()) {
 		return
 	}
 	s.logf("app %d (%s, pid %d, uid %d) attached", a.id, a.name, a.cred.PID, a.cred.UID)
-	for _, port := range []int{appproto.PortDial, appproto.PortListen} {
-		ln, err := a.ep.Listen(port)
-		if err != nil {
-			s.logf("app %d: listen on service port %d: %v", a.id, port, err)
-			s.detach(a)
-			return
-		}
+	for port, ln := range a.svc {
 		a.wg.Add(1)
 		go s.runService(a, ln, port)
 	}
@@ -151,6 +146,14 @@ func (s *Server) attach(c *net.UnixConn) (_ *app, err error) {
 	}
 	if a.ep, err = transport.Attach(a.dev, s.appCfg); err != nil {
 		return nil, refuse(ctlapi.CodeInternal, "%v", err)
+	}
+	// The service ports listen before the Welcome: the application may
+	// dial them as soon as it has it.
+	a.svc = map[int]*transport.Listener{}
+	for _, port := range []int{appproto.PortDial, appproto.PortListen} {
+		if a.svc[port], err = a.ep.Listen(port); err != nil {
+			return nil, refuse(ctlapi.CodeInternal, "listen on service port %d: %v", port, err)
+		}
 	}
 	files := []*os.File{a.memfd, bellRead}
 	w := appproto.Welcome{Version: appproto.Version, AppID: a.id, Window: uint32(s.cfg.Proxy.AppWindow)}
