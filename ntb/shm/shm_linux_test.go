@@ -183,8 +183,8 @@ func TestForcedDownSeenAtOnce(t *testing.T) {
 // past the heartbeat timeout, and takes it down as silent only past the
 // silent timeout; once it beats again the link is up and trusted. The
 // silent timeout is seconds past the heartbeat timeout so that the peer's
-// monitor, however late a loaded machine runs it, looks at least once
-// while the silence is suspect and not yet down.
+// monitor looks at least once while the silence is suspect and not yet
+// down, unless a loaded machine holds it off for all those seconds.
 func TestHeartbeatSilence(t *testing.T) {
 	o := Options{Dir: testDir(t), WindowSize: 64 << 10, HeartbeatInterval: 10 * time.Millisecond,
 		HeartbeatTimeout: 50 * time.Millisecond, SilentTimeout: 3 * time.Second}
