@@ -398,6 +398,11 @@ func TestDialWhileWorkerServes(t *testing.T) {
 	ln, err := b.Listen(60)
 	require.NoError(t, err)
 	defer ln.Close()
+	// Each dial waits for its connection to be accepted before the next:
+	// a dial completes once the connection is queued in the backlog, so
+	// dials in a loop would outrun an acceptor the loaded machine starves
+	// and fill the backlog (refused, as a full backlog is meant to be).
+	accepted := make(chan struct{}, 1)
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -405,6 +410,7 @@ func TestDialWhileWorkerServes(t *testing.T) {
 				return
 			}
 			c.Close()
+			accepted <- struct{}{}
 		}
 	}()
 	done := make(chan struct{})
@@ -426,6 +432,12 @@ func TestDialWhileWorkerServes(t *testing.T) {
 				return
 			}
 			c.Close()
+			select {
+			case <-accepted:
+			case <-time.After(10 * time.Second): // a failure guard only
+				t.Errorf("dial %d: not accepted within 10 s", n)
+				return
+			}
 			n++
 		}
 	}()
