@@ -564,10 +564,14 @@ func (ep *Endpoint) armPauseCheck(d time.Duration) {
 
 // checkPaused fails the connections that have waited for their peer
 // longer than the user timeout, and looks again when the next one would.
+//
+// It holds Endpoint.mu throughout, as a new session does while it adopts
+// the paused connections: a connection failed here is either still the
+// orphan's, and not adopted, or already the new session's, and released
+// from its table.
 func (ep *Endpoint) checkPaused() {
 	ep.mu.Lock()
 	sts := []*state{ep.cur, ep.orphan}
-	ep.mu.Unlock()
 	now := ep.now()
 	limit := int64(ep.cfg.UserTimeout)
 	next := int64(-1)
@@ -592,6 +596,7 @@ func (ep *Endpoint) checkPaused() {
 			}
 		}
 	}
+	ep.mu.Unlock()
 	if next >= 0 {
 		ep.armPauseCheck(time.Duration(next))
 	}
