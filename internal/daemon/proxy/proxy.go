@@ -117,14 +117,14 @@ type rackLink struct {
 // (Config.HandOff, set on the links only: see there).
 const forwarderSpinYield = 16
 
-// New opens the NTB links of cfg's peers. It does not serve applications
-// until Serve.
 // rackUserTimeout is how long a rack link's connections wait for their
 // link to come back before they fail and their legs move to the fallback
 // path: long enough for the session to restart over a link that stayed
 // up, short beside the legs' own resume.
 const rackUserTimeout = 20 * time.Millisecond
 
+// New opens the NTB links of cfg's peers. It does not serve applications
+// until Serve.
 func New(cfg *config.Config, o Options) (_ *Server, err error) {
 	s := &Server{
 		cfg:       cfg,
