@@ -30,7 +30,8 @@ import (
 // fabric, and the redirect's that the connects were rewritten.
 func TestRackGateway(t *testing.T) {
 	cg := newCgroup(t)
-	configure := rackdemo.GatewayConfigure("a", "b", os.Getenv("NTSTACK_GATEWAY_MODE"))
+	mode := os.Getenv("NTSTACK_GATEWAY_MODE")
+	configure := rackdemo.GatewayConfigure("a", "b", mode)
 	r := startRack(t, rack.Spec{Hosts: []string{"a", "b"}, Configure: func(c *config.Config) {
 		configure(c)
 		if c.Host == "a" {
@@ -65,11 +66,20 @@ func TestRackGateway(t *testing.T) {
 		require.Positive(t, row.Rate, "%s %s over %s", row.Tool, row.Test, row.Path)
 	}
 
+	trunked := mode == "" || mode == config.GatewayTrunk
 	for host, kind := range map[string]string{"a": "forward", "b": "export"} {
 		st, err := status(r.Host(host))
 		require.NoError(t, err)
 		require.NotNil(t, st.Proxy, "%s: ntproxy snapshot", host)
 		require.Len(t, st.Proxy.Gateway, 2, "%s: gateway services", host)
+		if trunked {
+			// One trunk between the two gateways, opened by a's forwards.
+			require.Len(t, st.Proxy.Trunks, 1, "%s: trunks", host)
+			tr := st.Proxy.Trunks[0]
+			require.Equal(t, map[string]string{"a": "opened", "b": "served"}[host], tr.Role, "%s: %+v", host, tr)
+			require.Equal(t, "up", tr.State, "%s: %+v", host, tr)
+			require.ElementsMatch(t, []int{rackdemo.RedisRackPort, rackdemo.HTTPRackPort}, tr.Ports, "%s: %+v", host, tr)
+		}
 		for _, g := range st.Proxy.Gateway {
 			require.Equal(t, kind, g.Kind)
 			// redis-cli and redis-benchmark's clients; wrk's clients.

@@ -55,6 +55,11 @@ func run(cfgPath string, standalone, quiet bool, procs int) error {
 			return g.Stats()
 		}
 		return nil
+	}, Trunks: func() []ctlapi.TrunkStat {
+		if g := gw.Load(); g != nil {
+			return g.TrunkStats()
+		}
+		return nil
 	}}
 	if quiet {
 		o.Logf = nil

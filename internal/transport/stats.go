@@ -21,6 +21,21 @@ type Stats struct {
 	Resets        int64 // RESUMEs for connections this end did not have, answered with RESET
 }
 
+// Conns is the number of connections the endpoint holds: those of its
+// session, or of the last one while they wait to resume.
+func (ep *Endpoint) Conns() int {
+	ep.mu.Lock()
+	st := ep.cur
+	if st == nil {
+		st = ep.orphan
+	}
+	ep.mu.Unlock()
+	if st == nil {
+		return 0
+	}
+	return int(st.live.Load())
+}
+
 // counters backs Stats.
 type counters struct {
 	parks, pollerSleeps, ringFull, creditWaits, credits, turns, turnsExpired, migrations, staleFrames, dataRecords, queuedRecords, takenAhead, resumptions, resets atomic.Int64

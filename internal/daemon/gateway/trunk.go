@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -21,6 +22,7 @@ import (
 	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/appproto"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
+	"github.com/ntstack/ntstack/ntb"
 	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/socklike"
 )
@@ -381,10 +383,10 @@ func (g *Gateway) serveTrunks(ctx context.Context, ln net.Listener) error {
 // link, listens on it for the exports the opener may reach and carries
 // what they accept, until ctl ends.
 func (g *Gateway) serveTrunk(ctx context.Context, ctl net.Conn) {
-	t := &trunk{ctl: ctl}
+	from, _, _ := net.SplitHostPort(ctl.RemoteAddr().String())
+	t := &trunk{host: from, ctl: ctl, ready: make(chan struct{})}
 	defer t.end()
 	defer context.AfterFunc(ctx, t.end)() // Run is ending: so is the trunk, set up or not
-	from, _, _ := net.SplitHostPort(ctl.RemoteAddr().String())
 	ctl.SetDeadline(time.Now().Add(dialTimeout))
 	var open trunkOpen
 	if err := appproto.ReadFrame(ctl, &open); err != nil {
@@ -412,6 +414,7 @@ func (g *Gateway) serveTrunk(ctx context.Context, ctl net.Conn) {
 		refuse(err)
 		return
 	}
+	t.link = open.Link // before the trunk is listed in g.served, then read only
 	t.hold(ctl, ep)
 	// One trunk per peer: a new one from the same host replaces the old,
 	// whose opener is gone or gave it up.
@@ -455,6 +458,8 @@ func (g *Gateway) serveTrunk(ctx context.Context, ctl net.Conn) {
 	if err := appproto.WriteFrame(ctl, trunkReply{Ports: ports}); err != nil {
 		return
 	}
+	t.ports = ports
+	close(t.ready)
 	g.logf("gateway: trunk %s from %s carries ports %v", open.Link, from, ports)
 	// One Accept per announcement rather than one always pending: a
 	// pending Accept has the trunk's poller watch the rings whenever no
@@ -483,4 +488,44 @@ func (g *Gateway) serveTrunk(ctx context.Context, ctl net.Conn) {
 			g.carry(ctx, svc, c, func() {})
 		}()
 	}
+}
+
+// TrunkStats returns the state of each trunk this gateway opened or
+// serves.
+func (g *Gateway) TrunkStats() []ctlapi.TrunkStat {
+	g.mu.Lock()
+	var out []ctlapi.TrunkStat
+	for role, m := range map[string]map[string]*trunk{"opened": g.trunks, "served": g.served} {
+		for _, t := range m {
+			out = append(out, t.stat(role))
+		}
+	}
+	g.mu.Unlock()
+	slices.SortFunc(out, func(a, b ctlapi.TrunkStat) int {
+		return cmp.Or(strings.Compare(a.Peer, b.Peer), strings.Compare(a.Role, b.Role))
+	})
+	return out
+}
+
+// stat is t's state for TrunkStats.
+func (t *trunk) stat(role string) ctlapi.TrunkStat {
+	st := ctlapi.TrunkStat{Peer: t.host, Role: role, State: "setting up"}
+	if !closed(t.ready) {
+		return st
+	}
+	st.Link, st.Ports = t.link, t.ports
+	t.mu.Lock()
+	ended, ep := t.ended, t.ep
+	t.mu.Unlock()
+	switch {
+	case t.err != nil:
+		st.State, st.Error = "failed", t.err.Error()
+	case ended:
+		st.State = "ended"
+	case ep.Device().Link() != ntb.LinkUp:
+		st.State, st.Conns = "down", ep.Conns()
+	default:
+		st.State, st.Conns = "up", ep.Conns()
+	}
+	return st
 }

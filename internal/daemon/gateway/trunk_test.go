@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
+	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 )
 
 // echo sends payload on a new connection to addr, half closes, and
@@ -123,4 +125,40 @@ func TestTrunkACL(t *testing.T) {
 	require.Empty(t, tr.ports)
 	require.Equal(t, int64(0), a.gw.services[0].trunked.Load())
 	require.Equal(t, int64(1), a.gw.Stats()[0].Failed)
+}
+
+// Each end lists its trunk with the connections it carries, for ntmon
+// status and the metrics; a trunk that ends is listed as ended.
+func TestTrunkStats(t *testing.T) {
+	a, b := newRack(t, config.GatewayTrunk, echoServer(t))
+	c, err := net.Dial("tcp", a.gw.Stats()[0].Listen)
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = c.Write([]byte("x"))
+	require.NoError(t, err)
+	_, err = io.ReadFull(c, make([]byte, 1))
+	require.NoError(t, err)
+
+	opened, served := a.gw.TrunkStats(), b.gw.TrunkStats()
+	require.Len(t, opened, 1)
+	require.Len(t, served, 1)
+	require.Equal(t, "b", opened[0].Peer)
+	require.Equal(t, "opened", opened[0].Role)
+	require.Equal(t, "a", served[0].Peer)
+	require.Equal(t, "served", served[0].Role)
+	for _, st := range []ctlapi.TrunkStat{opened[0], served[0]} {
+		require.Equal(t, "up", st.State)
+		require.Equal(t, []int{7000}, st.Ports)
+		require.Equal(t, 1, st.Conns, "the one carried connection")
+		require.Equal(t, opened[0].Link, st.Link)
+	}
+
+	c.Close()
+	waitfor.True(t, "the closed connection off both ends", func() bool {
+		return a.gw.TrunkStats()[0].Conns == 0 && b.gw.TrunkStats()[0].Conns == 0
+	})
+	b.gw.mu.Lock()
+	b.gw.served["a"].end()
+	b.gw.mu.Unlock()
+	waitfor.True(t, "the opener's trunk listed as ended", func() bool { return a.gw.TrunkStats()[0].State == "ended" })
 }

@@ -171,5 +171,5 @@ func visibleTo(st *ctlapi.Status, uid int) {
 			p.Links[i].Partitions[j] = ctlapi.PartitionStat{Index: p.Links[i].Partitions[j].Index}
 		}
 	}
-	p.Gateway = nil
+	p.Gateway, p.Trunks = nil, nil
 }

@@ -29,6 +29,7 @@ type collector struct {
 	connTXBytes, connRXBytes, connTX, connRX              *prometheus.Desc
 	connQueue, connDrops, connSwitches, pathSwitches      *prometheus.Desc
 	gwActive, gwTotal, gwFailed, gwIn, gwOut, gwRedirects *prometheus.Desc
+	trunkUp, trunkConns                                   *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*collector)(nil)
@@ -68,6 +69,8 @@ func newCollector(m *Monitor) *collector {
 		gwIn:         d("gateway", "in_bytes_total", "Bytes from the TCP side onto the fabric.", gw...),
 		gwOut:        d("gateway", "out_bytes_total", "Bytes from the fabric to the TCP side.", gw...),
 		gwRedirects:  d("gateway", "redirects_total", "Connects the eBPF redirect sent to the forward.", gw...),
+		trunkUp:      d("gateway", "trunk_up", "1 if the gateway's trunk to the peer is up.", "peer", "role"),
+		trunkConns:   d("gateway", "trunk_conns", "Connections the gateway's trunk carries now.", "peer", "role"),
 	}
 }
 
@@ -77,7 +80,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		c.info, c.peerUp, c.peerLastSeen, c.proxyUp, c.listening, c.linkUp, c.linkWindow,
 		c.partConns, c.partTXBytes, c.partRXBytes, c.partTX, c.partRX,
 		c.connTXBytes, c.connRXBytes, c.connTX, c.connRX, c.connQueue, c.connDrops, c.connSwitches, c.pathSwitches,
-		c.gwActive, c.gwTotal, c.gwFailed, c.gwIn, c.gwOut, c.gwRedirects,
+		c.gwActive, c.gwTotal, c.gwFailed, c.gwIn, c.gwOut, c.gwRedirects, c.trunkUp, c.trunkConns,
 	} {
 		ch <- d
 	}
@@ -144,6 +147,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		emit(c.gwIn, prometheus.CounterValue, float64(g.BytesIn), lv...)
 		emit(c.gwOut, prometheus.CounterValue, float64(g.BytesOut), lv...)
 		emit(c.gwRedirects, prometheus.CounterValue, float64(g.Redirects), lv...)
+	}
+	for _, t := range snap.Trunks {
+		emit(c.trunkUp, prometheus.GaugeValue, b2f(t.State == "up"), t.Peer, t.Role)
+		emit(c.trunkConns, prometheus.GaugeValue, float64(t.Conns), t.Peer, t.Role)
 	}
 }
 

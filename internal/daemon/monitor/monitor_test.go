@@ -515,6 +515,10 @@ func TestStatusAndMetrics(t *testing.T) {
 
 func TestWriteStatus(t *testing.T) {
 	snap := cannedSnapshot("a")
+	snap.Trunks = []ctlapi.TrunkStat{
+		{Peer: "b", Role: "opened", State: "up", Link: "gwtrunk-a-01", Ports: []int{6379, 8080}, Conns: 50},
+		{Peer: "c", Role: "opened", State: "failed", Error: "trunk to c: no exports"},
+	}
 	st := &ctlapi.Status{
 		Host: "a", Version: "test", RDMA: "192.0.2.1:7490",
 		Peers: []ctlapi.PeerStatus{
@@ -541,6 +545,7 @@ func TestWriteStatus(t *testing.T) {
 		"1 redis-cli[1] a:49152 b:6379 out ntb(rack-a-b/0) pool rack peer b over NTB link rack-a-b; shared pool 1234 5678\n",
 		"2 redis-cli[1] a:49153 a:80 out shm proxy same host: shared memory, never the NTB 11 22\n",
 		"3 nginx[2] a:80 c:50000 in tcp proxy no NTB link to c: TCP fallback 127.0.0.1:7481 33 44\n",
+		"TRUNKS\nPEER ROLE STATE LINK PORTS CONNS ERROR\nb opened up gwtrunk-a-01 6379,8080 50 -\nc opened failed - - 0 trunk to c: no exports\n",
 	} {
 		require.Contains(t, out, want)
 	}

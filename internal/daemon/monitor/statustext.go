@@ -149,6 +149,17 @@ func WriteStatus(w io.Writer, st *ctlapi.Status) error {
 			row(g.Kind, g.Listen, g.To, g.Mode, g.Active, g.Total, g.Failed, g.Redirects, g.BytesIn, g.BytesOut, g.LastError)
 		}
 	}
+
+	if snap != nil && len(snap.Trunks) > 0 {
+		section("TRUNKS", "PEER", "ROLE", "STATE", "LINK", "PORTS", "CONNS", "ERROR")
+		for _, t := range snap.Trunks {
+			ports := make([]string, len(t.Ports))
+			for i, p := range t.Ports {
+				ports[i] = strconv.Itoa(p)
+			}
+			row(t.Peer, t.Role, t.State, t.Link, strings.Join(ports, ","), t.Conns, t.Error)
+		}
+	}
 	return tw.Flush()
 }
 

@@ -18,6 +18,9 @@ func (s *Server) Snapshot() ctlapi.Snapshot {
 	if s.gwStat != nil {
 		snap.Gateway = s.gwStat()
 	}
+	if s.trunks != nil {
+		snap.Trunks = s.trunks()
+	}
 	s.mu.Lock()
 	conns := make([]*pconn, 0, len(s.conns))
 	for _, pc := range s.conns {

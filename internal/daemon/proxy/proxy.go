@@ -70,6 +70,9 @@ type Options struct {
 	// Gateway reports the TCP gateway's services for the snapshot (nil:
 	// no gateway).
 	Gateway func() []ctlapi.GatewayStat
+	// Trunks reports the TCP gateway's trunks for the snapshot (nil: no
+	// gateway).
+	Trunks func() []ctlapi.TrunkStat
 	// RDMA carries legs to and from hosts that ntmon routes over RDMA;
 	// ListenAndServe listens with it on proxy.rdma.listen. nil: no RDMA
 	// path (see OpenRDMA).
@@ -82,6 +85,7 @@ type Server struct {
 	ctl    Control
 	logf   func(string, ...any)
 	gwStat func() []ctlapi.GatewayStat
+	trunks func() []ctlapi.TrunkStat
 	rdma   rdma.Provider  // nil: none
 	auth   *hostauth.Auth // nil: auth.insecure, peers not authenticated
 	appCfg transport.Config
@@ -131,6 +135,7 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 		ctl:       o.Control,
 		logf:      o.Logf,
 		gwStat:    o.Gateway,
+		trunks:    o.Trunks,
 		rdma:      o.RDMA,
 		links:     map[string]*rackLink{},
 		apps:      map[uint64]*app{},

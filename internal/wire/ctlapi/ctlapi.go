@@ -200,6 +200,7 @@ type Snapshot struct {
 	Listeners []ListenStat  `json:"listeners"`
 	Conns     []ConnStat    `json:"conns"`
 	Gateway   []GatewayStat `json:"gateway,omitempty"`
+	Trunks    []TrunkStat   `json:"trunks,omitempty"`
 	// PathSwitches counts the transport changes of every leg since
 	// ntproxy started (failovers and returns to the NTB).
 	PathSwitches uint64 `json:"path_switches"`
@@ -221,6 +222,19 @@ type GatewayStat struct {
 	LastError string `json:"last_error,omitempty"`
 	// Redirects counts connects the eBPF redirect sent to a forward.
 	Redirects uint64 `json:"redirects,omitempty"`
+}
+
+// TrunkStat is one trunk of ntproxy's TCP gateway: the link it shares
+// with the gateway of Peer for the connections its forwards carry there
+// ("opened") or the peer's forwards carry here ("served").
+type TrunkStat struct {
+	Peer  string `json:"peer"`
+	Link  string `json:"link,omitempty"`
+	Role  string `json:"role"`  // "opened" or "served"
+	State string `json:"state"` // "setting up", "up", "down" (its link is), "failed" or "ended"
+	Ports []int  `json:"ports,omitempty"`
+	Conns int    `json:"conns"` // carried connections open on it
+	Error string `json:"error,omitempty"`
 }
 
 // LinkStat is one NTB link owned by ntproxy.
