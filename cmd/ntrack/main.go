@@ -239,7 +239,7 @@ func demo(args []string, out, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(out, "relay: two plain Go TCP relays (ntrack relay, two Ps as ntproxy with a gateway) in place of the gateways, a loopback hop on each host: the ceiling of two user-space hops\n\n")
-	rows, err := rackdemo.RunGateway(ctx, r, rackdemo.GatewayOptions{Client: "a", Server: "b", Clients: 50, OneClient: true, WrkTime: *per, RelayCmd: []string{self, "relay"}})
+	rows, err := rackdemo.RunGateway(ctx, r, rackdemo.GatewayOptions{Client: "a", Server: "b", Clients: 50, OneClient: true, BesideBulk: true, WrkTime: *per, RelayCmd: []string{self, "relay"}})
 	rackdemo.PrintGateway(out, rows)
 	return err
 }

@@ -68,6 +68,10 @@ type GatewayOptions struct {
 	// OneClient adds a row of one redis-benchmark client's GETs a path:
 	// the round trip of a 64 B request alone.
 	OneClient bool
+	// BesideBulk adds a row of one client's GETs while wrk loads the
+	// 1 MiB file over the same path: a small request's wait behind bulk
+	// responses (on the gateway, carried on the same trunk).
+	BesideBulk bool
 	// WrkTime is each wrk run's duration (default 2s; wrk counts whole
 	// seconds, so it is rounded up to one).
 	WrkTime time.Duration
@@ -176,6 +180,14 @@ func RunGateway(ctx context.Context, r *rack.Rack, o GatewayOptions) (rows []Gat
 				return rows, fmt.Errorf("wrk over %s: %w", p.name, err)
 			}
 			row.Test, row.Path = "GET /"+file, p.name
+			rows = append(rows, row)
+		}
+		if o.BesideBulk {
+			row, err := besideBulk(ctx, r, o, p.redis, "http://"+p.http+"/1m")
+			if err != nil {
+				return rows, fmt.Errorf("redis-benchmark beside wrk over %s: %w", p.name, err)
+			}
+			row.Path = p.name
 			rows = append(rows, row)
 		}
 	}
@@ -400,6 +412,25 @@ func redisBenchmark(ctx context.Context, r *rack.Rack, o GatewayOptions, addr, t
 	}
 	row.CPU = (cpuOf(pids) - before + processCPU(cmd.ProcessState)) / time.Duration(n)
 	return row, nil
+}
+
+// besideBulk measures one redis-benchmark client's GETs to redisAddr
+// while wrk loads bulkURL with o.Clients connections. wrk is started
+// first with time to spare and stopped once redis-benchmark is done; the
+// row's CPU is not measured (wrk's share cannot be told apart).
+func besideBulk(ctx context.Context, r *rack.Rack, o GatewayOptions, redisAddr, bulkURL string) (GatewayRow, error) {
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	bulk := r.ExecContext(wctx, o.Client, "wrk", "-t1", "-c"+strconv.Itoa(o.Clients), "-d60s", bulkURL)
+	if err := bulk.Start(); err != nil {
+		return GatewayRow{}, fmt.Errorf("wrk: %w", err)
+	}
+	row, err := redisBenchmark(ctx, r, o, redisAddr, "get", 1, nil)
+	stop()
+	bulk.Wait() // killed: its report is not wanted
+	row.Test += " beside /1m"
+	row.CPU = 0
+	return row, err
 }
 
 // cpuOf returns the CPU time the processes pids and their descendants
