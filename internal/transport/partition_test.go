@@ -244,7 +244,7 @@ func TestNoLossUnderPressure(t *testing.T) {
 						q := c.queued.Load()
 						for old := maxQueued.Load(); q > old && !maxQueued.CompareAndSwap(old, q); old = maxQueued.Load() {
 						}
-						if rng.IntN(20) == 0 {
+						if rng.IntN(20) == 0 { // an injected stall: a slow reader, the thing under test
 							time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
 						}
 					}
@@ -526,7 +526,7 @@ func TestSharedWindow(t *testing.T) {
 		n := 0
 		var r result
 		r.n, r.err = streamInCount(br, 3, 0, func() {
-			if n++; n%8 == 0 {
+			if n++; n%8 == 0 { // an injected stall: a slow reader, the thing under test
 				time.Sleep(100 * time.Microsecond)
 			}
 		})
@@ -1115,7 +1115,7 @@ func TestMixedSizesKeepOrder(t *testing.T) {
 	stall := func(seed uint64) func() {
 		rng := rand.New(rand.NewPCG(seed, 9))
 		return func() {
-			if rng.IntN(64) == 0 {
+			if rng.IntN(64) == 0 { // an injected stall: a slow reader, the thing under test
 				time.Sleep(time.Duration(rng.IntN(200)) * time.Microsecond)
 			}
 		}

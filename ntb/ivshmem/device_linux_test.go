@@ -247,7 +247,7 @@ func TestDeviceRestart(t *testing.T) {
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
-	ntbtest.WaitLink(t, a, ntb.LinkDown, ntbtest.LinkDetectTimeout)
+	ntbtest.WaitLink(t, a, ntb.LinkDown, ntbtest.LivenessTimeout)
 	t.Logf("close seen in %v: %q", time.Since(start).Round(time.Millisecond), downEvent(t, a).Reason)
 	if err := b.RingPeer(1); !errors.Is(err, ntb.ErrClosed) {
 		t.Errorf("RingPeer after Close: %v", err)
@@ -281,7 +281,7 @@ func TestDeviceRestart(t *testing.T) {
 		if err := c.Close(); err != nil {
 			t.Fatal(err)
 		}
-		ntbtest.WaitLink(t, a, ntb.LinkDown, ntbtest.LinkDetectTimeout)
+		ntbtest.WaitLink(t, a, ntb.LinkDown, ntbtest.LivenessTimeout)
 	}
 }
 

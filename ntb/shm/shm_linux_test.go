@@ -99,7 +99,7 @@ func TestSides(t *testing.T) {
 	// A side freed by Close can be claimed again, and the survivor sees a
 	// new peer come up.
 	require.NoError(t, b.Close())
-	ntbtest.WaitLink(t, a, ntb.LinkDown, ntbtest.LinkDetectTimeout)
+	ntbtest.WaitLink(t, a, ntb.LinkDown, ntbtest.LivenessTimeout)
 	o.Side = Side1
 	c, err := Open("l", o)
 	require.NoError(t, err)
