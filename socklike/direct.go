@@ -523,16 +523,12 @@ func (d *directConn) runAccept() {
 	}
 }
 
-// waitPaused waits until the direct connection c has paused with its
-// link, within moveTimeout; false if it did not, or ended.
-func waitPaused(c *transport.Conn) bool {
-	for end := time.Now().Add(moveTimeout); !c.Paused(); {
-		if c.Ended() || time.Now().After(end) {
-			return false
-		}
-		time.Sleep(time.Millisecond)
-	}
-	return true
+// awaitPaused waits until the direct connection c has paused with its
+// link and can detach, within moveTimeout; false if it did not, or ended.
+func awaitPaused(c *transport.Conn) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), moveTimeout)
+	defer cancel()
+	return c.AwaitPause(ctx) == nil
 }
 
 // writeOffset and readOffset exchange a stream offset on c.
@@ -562,7 +558,7 @@ func (d *directConn) toFallback() {
 	d.mu.Lock()
 	cur, closed := d.w, d.closed
 	d.mu.Unlock()
-	if closed || cur.fb || !waitPaused(cur.c) {
+	if closed || cur.fb || !awaitPaused(cur.c) {
 		return
 	}
 	for try := 1; try <= 3; try++ {
@@ -602,7 +598,7 @@ func (d *directConn) fromFallback(f *transport.Conn, route Route) {
 	d.mu.Lock()
 	cur, closed := d.w, d.closed
 	d.mu.Unlock()
-	if closed || cur.fb || !waitPaused(cur.c) {
+	if closed || cur.fb || !awaitPaused(cur.c) {
 		f.Close() // side 0 tries again, or resumes on the link
 		return
 	}

@@ -43,6 +43,7 @@ type Conn struct {
 
 	rlock, wlock     sync.Mutex    // serialise Read calls and Write calls
 	rnotify, wnotify chan struct{} // cap 1: something changed for readers / writers
+	pauseNote        chan struct{} // cap 1: it paused or ended, for AwaitPause
 	closedCh         chan struct{} // closed by Close
 	rdl, wdl         *deadline.Deadline
 
@@ -87,14 +88,15 @@ var _ net.Conn = (*Conn)(nil)
 
 func newConn(ep *Endpoint, local, remote Addr) *Conn {
 	c := &Conn{
-		ep:       ep,
-		local:    local,
-		remote:   remote,
-		rnotify:  make(chan struct{}, 1),
-		wnotify:  make(chan struct{}, 1),
-		closedCh: make(chan struct{}),
-		rdl:      deadline.New(),
-		wdl:      deadline.New(),
+		ep:        ep,
+		local:     local,
+		remote:    remote,
+		rnotify:   make(chan struct{}, 1),
+		wnotify:   make(chan struct{}, 1),
+		pauseNote: make(chan struct{}, 1),
+		closedCh:  make(chan struct{}),
+		rdl:       deadline.New(),
+		wdl:       deadline.New(),
 	}
 	c.rxPart.Store(-1)
 	return c
@@ -347,6 +349,7 @@ func (c *Conn) peerClose() {
 	}
 	c.wake(c.rnotify)
 	c.wake(c.wnotify)
+	signal(c.pauseNote)
 }
 
 // fail ends the connection with err (the session is gone).
@@ -359,6 +362,7 @@ func (c *Conn) fail(err error) {
 	c.flags.Or(fFailed)
 	c.wake(c.rnotify)
 	c.wake(c.wnotify)
+	signal(c.pauseNote)
 }
 
 // dialErr maps a context error as the standard library's dialer does.
