@@ -48,20 +48,35 @@ func engineConns(t *testing.T, a, b *transport.Endpoint, port int) (*transport.C
 // connections over an in-memory link, whose ntproxy ends the test holds.
 type directRig struct {
 	c      [2]*Conn
+	link   [2]*shm.Device     // the direct link's ends
 	proxy  [2]*transport.Conn // ntproxy's ends of the leases
 	dialed atomic.Int32       // fallbacks opened
 }
 
 func newDirectRig(t *testing.T) *directRig {
+	return newDirectRigWith(t, shm.Options{HeartbeatTimeout: appproto.LinkHeartbeatTimeout})
+}
+
+// newDirectRigWith is newDirectRig with the direct link's liveness
+// options (the heartbeat's and the silence's timeouts) from o.
+func newDirectRigWith(t *testing.T, o shm.Options) *directRig {
 	const name = "direct-a-1"
 	dir := t.TempDir()
 	var eps [2]*transport.Endpoint
 	for side := range 2 {
 		ep, err := transport.Open(name, transport.Config{Logf: t.Logf,
-			Fabric: shm.Options{Dir: dir, WindowSize: 1 << 20, Side: shm.Side0 + shm.Side(side), HeartbeatTimeout: appproto.LinkHeartbeatTimeout}})
+			Fabric: shm.Options{Dir: dir, WindowSize: 1 << 20, Side: shm.Side0 + shm.Side(side),
+				HeartbeatInterval: o.HeartbeatInterval, HeartbeatTimeout: o.HeartbeatTimeout, SilentTimeout: o.SilentTimeout}})
 		require.NoError(t, err)
 		eps[side] = ep
 	}
+	// The direct links close with the test, not after it, when a Conn's
+	// Close left them to linger for the peer's.
+	t.Cleanup(func() {
+		for _, ep := range eps {
+			ep.Close()
+		}
+	})
 	ln, err := eps[1].Listen(appproto.DirectPort)
 	require.NoError(t, err)
 	accepted := make(chan *transport.Conn, 1)
@@ -88,6 +103,9 @@ func newDirectRig(t *testing.T) *directRig {
 		db.Close()
 	})
 	r := &directRig{}
+	for side, ep := range eps {
+		r.link[side] = ep.Device().(*shm.Device)
+	}
 	var leases [2]*transport.Conn
 	for side := range 2 {
 		leases[side], r.proxy[side] = engineConns(t, ma, mb, 10+side)
@@ -210,6 +228,72 @@ func TestDirectMovesAndBack(t *testing.T) {
 	}
 	_, err := r.c[0].Write([]byte("x"))
 	require.ErrorIs(t, err, net.ErrClosed)
+}
+
+// A direct link whose peer is only silent (suspect: its heartbeat stands
+// still) does not move its connection to the fallback: the fallback
+// would end at the same process, whose silence says it does not run. The
+// stream stays on its link, and every byte arrives once, in order, after
+// the peer is heard again (docs/architecture.md, Liveness).
+func TestDirectSuspectStaysOnLink(t *testing.T) {
+	r := newDirectRigWith(t, shm.Options{HeartbeatInterval: 10 * time.Millisecond, HeartbeatTimeout: 50 * time.Millisecond, SilentTimeout: time.Hour})
+	const size = 8 << 20
+	data := make([]byte, size)
+	rng := rand.New(rand.NewPCG(43, 0))
+	for i := range data {
+		data[i] = byte(rng.Uint32())
+	}
+	var read atomic.Int64
+	errs := make(chan error, 2)
+	go func() {
+		for off := 0; off < size; {
+			n := min(size-off, 1+rng.IntN(100<<10))
+			if _, err := r.c[0].Write(data[off : off+n]); err != nil {
+				errs <- fmt.Errorf("write at %d: %w", off, err)
+				return
+			}
+			off += n
+		}
+		errs <- r.c[0].CloseWrite()
+	}()
+	go func() {
+		h := sha256.New()
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := r.c[1].Read(buf)
+			h.Write(buf[:n])
+			read.Add(int64(n))
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				errs <- fmt.Errorf("read after %d bytes: %w", read.Load(), err)
+				return
+			}
+		}
+		if read.Load() != size || [32]byte(h.Sum(nil)) != sha256.Sum256(data) {
+			errs <- fmt.Errorf("%d bytes, want %d, or bytes lost, duplicated or reordered", read.Load(), size)
+			return
+		}
+		errs <- nil
+	}()
+	waitfor.True(t, "a quarter of the stream read", func() bool { return read.Load() >= size/4 || len(errs) > 0 })
+	r.link[1].SilenceHeartbeat(true)
+	waitfor.True(t, "side 0 finds its peer suspect", r.link[0].Suspect)
+	at := read.Load()
+	waitfor.True(t, "the stream flows on while its peer is suspect", func() bool { return read.Load() > at || len(errs) > 0 })
+	require.True(t, r.link[0].Suspect(), "still suspect")
+	require.Equal(t, Route{Path: "ntb", Mode: "direct"}, r.c[0].Route(), "a suspect link keeps the connection")
+	r.link[1].SilenceHeartbeat(false)
+	waitfor.True(t, "side 0 hears its peer again", func() bool { return !r.link[0].Suspect() })
+	for range 2 {
+		require.NoError(t, <-errs)
+	}
+	require.Zero(t, r.dialed.Load(), "no fallback opened")
+	require.Equal(t, Route{Path: "ntb", Mode: "direct"}, r.c[0].Route())
+	for _, c := range r.c {
+		require.NoError(t, c.Close())
+	}
 }
 
 // A peer that is gone still reads as a reset: the far end's direct link
