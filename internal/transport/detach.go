@@ -59,7 +59,7 @@ var errEnded = errors.New("connection ended")
 // returns nil. It fails if the connection ends first (it failed, the
 // peer closed it, or Close was called) or ctx ends. The end of a session
 // and the end of the connection signal it, so it never polls; one
-// goroutine at a time may wait.
+// goroutine at a time may wait (the session's signal wakes one).
 func (c *Conn) AwaitPause(ctx context.Context) error {
 	for {
 		if c.detachable() {
@@ -70,6 +70,7 @@ func (c *Conn) AwaitPause(ctx context.Context) error {
 		}
 		select {
 		case <-c.pauseNote: // a signal since the look above waits in the channel
+		case <-c.ended:
 		case <-c.closedCh:
 			return fmt.Errorf("await pause of connection %d: %w", c.id, net.ErrClosed)
 		case <-ctx.Done():
@@ -109,6 +110,7 @@ func (c *Conn) Detach() (Handover, error) {
 	ok := c.state == connEstablished && c.err == nil && !c.idFreed
 	if ok {
 		c.err = fmt.Errorf("%w: its stream goes on elsewhere", ErrMoved)
+		c.endedLocked()
 	}
 	c.mu.Unlock()
 	ep.mu.Unlock()

@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -163,6 +164,40 @@ func TestAwaitPause(t *testing.T) {
 		got = await(c5, context.Background())
 		require.NoError(t, c5.Close())
 		require.ErrorIs(t, <-got, net.ErrClosed, "closed while waiting")
+		c3.Close()
+	})
+}
+
+// AwaitEnd returns once the peer's CLOSE has come (after this end's
+// Close, the peer's answer to it) and for a connection that fails; it
+// fails with its context.
+func TestAwaitEnd(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, backend string) {
+		a, b := endpoints(t, backend, Config{})
+		c1, c2 := connPair(t, a, b, 320)
+		ctx, cancel := context.WithCancel(context.Background())
+		got := make(chan error, 1)
+		go func() { got <- c1.AwaitEnd(ctx) }()
+		waitfor.Blocked(t, "AwaitEnd")
+		cancel()
+		require.ErrorIs(t, <-got, context.Canceled, "a live connection waits until its context ends")
+
+		go func() { got <- c1.AwaitEnd(context.Background()) }()
+		waitfor.Blocked(t, "AwaitEnd")
+		require.NoError(t, c1.Close())
+		require.NoError(t, <-got, "the peer's CLOSE, its answer to ours, ends the wait")
+		require.True(t, c1.Ended())
+		_, err := c2.Read(make([]byte, 1))
+		require.ErrorIs(t, err, io.EOF, "the wait ended after the peer had this end's CLOSE")
+		c2.Close()
+
+		c3, c4 := connPair(t, a, b, 321)
+		defer c4.Close()
+		go func() { got <- c3.AwaitEnd(context.Background()) }()
+		waitfor.Blocked(t, "AwaitEnd")
+		require.NoError(t, a.Close()) // its connections fail
+		require.NoError(t, <-got, "a failed connection has ended")
+		require.NoError(t, c3.AwaitEnd(context.Background()), "and the wait ends at once after")
 		c3.Close()
 	})
 }

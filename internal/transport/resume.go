@@ -500,6 +500,7 @@ func (st *state) reset(id uint32, payload []byte) error {
 func (c *Conn) abandon() {
 	c.mu.Lock()
 	c.closeRecv, c.closeSent = true, true
+	c.endedLocked()
 	free := c.freeLocked()
 	c.mu.Unlock()
 	if free {
