@@ -77,13 +77,15 @@ type carrier struct {
 	hdr   []byte // fallback: the part of a frame header not yet written
 
 	// Reader's, under directConn.rlock.
-	left  int     // fallback: bytes of the current frame not yet read
-	hbuf  [4]byte // fallback: a frame header being read
-	hn    int
-	eof   bool // the stream ended on this carrier
-	rdone bool // the reader has left it for the next
+	left int     // fallback: bytes of the current frame not yet read
+	hbuf [4]byte // fallback: a frame header being read
+	hn   int
+	eof  bool // the stream ended on this carrier
 
-	wdone bool // under directConn.mu: the writer has left it
+	// Under directConn.mu (leftLocked reads both), each written by one
+	// side: the reader (under rlock too) and the writer have left it for
+	// the next.
+	rdone, wdone bool
 
 	// The deadlines last given to c by Read and by Write (each under
 	// its lock): set again only when they change.
@@ -225,7 +227,9 @@ func (d *directConn) Read(b []byte) (int, error) {
 			return n, nil
 		}
 		if errors.Is(err, errBack) || errors.Is(err, transport.ErrMoved) {
+			d.mu.Lock()
 			cur.rdone = true
+			d.mu.Unlock()
 			continue
 		}
 		return 0, err
