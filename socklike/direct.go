@@ -77,13 +77,15 @@ type carrier struct {
 	hdr   []byte // fallback: the part of a frame header not yet written
 
 	// Reader's, under directConn.rlock.
-	left  int     // fallback: bytes of the current frame not yet read
-	hbuf  [4]byte // fallback: a frame header being read
-	hn    int
-	eof   bool // the stream ended on this carrier
-	rdone bool // the reader has left it for the next
+	left int     // fallback: bytes of the current frame not yet read
+	hbuf [4]byte // fallback: a frame header being read
+	hn   int
+	eof  bool // the stream ended on this carrier
 
-	wdone bool // under directConn.mu: the writer has left it
+	// Under directConn.mu (leftLocked reads both), each written by one
+	// side: the reader (under rlock too) and the writer have left it for
+	// the next.
+	rdone, wdone bool
 
 	// The deadlines last given to c by Read and by Write (each under
 	// its lock): set again only when they change.
@@ -225,7 +227,9 @@ func (d *directConn) Read(b []byte) (int, error) {
 			return n, nil
 		}
 		if errors.Is(err, errBack) || errors.Is(err, transport.ErrMoved) {
+			d.mu.Lock()
 			cur.rdone = true
+			d.mu.Unlock()
 			continue
 		}
 		return 0, err
@@ -523,16 +527,12 @@ func (d *directConn) runAccept() {
 	}
 }
 
-// waitPaused waits until the direct connection c has paused with its
-// link, within moveTimeout; false if it did not, or ended.
-func waitPaused(c *transport.Conn) bool {
-	for end := time.Now().Add(moveTimeout); !c.Paused(); {
-		if c.Ended() || time.Now().After(end) {
-			return false
-		}
-		time.Sleep(time.Millisecond)
-	}
-	return true
+// awaitPaused waits until the direct connection c has paused with its
+// link and can detach, within moveTimeout; false if it did not, or ended.
+func awaitPaused(c *transport.Conn) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), moveTimeout)
+	defer cancel()
+	return c.AwaitPause(ctx) == nil
 }
 
 // writeOffset and readOffset exchange a stream offset on c.
@@ -562,7 +562,7 @@ func (d *directConn) toFallback() {
 	d.mu.Lock()
 	cur, closed := d.w, d.closed
 	d.mu.Unlock()
-	if closed || cur.fb || !waitPaused(cur.c) {
+	if closed || cur.fb || !awaitPaused(cur.c) {
 		return
 	}
 	for try := 1; try <= 3; try++ {
@@ -602,7 +602,7 @@ func (d *directConn) fromFallback(f *transport.Conn, route Route) {
 	d.mu.Lock()
 	cur, closed := d.w, d.closed
 	d.mu.Unlock()
-	if closed || cur.fb || !waitPaused(cur.c) {
+	if closed || cur.fb || !awaitPaused(cur.c) {
 		f.Close() // side 0 tries again, or resumes on the link
 		return
 	}

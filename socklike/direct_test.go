@@ -19,6 +19,7 @@ import (
 	"github.com/ntstack/ntstack/internal/prim/waitfor"
 	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/appproto"
+	"github.com/ntstack/ntstack/ntb"
 	"github.com/ntstack/ntstack/ntb/ntbtest"
 	"github.com/ntstack/ntstack/ntb/shm"
 )
@@ -48,20 +49,46 @@ func engineConns(t *testing.T, a, b *transport.Endpoint, port int) (*transport.C
 // connections over an in-memory link, whose ntproxy ends the test holds.
 type directRig struct {
 	c      [2]*Conn
+	link   [2]*shm.Device     // the direct link's ends
 	proxy  [2]*transport.Conn // ntproxy's ends of the leases
 	dialed atomic.Int32       // fallbacks opened
 }
 
 func newDirectRig(t *testing.T) *directRig {
+	return newDirectRigWith(t, shm.Options{HeartbeatTimeout: appproto.LinkHeartbeatTimeout})
+}
+
+// newDirectRigWith is newDirectRig with the direct link's liveness
+// options (the heartbeat's and the silence's timeouts) from o.
+func newDirectRigWith(t *testing.T, o shm.Options) *directRig {
 	const name = "direct-a-1"
 	dir := t.TempDir()
 	var eps [2]*transport.Endpoint
 	for side := range 2 {
 		ep, err := transport.Open(name, transport.Config{Logf: t.Logf,
-			Fabric: shm.Options{Dir: dir, WindowSize: 1 << 20, Side: shm.Side0 + shm.Side(side), HeartbeatTimeout: appproto.LinkHeartbeatTimeout}})
+			Fabric: shm.Options{Dir: dir, WindowSize: 1 << 20, Side: shm.Side0 + shm.Side(side),
+				HeartbeatInterval: o.HeartbeatInterval, HeartbeatTimeout: o.HeartbeatTimeout, SilentTimeout: o.SilentTimeout}})
 		require.NoError(t, err)
 		eps[side] = ep
 	}
+	// The direct links close with the test, not after it, when a Conn's
+	// Close left them to linger for the peer's: a linger's Close may be
+	// under way, which a second Close does not wait for, so the test
+	// waits until both devices are closed (their endpoints' pollers have
+	// ended then).
+	t.Cleanup(func() {
+		for _, ep := range eps {
+			ep.Close()
+		}
+		waitfor.True(t, "the direct links closed", func() bool {
+			for _, ep := range eps {
+				if ep.Device().(*shm.Device).LinkCause() != ntb.CauseLocal {
+					return false
+				}
+			}
+			return true
+		})
+	})
 	ln, err := eps[1].Listen(appproto.DirectPort)
 	require.NoError(t, err)
 	accepted := make(chan *transport.Conn, 1)
@@ -88,6 +115,9 @@ func newDirectRig(t *testing.T) *directRig {
 		db.Close()
 	})
 	r := &directRig{}
+	for side, ep := range eps {
+		r.link[side] = ep.Device().(*shm.Device)
+	}
 	var leases [2]*transport.Conn
 	for side := range 2 {
 		leases[side], r.proxy[side] = engineConns(t, ma, mb, 10+side)
@@ -210,6 +240,86 @@ func TestDirectMovesAndBack(t *testing.T) {
 	}
 	_, err := r.c[0].Write([]byte("x"))
 	require.ErrorIs(t, err, net.ErrClosed)
+}
+
+// A direct link whose peer is only silent (suspect: its heartbeat stands
+// still) does not move its connection to the fallback: the fallback
+// would end at the same process, whose silence says it does not run. The
+// stream stays on its link and flows on while the peer is suspect and
+// after it is heard again, every byte once, in order (docs/architecture.md,
+// Liveness).
+func TestDirectSuspectStaysOnLink(t *testing.T) {
+	r := newDirectRigWith(t, shm.Options{HeartbeatInterval: 10 * time.Millisecond, HeartbeatTimeout: 50 * time.Millisecond, SilentTimeout: time.Hour})
+	at := func(o int64) byte { return byte(o ^ o>>8 ^ o>>17) }
+	stop := make(chan struct{})
+	var wrote, read atomic.Int64
+	errs := make(chan error, 2)
+	go func() {
+		buf := make([]byte, 32<<10)
+		for {
+			select {
+			case <-stop:
+				errs <- r.c[0].CloseWrite()
+				return
+			default:
+			}
+			for i := range buf {
+				buf[i] = at(wrote.Load() + int64(i))
+			}
+			n, err := r.c[0].Write(buf)
+			wrote.Add(int64(n))
+			if err != nil {
+				errs <- fmt.Errorf("write at %d: %w", wrote.Load(), err)
+				return
+			}
+		}
+	}()
+	go func() {
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := r.c[1].Read(buf)
+			for i, b := range buf[:n] {
+				if o := read.Load() + int64(i); b != at(o) {
+					errs <- fmt.Errorf("byte %d is %#x, want %#x: lost, duplicated or reordered", o, b, at(o))
+					return
+				}
+			}
+			read.Add(int64(n))
+			if errors.Is(err, io.EOF) {
+				errs <- nil
+				return
+			}
+			if err != nil {
+				errs <- fmt.Errorf("read after %d bytes: %w", read.Load(), err)
+				return
+			}
+		}
+	}()
+	flows := func(what string, cond func() bool) {
+		from := read.Load()
+		waitfor.True(t, what, func() bool { return cond() && read.Load() > from+1<<20 || len(errs) > 0 })
+		require.Empty(t, errs, what)
+	}
+	flows("the stream flows", func() bool { return true })
+	r.link[1].SilenceHeartbeat(true)
+	waitfor.True(t, "side 0 finds its peer suspect", r.link[0].Suspect)
+	// A beat of side 1's already under way may end a first suspicion;
+	// the silence brings it back, and the stream must flow during it.
+	flows("the stream flows on while its peer is suspect", r.link[0].Suspect)
+	require.Equal(t, Route{Path: "ntb", Mode: "direct"}, r.c[0].Route(), "a suspect link keeps the connection")
+	r.link[1].SilenceHeartbeat(false)
+	waitfor.True(t, "side 0 hears its peer again", func() bool { return !r.link[0].Suspect() })
+	flows("the stream flows after", func() bool { return true })
+	close(stop)
+	for range 2 {
+		require.NoError(t, <-errs)
+	}
+	require.Equal(t, wrote.Load(), read.Load(), "bytes read")
+	require.Zero(t, r.dialed.Load(), "no fallback opened")
+	require.Equal(t, Route{Path: "ntb", Mode: "direct"}, r.c[0].Route())
+	for _, c := range r.c {
+		require.NoError(t, c.Close())
+	}
 }
 
 // A peer that is gone still reads as a reset: the far end's direct link

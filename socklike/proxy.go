@@ -477,16 +477,16 @@ func acceptWithin(ln *transport.Listener, d time.Duration) (*transport.Conn, err
 	return ln.AcceptConn()
 }
 
+// lingerMax bounds linger's wait for a peer that never closes.
+const lingerMax = time.Minute
+
 // linger waits until the peer has closed its end too (or the link died),
 // so that what was written before Close is delivered, then closes the
 // direct link's endpoint and the lease.
 func linger(c *transport.Conn, ep *transport.Endpoint, lease *transport.Conn) {
-	for range 60 * 100 { // 60 s at most for the peer to close
-		if c.Ended() {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), lingerMax)
+	c.AwaitEnd(ctx)
+	cancel()
 	ep.Close()
 	lease.Close()
 }

@@ -43,6 +43,8 @@ type Conn struct {
 
 	rlock, wlock     sync.Mutex    // serialise Read calls and Write calls
 	rnotify, wnotify chan struct{} // cap 1: something changed for readers / writers
+	pauseNote        chan struct{} // cap 1: its session ended with it kept for resume (AwaitPause)
+	ended            chan struct{} // closed once Ended turns true (endedLocked)
 	closedCh         chan struct{} // closed by Close
 	rdl, wdl         *deadline.Deadline
 
@@ -64,6 +66,7 @@ type Conn struct {
 	quotaHeld          int64 // receive-window memory reserved (Config.MemoryQuota)
 	err                error // terminal: refused, session ended
 	localClosed        bool
+	endedShut          bool // ended is closed
 }
 
 type connState uint8
@@ -87,14 +90,16 @@ var _ net.Conn = (*Conn)(nil)
 
 func newConn(ep *Endpoint, local, remote Addr) *Conn {
 	c := &Conn{
-		ep:       ep,
-		local:    local,
-		remote:   remote,
-		rnotify:  make(chan struct{}, 1),
-		wnotify:  make(chan struct{}, 1),
-		closedCh: make(chan struct{}),
-		rdl:      deadline.New(),
-		wdl:      deadline.New(),
+		ep:        ep,
+		local:     local,
+		remote:    remote,
+		rnotify:   make(chan struct{}, 1),
+		wnotify:   make(chan struct{}, 1),
+		pauseNote: make(chan struct{}, 1),
+		ended:     make(chan struct{}),
+		closedCh:  make(chan struct{}),
+		rdl:       deadline.New(),
+		wdl:       deadline.New(),
 	}
 	c.rxPart.Store(-1)
 	return c
@@ -269,6 +274,27 @@ func (c *Conn) Ended() bool {
 	return c.closeRecv || c.err != nil
 }
 
+// endedLocked closes c.ended once Ended holds (c.mu held): every change
+// that can make it hold calls it.
+func (c *Conn) endedLocked() {
+	if (c.closeRecv || c.err != nil) && !c.endedShut {
+		c.endedShut = true
+		close(c.ended)
+	}
+}
+
+// AwaitEnd waits until Ended holds, or ctx ends (its error). Close does
+// not end the wait: after it, the wait is for the peer's CLOSE (its
+// answer to ours), so that what was written before has reached the peer.
+func (c *Conn) AwaitEnd(ctx context.Context) error {
+	select {
+	case <-c.ended:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("await end of connection %d: %w", c.id, ctx.Err())
+	}
+}
+
 // freeLocked reports whether the id can be reused now: both CLOSE frames
 // have passed, so no frame for it can still arrive.
 func (c *Conn) freeLocked() bool {
@@ -322,6 +348,7 @@ func (c *Conn) refused(code uint32) error {
 	default:
 		c.err = syscall.ECONNREFUSED
 	}
+	c.endedLocked()
 	c.flags.Or(fFailed)
 	c.idFreed = true // the peer kept no state for us
 	c.mu.Unlock()
@@ -338,6 +365,7 @@ func (c *Conn) peerFin() {
 func (c *Conn) peerClose() {
 	c.mu.Lock()
 	c.closeRecv = true
+	c.endedLocked()
 	c.sendLocked(kindClose, nil) // our answer, unless we closed first
 	free := c.freeLocked()
 	c.mu.Unlock()
@@ -355,6 +383,7 @@ func (c *Conn) fail(err error) {
 	if c.err == nil {
 		c.err = err
 	}
+	c.endedLocked()
 	c.mu.Unlock()
 	c.flags.Or(fFailed)
 	c.wake(c.rnotify)

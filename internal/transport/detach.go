@@ -1,8 +1,10 @@
 package transport
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
 )
 
 // Detaching a connection from its link, so that another carrier takes its
@@ -49,9 +51,47 @@ func (h Handover) From(received int64) ([]byte, error) {
 	return h.Unacked[received-h.Acked:], nil
 }
 
-// Paused reports whether the connection waits for a session to resume on
-// (its link is down or its session restarting).
-func (c *Conn) Paused() bool { return c.pausedAt.Load() != 0 }
+// errEnded is AwaitPause's error for a connection that ended first.
+var errEnded = errors.New("connection ended")
+
+// AwaitPause waits until the connection is paused with its session ended
+// and no later session has adopted it, so that Detach takes it, and
+// returns nil. It fails if the connection ends first (it failed, the
+// peer closed it, or Close was called) or ctx ends. The end of a session
+// and the end of the connection signal it, so it never polls; one
+// goroutine at a time may wait (the session's signal wakes one).
+func (c *Conn) AwaitPause(ctx context.Context) error {
+	for {
+		if c.detachable() {
+			return nil
+		}
+		if c.Ended() {
+			return fmt.Errorf("await pause of connection %d: %w", c.id, errEnded)
+		}
+		select {
+		case <-c.pauseNote: // a signal since the look above waits in the channel
+		case <-c.ended:
+		case <-c.closedCh:
+			return fmt.Errorf("await pause of connection %d: %w", c.id, net.ErrClosed)
+		case <-ctx.Done():
+			return fmt.Errorf("await pause of connection %d: %w", c.id, ctx.Err())
+		}
+	}
+}
+
+// detachable reports whether Detach would take the connection now.
+func (c *Conn) detachable() bool {
+	c.ep.mu.Lock()
+	defer c.ep.mu.Unlock()
+	return c.detachableLocked()
+}
+
+// detachableLocked is detachable with ep.mu held: the connection is
+// paused in the ended session no later one has adopted.
+func (c *Conn) detachableLocked() bool {
+	st := c.ep.orphan
+	return st != nil && c.pausedAt.Load() != 0 && st.lookup(c.id) == c
+}
 
 // Detach takes a paused connection off the endpoint for good and returns
 // what its stream's new carrier needs. Blocked and later calls fail with
@@ -62,8 +102,7 @@ func (c *Conn) Paused() bool { return c.pausedAt.Load() != 0 }
 func (c *Conn) Detach() (Handover, error) {
 	ep := c.ep
 	ep.mu.Lock()
-	st := ep.orphan
-	if st == nil || c.pausedAt.Load() == 0 || st.lookup(c.id) != c {
+	if !c.detachableLocked() {
 		ep.mu.Unlock()
 		return Handover{}, fmt.Errorf("detach connection %d: %w", c.id, errNotPaused)
 	}
@@ -71,6 +110,7 @@ func (c *Conn) Detach() (Handover, error) {
 	ok := c.state == connEstablished && c.err == nil && !c.idFreed
 	if ok {
 		c.err = fmt.Errorf("%w: its stream goes on elsewhere", ErrMoved)
+		c.endedLocked()
 	}
 	c.mu.Unlock()
 	ep.mu.Unlock()

@@ -1,13 +1,17 @@
 package transport
 
 import (
+	"context"
 	"errors"
+	"io"
+	"net"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 	"github.com/ntstack/ntstack/ntb"
 	"github.com/ntstack/ntstack/ntb/ntbtest"
 	"github.com/ntstack/ntstack/ntb/shm"
@@ -75,7 +79,8 @@ func TestDetachHandsOver(t *testing.T) {
 			down, up = da.(*shm.Device).ForceLinkDown, da.(*shm.Device).ForceLinkUp
 		}
 		down()
-		require.Eventually(t, func() bool { return c1.Paused() && c2.Paused() }, 30*time.Second, time.Millisecond, "both ends pause")
+		require.NoError(t, c1.AwaitPause(context.Background()), "the dialer pauses")
+		require.NoError(t, c2.AwaitPause(context.Background()), "the acceptor pauses")
 		h1, err := c1.Detach()
 		require.NoError(t, err)
 		h2, err := c2.Detach()
@@ -109,5 +114,90 @@ func TestDetachHandsOver(t *testing.T) {
 		_, err = c1.Write([]byte("x"))
 		require.ErrorIs(t, err, ErrMoved, "the detached connection stays off the link")
 		require.Zero(t, a.Stats().Resumptions+b.Stats().Resumptions, "nothing resumed the detached connections")
+	})
+}
+
+// AwaitPause returns once its connection's link is down and its session
+// has ended, when Detach takes it at once; it fails for a connection that
+// ends first (its peer closes it, it is closed) or with its context.
+func TestAwaitPause(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, backend string) {
+		da, db := backends[backend](t)
+		a, b := attachPair(t, da, db, Config{})
+		down, up := func() { da.(*ntbtest.Device).SetLink(ntb.LinkDown, "test pull") }, func() { da.(*ntbtest.Device).SetLink(ntb.LinkUp, "test") }
+		if backend == "shm" {
+			down, up = da.(*shm.Device).ForceLinkDown, da.(*shm.Device).ForceLinkUp
+		}
+		await := func(c *Conn, ctx context.Context) <-chan error {
+			got := make(chan error, 1)
+			go func() { got <- c.AwaitPause(ctx) }()
+			waitfor.Blocked(t, "AwaitPause")
+			return got
+		}
+
+		ctx, cancel := context.WithCancel(context.Background())
+		c1, c2 := connPair(t, a, b, 310)
+		got := await(c1, ctx)
+		cancel()
+		require.ErrorIs(t, <-got, context.Canceled, "a live connection waits until its context ends")
+
+		got, got2 := await(c1, context.Background()), make(chan error, 1)
+		go func() { got2 <- c2.AwaitPause(context.Background()) }()
+		down()
+		require.NoError(t, <-got, "the dialer's wait ends with its session")
+		require.NoError(t, <-got2, "the acceptor's wait ends with its session")
+		_, err := c1.Detach()
+		require.NoError(t, err, "a connection AwaitPause returned for detaches")
+		_, err = c2.Detach()
+		require.NoError(t, err)
+		require.ErrorIs(t, c1.AwaitPause(context.Background()), errEnded, "a detached connection is not paused")
+		c1.Close()
+		c2.Close()
+
+		up()
+		c3, c4 := connPair(t, a, b, 311)
+		got = await(c3, context.Background())
+		require.NoError(t, c4.Close())
+		require.ErrorIs(t, <-got, errEnded, "the peer closed it")
+		c5, c6 := connPair(t, a, b, 312)
+		defer c6.Close()
+		got = await(c5, context.Background())
+		require.NoError(t, c5.Close())
+		require.ErrorIs(t, <-got, net.ErrClosed, "closed while waiting")
+		c3.Close()
+	})
+}
+
+// AwaitEnd returns once the peer's CLOSE has come (after this end's
+// Close, the peer's answer to it) and for a connection that fails; it
+// fails with its context.
+func TestAwaitEnd(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, backend string) {
+		a, b := endpoints(t, backend, Config{})
+		c1, c2 := connPair(t, a, b, 320)
+		ctx, cancel := context.WithCancel(context.Background())
+		got := make(chan error, 1)
+		go func() { got <- c1.AwaitEnd(ctx) }()
+		waitfor.Blocked(t, "AwaitEnd")
+		cancel()
+		require.ErrorIs(t, <-got, context.Canceled, "a live connection waits until its context ends")
+
+		go func() { got <- c1.AwaitEnd(context.Background()) }()
+		waitfor.Blocked(t, "AwaitEnd")
+		require.NoError(t, c1.Close())
+		require.NoError(t, <-got, "the peer's CLOSE, its answer to ours, ends the wait")
+		require.True(t, c1.Ended())
+		_, err := c2.Read(make([]byte, 1))
+		require.ErrorIs(t, err, io.EOF, "the wait ended after the peer had this end's CLOSE")
+		c2.Close()
+
+		c3, c4 := connPair(t, a, b, 321)
+		defer c4.Close()
+		go func() { got <- c3.AwaitEnd(context.Background()) }()
+		waitfor.Blocked(t, "AwaitEnd")
+		require.NoError(t, a.Close()) // its connections fail
+		require.NoError(t, <-got, "a failed connection has ended")
+		require.NoError(t, c3.AwaitEnd(context.Background()), "and the wait ends at once after")
+		c3.Close()
 	})
 }

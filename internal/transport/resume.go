@@ -229,7 +229,7 @@ func (st *state) finishNow() {
 	ep.mu.Unlock()
 	cause := st.sess.Err()
 	fatal := ep.endOf(cause, closed)
-	kept := 0
+	var kept []*Conn
 	now := ep.now()
 	for i := range st.conns {
 		c := st.conns[i].Load()
@@ -247,7 +247,7 @@ func (st *state) finishNow() {
 			c.pausedAt.CompareAndSwap(0, now+1)
 			c.wake(c.rnotify) // parked calls park again, on the next session
 			c.wake(c.wnotify)
-			kept++
+			kept = append(kept, c)
 		}
 	}
 	if fatal != nil {
@@ -259,8 +259,11 @@ func (st *state) finishNow() {
 		ep.orphan = st
 	}
 	ep.mu.Unlock()
+	for _, c := range kept {
+		signal(c.pauseNote) // it can detach now (AwaitPause)
+	}
 	ep.armPauseCheck(ep.cfg.UserTimeout)
-	ep.logf("session %#x ended (%v): %d connections wait to resume, %v at most", st.sess.Epoch, cause, kept, ep.cfg.UserTimeout)
+	ep.logf("session %#x ended (%v): %d connections wait to resume, %v at most", st.sess.Epoch, cause, len(kept), ep.cfg.UserTimeout)
 }
 
 // resumable reports whether c can resume on a later session: established,
@@ -497,6 +500,7 @@ func (st *state) reset(id uint32, payload []byte) error {
 func (c *Conn) abandon() {
 	c.mu.Lock()
 	c.closeRecv, c.closeSent = true, true
+	c.endedLocked()
 	free := c.freeLocked()
 	c.mu.Unlock()
 	if free {

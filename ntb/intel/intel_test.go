@@ -35,8 +35,8 @@ func openPair(t *testing.T, gen Gen, o Options) (*SimulatedPair, *Device, *Devic
 	b, err := p.Open(1, o)
 	require.NoError(t, err)
 	t.Cleanup(func() { b.Close() })
-	ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
-	ntbtest.WaitLink(t, b, ntb.LinkUp, 5*time.Second)
+	ntbtest.WaitLink(t, a, ntb.LinkUp, ntbtest.LivenessTimeout)
+	ntbtest.WaitLink(t, b, ntb.LinkUp, ntbtest.LivenessTimeout)
 	return p, a, b
 }
 
@@ -208,8 +208,8 @@ func TestLinkNeedsBothDrivers(t *testing.T) {
 			b, err := p.Open(1, fast)
 			require.NoError(t, err)
 			defer b.Close()
-			ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
-			ntbtest.WaitLink(t, b, ntb.LinkUp, 5*time.Second)
+			ntbtest.WaitLink(t, a, ntb.LinkUp, ntbtest.LivenessTimeout)
+			ntbtest.WaitLink(t, b, ntb.LinkUp, ntbtest.LivenessTimeout)
 			require.Equal(t, "peer driver ready", a.LinkReason())
 		})
 	}
@@ -240,14 +240,14 @@ func TestLinkUpOnArrival(t *testing.T) {
 func TestCablePull(t *testing.T) {
 	p, a, b := openPair(t, Gen3, fast)
 	p.SetLink(false)
-	ntbtest.WaitLink(t, a, ntb.LinkDown, 5*time.Second)
-	ntbtest.WaitLink(t, b, ntb.LinkDown, 5*time.Second)
+	ntbtest.WaitLink(t, a, ntb.LinkDown, ntbtest.LivenessTimeout)
+	ntbtest.WaitLink(t, b, ntb.LinkDown, ntbtest.LivenessTimeout)
 	waitReason(t, a, "pcie link down")
 	require.ErrorIs(t, a.RingPeer(1), ntb.ErrLinkDown)
 	require.ErrorIs(t, a.SetPeerScratchpad(0, 1), ntb.ErrLinkDown)
 	p.SetLink(true)
-	ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
-	ntbtest.WaitLink(t, b, ntb.LinkUp, 5*time.Second)
+	ntbtest.WaitLink(t, a, ntb.LinkUp, ntbtest.LivenessTimeout)
+	ntbtest.WaitLink(t, b, ntb.LinkUp, ntbtest.LivenessTimeout)
 }
 
 // A hung driver (link and registers fine, no beats) makes the link
@@ -299,12 +299,12 @@ func TestWindowMismatch(t *testing.T) {
 func TestReattach(t *testing.T) {
 	p, a, b := openPair(t, Gen4, fast)
 	require.NoError(t, b.Close())
-	ntbtest.WaitLink(t, a, ntb.LinkDown, 5*time.Second)
+	ntbtest.WaitLink(t, a, ntb.LinkDown, ntbtest.LivenessTimeout)
 	b2, err := p.Open(1, fast)
 	require.NoError(t, err)
 	defer b2.Close()
-	ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
-	ntbtest.WaitLink(t, b2, ntb.LinkUp, 5*time.Second)
+	ntbtest.WaitLink(t, a, ntb.LinkUp, ntbtest.LivenessTimeout)
+	ntbtest.WaitLink(t, b2, ntb.LinkUp, ntbtest.LivenessTimeout)
 }
 
 func TestCloseTeardown(t *testing.T) {
@@ -315,7 +315,7 @@ func TestCloseTeardown(t *testing.T) {
 		require.NoError(t, err)
 		b, err := p.Open(1, fast)
 		require.NoError(t, err)
-		ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
+		ntbtest.WaitLink(t, a, ntb.LinkUp, ntbtest.LivenessTimeout)
 		require.NoError(t, a.Close())
 		require.NoError(t, a.Close())
 
@@ -332,7 +332,7 @@ func TestCloseTeardown(t *testing.T) {
 		require.ErrorIs(t, err, ntb.ErrClosed)
 		_, err = a.WaitDoorbell(context.Background(), 1)
 		require.ErrorIs(t, err, ntb.ErrClosed)
-		ntbtest.WaitLink(t, b, ntb.LinkDown, 5*time.Second)
+		ntbtest.WaitLink(t, b, ntb.LinkDown, ntbtest.LivenessTimeout)
 		require.NoError(t, b.Close())
 	}
 	if !waitfor.Until(func() bool { return runtime.NumGoroutine() <= before }) {

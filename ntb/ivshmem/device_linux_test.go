@@ -43,8 +43,8 @@ func upPair(t *testing.T, size int64, cfg DeviceConfig) (*Server, *Device, *Devi
 	t.Helper()
 	s := startServer(t, ServerConfig{Size: size, Vectors: 2})
 	a, b := attach(t, s, cfg), attach(t, s, cfg)
-	ntbtest.WaitLink(t, a, ntb.LinkUp, time.Second)
-	ntbtest.WaitLink(t, b, ntb.LinkUp, time.Second)
+	ntbtest.WaitLink(t, a, ntb.LinkUp, ntbtest.LivenessTimeout)
+	ntbtest.WaitLink(t, b, ntb.LinkUp, ntbtest.LivenessTimeout)
 	return s, a, b
 }
 
@@ -140,8 +140,8 @@ func TestDeviceSides(t *testing.T) {
 	if a.Port() != 0 || b.Port() != 1 {
 		t.Fatalf("ports %d and %d, want 0 and 1", a.Port(), b.Port())
 	}
-	ntbtest.WaitLink(t, a, ntb.LinkUp, time.Second)
-	ntbtest.WaitLink(t, b, ntb.LinkUp, time.Second)
+	ntbtest.WaitLink(t, a, ntb.LinkUp, ntbtest.LivenessTimeout)
+	ntbtest.WaitLink(t, b, ntb.LinkUp, ntbtest.LivenessTimeout)
 	for _, side := range []Side{Side0, Side1, AnySide} {
 		c := dial(t, s)
 		_, err := NewDevice(c, DeviceConfig{Side: side})
@@ -179,8 +179,8 @@ func TestDeviceSides(t *testing.T) {
 	if d1.Port() == d2.Port() {
 		t.Fatalf("both took side %d", d1.Port())
 	}
-	ntbtest.WaitLink(t, d1, ntb.LinkUp, time.Second)
-	ntbtest.WaitLink(t, d2, ntb.LinkUp, time.Second)
+	ntbtest.WaitLink(t, d1, ntb.LinkUp, ntbtest.LivenessTimeout)
+	ntbtest.WaitLink(t, d2, ntb.LinkUp, ntbtest.LivenessTimeout)
 }
 
 func TestDeviceRejectsBadLayout(t *testing.T) {
@@ -247,7 +247,7 @@ func TestDeviceRestart(t *testing.T) {
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
-	ntbtest.WaitLink(t, a, ntb.LinkDown, ntbtest.LinkDetectTimeout)
+	ntbtest.WaitLink(t, a, ntb.LinkDown, ntbtest.LivenessTimeout)
 	t.Logf("close seen in %v: %q", time.Since(start).Round(time.Millisecond), downEvent(t, a).Reason)
 	if err := b.RingPeer(1); !errors.Is(err, ntb.ErrClosed) {
 		t.Errorf("RingPeer after Close: %v", err)
@@ -260,8 +260,8 @@ func TestDeviceRestart(t *testing.T) {
 		if c.Port() != side {
 			t.Fatalf("round %d: restarted peer took side %d, want %d", round, c.Port(), side)
 		}
-		ntbtest.WaitLink(t, a, ntb.LinkUp, time.Second)
-		ntbtest.WaitLink(t, c, ntb.LinkUp, time.Second)
+		ntbtest.WaitLink(t, a, ntb.LinkUp, ntbtest.LivenessTimeout)
+		ntbtest.WaitLink(t, c, ntb.LinkUp, ntbtest.LivenessTimeout)
 		t.Logf("round %d: link back in %v (%s)", round, time.Since(start).Round(time.Millisecond), c.Name())
 		if p := c.Doorbells(); p&(1<<7) != 0 {
 			t.Errorf("round %d: the old peer's cleared ring is pending for the new one: %#x", round, p)
@@ -281,7 +281,7 @@ func TestDeviceRestart(t *testing.T) {
 		if err := c.Close(); err != nil {
 			t.Fatal(err)
 		}
-		ntbtest.WaitLink(t, a, ntb.LinkDown, ntbtest.LinkDetectTimeout)
+		ntbtest.WaitLink(t, a, ntb.LinkDown, ntbtest.LivenessTimeout)
 	}
 }
 
@@ -300,17 +300,17 @@ func TestDeviceHeartbeatLossAndTakeover(t *testing.T) {
 		t.Errorf("down because %q", ev.Reason)
 	}
 	b.SilenceHeartbeat(false)
-	ntbtest.WaitLink(t, a, ntb.LinkUp, time.Second)
-	ntbtest.WaitLink(t, b, ntb.LinkUp, time.Second)
+	ntbtest.WaitLink(t, a, ntb.LinkUp, ntbtest.LivenessTimeout)
+	ntbtest.WaitLink(t, b, ntb.LinkUp, ntbtest.LivenessTimeout)
 
 	// Silent for long enough, b is taken for dead and its side taken over.
 	b.SilenceHeartbeat(true)
-	ntbtest.WaitLink(t, a, ntb.LinkDown, time.Second)
+	ntbtest.WaitLink(t, a, ntb.LinkDown, ntbtest.LivenessTimeout)
 	cfg.Side = Side(b.Port()) + Side0
 	c := attach(t, s, cfg)
-	ntbtest.WaitLink(t, a, ntb.LinkUp, time.Second)
-	ntbtest.WaitLink(t, c, ntb.LinkUp, time.Second)
-	ntbtest.WaitLink(t, b, ntb.LinkDown, time.Second)
+	ntbtest.WaitLink(t, a, ntb.LinkUp, ntbtest.LivenessTimeout)
+	ntbtest.WaitLink(t, c, ntb.LinkUp, ntbtest.LivenessTimeout)
+	ntbtest.WaitLink(t, b, ntb.LinkDown, ntbtest.LivenessTimeout)
 	if ev := downEvent(t, b); !strings.Contains(ev.Reason, "taken over") {
 		t.Errorf("b down because %q", ev.Reason)
 	}
@@ -361,7 +361,7 @@ func TestDeviceGarbageRegisters(t *testing.T) {
 	for off := 0; off < devPage; off += 4 {
 		a.local.Store32(off, rng.Uint32()) // the words b writes
 	}
-	ntbtest.WaitLink(t, a, ntb.LinkDown, time.Second)
+	ntbtest.WaitLink(t, a, ntb.LinkDown, ntbtest.LivenessTimeout)
 	t.Logf("garbage registers: %q", downEvent(t, a).Reason)
 	for off := 0; off < devPage; off += 4 {
 		if off/devSlotSize != a.id {
@@ -410,7 +410,7 @@ func TestDeviceCloseReleases(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ntbtest.WaitLink(t, a, ntb.LinkUp, time.Second)
+		ntbtest.WaitLink(t, a, ntb.LinkUp, ntbtest.LivenessTimeout)
 		if err := errors.Join(a.Close(), b.Close(), a.Close(), b.Close()); err != nil {
 			t.Fatal(err)
 		}

@@ -53,7 +53,7 @@ func TestMemLinkBellWakes(t *testing.T) {
 	}
 	fds0 := fds()
 	a, b := openBellPair(t, Options{WindowSize: 64 << 10})
-	ntbtest.WaitLink(t, b, ntb.LinkUp, 5*time.Second)
+	ntbtest.WaitLink(t, b, ntb.LinkUp, ntbtest.LivenessTimeout)
 	const bit = 1 << 7
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -74,8 +74,8 @@ func TestTruncateRefused(t *testing.T) {
 	a, b := openPair(t, Options{Dir: dir, WindowSize: 64 << 10})
 	defer a.Close()
 	defer b.Close()
-	ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
-	ntbtest.WaitLink(t, b, ntb.LinkUp, 5*time.Second)
+	ntbtest.WaitLink(t, a, ntb.LinkUp, ntbtest.LivenessTimeout)
+	ntbtest.WaitLink(t, b, ntb.LinkUp, ntbtest.LivenessTimeout)
 
 	// Through /proc, as any process allowed to open another's descriptors.
 	a.fmu.Lock()
@@ -109,7 +109,7 @@ func TestRemovedFilesPutBack(t *testing.T) {
 	defer a.Close()
 	b, err := Open("l", o)
 	require.NoError(t, err)
-	ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
+	ntbtest.WaitLink(t, a, ntb.LinkUp, ntbtest.LivenessTimeout)
 
 	require.NoError(t, Remove(dir, "l"))
 	waitfor.True(t, "the lock file and a's socket put back", func() bool {
@@ -123,14 +123,14 @@ func TestRemovedFilesPutBack(t *testing.T) {
 
 	// b restarts: it finds a's memory.
 	require.NoError(t, b.Close())
-	ntbtest.WaitLink(t, a, ntb.LinkDown, 5*time.Second) // how fast is TestSides' business
+	ntbtest.WaitLink(t, a, ntb.LinkDown, ntbtest.LivenessTimeout)
 	o.Side = Side1
 	b, err = Open("l", o)
 	require.NoError(t, err)
 	defer b.Close()
 	require.True(t, memOf(a) == memOf(b), "the restarted end maps the survivor's memory")
-	ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
-	ntbtest.WaitLink(t, b, ntb.LinkUp, 5*time.Second)
+	ntbtest.WaitLink(t, a, ntb.LinkUp, ntbtest.LivenessTimeout)
+	ntbtest.WaitLink(t, b, ntb.LinkUp, ntbtest.LivenessTimeout)
 
 	// A replaced socket is put back too.
 	sock := sockPath(filepath.Join(dir, "l"), 0)

@@ -99,14 +99,14 @@ func TestSides(t *testing.T) {
 	// A side freed by Close can be claimed again, and the survivor sees a
 	// new peer come up.
 	require.NoError(t, b.Close())
-	ntbtest.WaitLink(t, a, ntb.LinkDown, ntbtest.LinkDetectTimeout)
+	ntbtest.WaitLink(t, a, ntb.LinkDown, ntbtest.LivenessTimeout)
 	o.Side = Side1
 	c, err := Open("l", o)
 	require.NoError(t, err)
 	defer c.Close()
 	defer a.Close()
-	ntbtest.WaitLink(t, a, ntb.LinkUp, time.Second)
-	ntbtest.WaitLink(t, c, ntb.LinkUp, time.Second)
+	ntbtest.WaitLink(t, a, ntb.LinkUp, ntbtest.LivenessTimeout)
+	ntbtest.WaitLink(t, c, ntb.LinkUp, ntbtest.LivenessTimeout)
 }
 
 func TestLayoutMismatch(t *testing.T) {
@@ -218,7 +218,7 @@ func TestIdleBeatsSlower(t *testing.T) {
 	a, b := openPair(t, o)
 	defer a.Close()
 	defer b.Close()
-	ntbtest.WaitLink(t, b, ntb.LinkUp, time.Second)
+	ntbtest.WaitLink(t, b, ntb.LinkUp, ntbtest.LivenessTimeout)
 	beat := func() uint64 { return b.local.Load64(regHeartbeat) } // a's beats, as b's registers count them
 	beats := func() uint64 {
 		start := beat()
@@ -287,7 +287,7 @@ func TestCancelWakesOneWaiter(t *testing.T) {
 	a, b := openPair(t, Options{Dir: testDir(t), WindowSize: 64 << 10, HeartbeatTimeout: 10 * time.Second})
 	defer a.Close()
 	defer b.Close()
-	ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
+	ntbtest.WaitLink(t, a, ntb.LinkUp, ntbtest.LivenessTimeout)
 	const bit, others, cancels = 1 << 3, 3, 20
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -343,7 +343,7 @@ func TestBellFIFO(t *testing.T) {
 		require.NoError(t, <-done, "the ring woke the waiter")
 		d.ClearDoorbells(bit)
 	}
-	ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
+	ntbtest.WaitLink(t, a, ntb.LinkUp, ntbtest.LivenessTimeout)
 	waitRing(a)
 	require.NoError(t, a.Close())
 	// How fast b sees it is Conformance's to assert; this test is about
@@ -352,7 +352,7 @@ func TestBellFIFO(t *testing.T) {
 	o.Side = Side0
 	a2, err := Open("l", o)
 	require.NoError(t, err)
-	ntbtest.WaitLink(t, a2, ntb.LinkUp, 5*time.Second)
+	ntbtest.WaitLink(t, a2, ntb.LinkUp, ntbtest.LivenessTimeout)
 	waitRing(a2)
 	require.NoError(t, a2.Close())
 	require.NoError(t, b.Close())
