@@ -244,13 +244,8 @@ func (st *state) pollLocked(p *partition.Partition, self *Conn, b []byte, poller
 				st.headOff[part] = n // the rest stays in the ring for the next Read
 				self.restWaits.Store(true)
 				self.ringRest.Store(int64(len(payload) - n))
-				return n, records
-			}
-			p.Release()
-			if len(payload) > smallWrite && !self.cut {
-				more, r := st.takeRun(p, self, b[n:])
-				n += more
-				records += r
+			} else {
+				p.Release()
 			}
 			return n, records
 		}
@@ -268,35 +263,6 @@ func (st *state) pollLocked(p *partition.Partition, self *Conn, b []byte, poller
 		}
 	}
 	return 0, records
-}
-
-// takeRun copies into b the bulk DATA records of self that follow one a
-// Read took whole from data partition p (RX lock held), as long as each
-// fits in what is left of b: a stream's reader with a large buffer (an
-// HTTP client's body, io.Copy's) takes what has arrived in one call, as a
-// socket's Read does, rather than a record a call. It stops at the first
-// record that is another connection's, small, or larger than the rest of
-// b, and returns the bytes copied and the records taken.
-func (st *state) takeRun(p *partition.Partition, self *Conn, b []byte) (n, records int) {
-	part := p.Index
-	for records < pollBatch && len(b)-n > smallWrite {
-		tag, payload, ok, err := p.Peek()
-		if err != nil || !ok {
-			return n, records
-		}
-		kind, id := splitTag(tag)
-		if kind != kindData || id != self.id || len(payload) <= smallWrite || len(payload) > len(b)-n || !self.takeDirect(part, len(payload)) {
-			return n, records
-		}
-		records++
-		if ts := st.ep.taps.Load(); ts != nil {
-			ts.emit(st, TapRX, part, tag, id, payload)
-		}
-		n += copy(b[n:], payload)
-		self.rxmu.Unlock()
-		p.Release()
-	}
-	return n, records
 }
 
 // aheadRecords is how many records past a bulk record at the head of a
