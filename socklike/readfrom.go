@@ -19,13 +19,17 @@ var readFromPool = sync.Pool{New: func() any {
 }}
 
 // ReadFrom writes what r holds until io.EOF, as io.Copy does — each Read's
-// bytes as they come — with a 256 KiB buffer rather than io.Copy's 32 KiB;
-// a reader that writes itself out (io.WriterTo) does so straight into the
-// connection. io.Copy into a Conn, and net/http's response writer, call
-// it. It returns the bytes written and the first error other than io.EOF.
+// bytes as they come — with a 256 KiB buffer rather than io.Copy's 32 KiB.
+// A reader that writes itself out (io.WriterTo) does so straight into the
+// connection; in shared-pool mode r is read straight into the pool's ring.
+// io.Copy into a Conn, and net/http's response writer, call it. It returns
+// the bytes written and the first error other than io.EOF.
 func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 	if wt, ok := r.(io.WriterTo); ok {
 		return wt.WriteTo(writerOnly{c})
+	}
+	if c.d == nil && c.c == nil {
+		return c.pc.ReadFrom(r) // straight into the pool's ring
 	}
 	bp := readFromPool.Get().(*[]byte)
 	defer readFromPool.Put(bp)
