@@ -236,7 +236,8 @@ func (c *poolConn) Write(b []byte) (int, error) {
 // take two. While the ring is full it reads into a buffer of its own
 // instead and writes that, so that, as with io.Copy, a source that is done
 // ends the call without waiting for room. It returns the bytes written
-// and the first error other than io.EOF.
+// and the first error other than io.EOF. It holds wmu throughout, r's
+// Reads included: r must not block (see readsAtOnce).
 func (c *poolConn) ReadFrom(r io.Reader) (int64, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
