@@ -220,42 +220,118 @@ func (c *poolConn) Write(b []byte) (int, error) {
 	defer c.wmu.Unlock()
 	n := 0
 	for n < len(b) {
+		room, err := c.writeRoom(min(len(b)-n, poolChunk), true)
+		if err != nil {
+			return n, err
+		}
+		k := copy(room, b[n:])
+		c.wrote(k)
+		n += k
+	}
+	return n, nil
+}
+
+// ReadFrom writes what r holds until io.EOF, as io.Copy does, reading it
+// straight into the out ring: one copy, where io.Copy's buffer and Write
+// take two. While the ring is full it reads into a buffer of its own
+// instead and writes that, so that, as with io.Copy, a source that is done
+// ends the call without waiting for room. It returns the bytes written
+// and the first error other than io.EOF. It holds wmu throughout, r's
+// Reads included: r must not block (see readsAtOnce).
+func (c *poolConn) ReadFrom(r io.Reader) (int64, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	var total int64
+	var staged *[]byte
+	defer func() {
+		if staged != nil {
+			readFromPool.Put(staged)
+		}
+	}()
+	for {
+		room, err := c.writeRoom(poolChunk, false)
+		if err != nil {
+			return total, err
+		}
+		var k int
+		var rerr error
+		if len(room) > 0 {
+			k, rerr = r.Read(room)
+			if k > 0 {
+				c.wrote(k)
+			}
+		} else {
+			if staged == nil {
+				staged = readFromPool.Get().(*[]byte)
+			}
+			buf := (*staged)[:poolChunk]
+			k, rerr = r.Read(buf)
+			for n := 0; n < k; {
+				if room, err = c.writeRoom(k-n, true); err != nil {
+					return total + int64(n), err
+				}
+				m := copy(room, buf[n:k])
+				c.wrote(m)
+				n += m
+			}
+		}
+		total += int64(k)
+		switch {
+		case rerr == io.EOF:
+			return total, nil
+		case rerr != nil:
+			return total, rerr
+		}
+	}
+}
+
+// writeRoom returns the free part of the out ring at outHead that is
+// contiguous in memory, at most max bytes (wmu held); if the ring is full
+// it waits for room when wait is set, and returns none otherwise. Its
+// error ends the write.
+func (c *poolConn) writeRoom(max int, wait bool) ([]byte, error) {
+	for {
 		if c.closed.Load() {
-			return n, c.opErr("write", net.ErrClosed)
+			return nil, c.opErr("write", net.ErrClosed)
 		}
 		if c.finSent.Load() {
-			return n, c.opErr("write", syscall.EPIPE)
+			return nil, c.opErr("write", syscall.EPIPE)
 		}
 		dl := c.wdl.Load()
 		if dl != 0 && time.Now().UnixNano() >= dl {
-			return n, c.opErr("write", os.ErrDeadlineExceeded)
+			return nil, c.opErr("write", os.ErrDeadlineExceeded)
 		}
 		if err := c.failure(); err != nil {
-			return n, c.opErr("write", err)
+			return nil, c.opErr("write", err)
 		}
 		pf := c.slot.ProxyFlags()
 		if pf&pool.FlagReset != 0 {
-			return n, c.opErr("write", syscall.ECONNRESET)
+			return nil, c.opErr("write", syscall.ECONNRESET)
 		}
 		tail := c.slot.OutTail()
 		used := c.outHead - tail
 		if tail > c.outHead || used > uint64(len(c.slot.Out)) {
-			return n, c.opErr("write", c.corrupt())
+			return nil, c.opErr("write", c.corrupt())
 		}
 		if free := len(c.slot.Out) - int(used); free > 0 {
-			k := ringCopyIn(c.slot.Out, c.outHead, b[n:min(len(b), n+poolChunk, n+free)])
-			c.outHead += uint64(k)
-			c.slot.SetOutHead(c.outHead)
-			c.slot.Notify(pool.Proxy)
-			c.moved.Store(time.Now().UnixNano())
-			n += k
-			continue
+			i := int(c.outHead & uint64(len(c.slot.Out)-1))
+			return c.slot.Out[i : i+min(free, len(c.slot.Out)-i, max)], nil
+		}
+		if !wait {
+			return nil, nil
 		}
 		c.sporadic.Store(c.slot.Wait(pool.App, func() bool {
 			return c.slot.OutTail() != tail || c.slot.ProxyFlags() != pf || c.closed.Load() || c.err.Load() != nil || c.wdl.Load() != dl
 		}, pool.Spin(c.spin, c.moved.Load(), c.sporadic.Load()), unixTime(dl)))
 	}
-	return n, nil
+}
+
+// wrote publishes n bytes put into the out ring at outHead (wmu held).
+func (c *poolConn) wrote(n int) {
+	c.outHead += uint64(n)
+	c.slot.SetOutHead(c.outHead)
+	c.slot.Notify(pool.Proxy)
+	c.moved.Store(time.Now().UnixNano())
 }
 
 // ringCopyOut copies up to avail bytes of ring from stream position pos
@@ -265,17 +341,6 @@ func ringCopyOut(b, ring []byte, pos uint64, avail int) int {
 	for n < len(b) && n < avail {
 		i := int((pos + uint64(n)) & uint64(len(ring)-1))
 		n += copy(b[n:min(len(b), avail)], ring[i:])
-	}
-	return n
-}
-
-// ringCopyIn copies b into ring at stream position pos (the caller made
-// sure it fits) and returns len(b).
-func ringCopyIn(ring []byte, pos uint64, b []byte) int {
-	n := 0
-	for n < len(b) {
-		i := int((pos + uint64(n)) & uint64(len(ring)-1))
-		n += copy(ring[i:], b[n:])
 	}
 	return n
 }

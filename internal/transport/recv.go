@@ -47,9 +47,12 @@ type recvHalf struct {
 	readerLeft atomic.Bool
 	readerAt   atomic.Int64
 
-	bigAt     atomic.Int64 // ep.now()+1 when a DATA record of more than smallWrite last came (0: never)
-	smallAt   atomic.Int64 // ep.now()+1 when a small DATA record last came while c was not bulk (0: never)
-	bulkEpoch atomic.Int64 // the last period (of smallRecent) c was counted as bulk in, plus 1 (0: never)
+	// sentAtSmall is sendHalf.sent when c's last small DATA record came
+	// while c was not bulk (see noteData); guarded by rxmu.
+	sentAtSmall int64
+	bigAt       atomic.Int64 // ep.now()+1 when a DATA record of more than smallWrite last came (0: never)
+	smallAt     atomic.Int64 // ep.now()+1 when a small DATA record last came while c was not bulk (0: never)
+	bulkEpoch   atomic.Int64 // the last period (of smallRecent) c was counted as bulk in, plus 1 (0: never)
 }
 
 // heldFrame is a frame that arrived early on the partition of a MOVE not
@@ -192,7 +195,8 @@ func (c *Conn) unpost() int {
 // RX lock held), arrived at now (ep.now()), for share and sharedShare: a
 // record of more than smallWrite marks c as a bulk connection for a while;
 // the second small record in that while of a connection that has sent no
-// large one marks the partition as carrying latency traffic. A bulk
+// large one, and answered the first with no more than smallWrite, marks
+// the partition as carrying latency traffic. A bulk
 // connection's own small records do not count — neither the headers
 // between its bodies nor the one before its first body, or its first after
 // a pause: marked by that, a stream that paused and then sent a header
@@ -211,7 +215,15 @@ func (c *Conn) noteData(part, n int, now int64) {
 		return
 	}
 	if at := c.bigAt.Load(); at == 0 || now-at > c.ep.smallFor {
-		if last := c.smallAt.Swap(now); last != 0 && now-last <= c.ep.smallFor {
+		// A request whose answer was bulk (a file server's GET): c sent
+		// more than smallWrite since its previous small record. Its
+		// answers travel the other way, and HTTP/1's next request waits
+		// for the whole answer; marked, the partition would cut c's own
+		// answers into pieces and windows beside it to SharedWindow.
+		sent := c.sent.Load()
+		answered := sent-c.sentAtSmall > smallWrite
+		c.sentAtSmall = sent
+		if last := c.smallAt.Swap(now); last != 0 && now-last <= c.ep.smallFor && !answered {
 			pt.smallAt.Store(now)
 		}
 	}
