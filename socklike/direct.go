@@ -396,6 +396,7 @@ func (d *directConn) Close() error {
 		return net.ErrClosed
 	}
 	d.closed = true
+	d.link.closedOne()
 	cur := d.w
 	all := append([]*carrier{cur}, d.reads...)
 	d.bumpLocked()

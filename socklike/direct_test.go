@@ -148,11 +148,11 @@ func (r *directRig) stream(k int, leases [2]*transport.Conn) *directStream {
 }
 
 // another adds a later connection on the live link, as a reused dial
-// makes it: a stream number from the dialing side's link, a lease of its
-// own at each end.
+// makes it while an earlier connection lingers on the link: a stream
+// number from the dialing side's link, a lease of its own at each end.
 func (r *directRig) another() *directStream {
-	l, k := r.ps[0].reuse("b:1")
-	require.Same(r.t, r.ls[0], l, "the live link is reused")
+	k := r.ls[0].take()
+	require.Positive(r.t, k)
 	require.Same(r.t, r.ls[1], r.ps[1].lookup(r.ls[1].name))
 	var leases, proxy [2]*transport.Conn
 	for side := range 2 {
@@ -288,11 +288,11 @@ func TestDirectMovesAndBack(t *testing.T) {
 }
 
 // Two connections on one direct link (the link's first and a later one
-// that reused it), streaming both ways at once, both move to the
-// fallback when the link goes down and both come back, twice: every byte
-// of each arrives once, in order. Closing them leaves the dialing side's
-// link idle, not closed, and closing its last stream while it is retired
-// closes it.
+// on it), streaming both ways at once, both move to the fallback when the
+// link goes down and both come back, twice: every byte of each arrives
+// once, in order. Closing them leaves the dialing side's link idle, not
+// closed, for the next dial, which takes it while it carries no open
+// connection; closing its last stream while it is retired closes it.
 func TestDirectSharedLinkMovesAndBack(t *testing.T) {
 	r := newDirectRig(t)
 	second := r.another()
@@ -325,11 +325,13 @@ func TestDirectSharedLinkMovesAndBack(t *testing.T) {
 		return l.streams == 0 && l.idle != nil
 	})
 	third, k := r.ps[0].reuse("b:1")
-	require.Same(t, l, third)
+	require.Same(t, l, third, "a dial takes the link with no open connection")
 	require.Equal(t, 2, k)
+	again, _ := r.ps[0].reuse("b:1")
+	require.Nil(t, again, "a dial does not take a link with an open connection")
 	l.retire()
 	require.False(t, l.closed, "a retired link with a stream stays open")
-	l.release()
+	l.drop()
 	waitfor.True(t, "the retired link closed with its last stream", func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()

@@ -16,20 +16,25 @@ import (
 	"github.com/ntstack/ntstack/ntb/shm"
 )
 
-// A direct link carries every direct connection between the two
-// applications that a dial to the same address makes while it lives, each
-// a stream of the link: stream 0 is the connection whose dial opened it,
-// stream k > 0 a later one, on the link's port appproto.StreamPort(k).
-// Opening a link (its files, the session handshake) costs a dial more
-// than the proxies' exchange does; a later dial is the proxies' exchange
-// and an OPEN on the live link. The proxies still authorize each dial and
-// hold its lease, and every stream moves to the fallback and back on its
-// own (direct.go), named by appproto.StreamName.
+// A direct link carries the direct connections between two applications,
+// each a stream of the link: stream 0 is the connection whose dial opened
+// it, stream k > 0 a later one, on the link's port appproto.StreamPort(k).
+// Opening a link (its files, the session handshake) costs a dial more than
+// the proxies' exchange does. So the dialing side keeps the links a dial
+// to an address opened, and a later dial to that address takes one that
+// carries no open connection (a lingering one, closed by this side and
+// not yet by the peer, may still be on it): its dial is the proxies'
+// exchange and an OPEN on the live link. Connections open at the same time
+// keep a link each, so a workload of many connections has the data path,
+// the rings and the quota it has without the reuse. The proxies still
+// authorize each dial and hold its lease, and every stream moves to the
+// fallback and back on its own (direct.go), named by appproto.StreamName.
 //
 // The lease of stream 0's dial is the link's: ntproxy holds the link's
 // quota on it, and it lasts as long as the link, after stream 0 has
-// closed. The dialing side keeps a link with no streams for a while, then
-// closes it, and its lease (Config.DirectIdle); the accepting side closes its end once the
+// closed. The dialing side keeps a link with no streams for p.linkIdle
+// (Config.DirectIdle), and at most maxIdleLinks of them an address, then
+// closes it and its lease; the accepting side closes its end once the
 // peer has closed its own (or gone). A link whose peer went, whose lease
 // ended or that refused a stream takes no more streams and closes with
 // its last.
@@ -39,6 +44,11 @@ import (
 // server again soon (a connection per request, a pool refilling) finds
 // it; one that does not returns its window to the quota after this.
 const defaultLinkIdle = 5 * time.Second
+
+// maxIdleLinks bounds the idle links kept for one address: after a burst
+// of connections closes, a few links wait for the next dials and the rest
+// return their windows to the quota at once.
+const maxIdleLinks = 4
 
 // directLink is one side of a direct link and its streams.
 type directLink struct {
@@ -52,7 +62,8 @@ type directLink struct {
 
 	mu sync.Mutex
 	// mu protects the following fields.
-	streams int  // streams not yet closed
+	streams int  // streams not yet ended (closed by both ends, or failed)
+	open    int  // side 0: streams not yet closed by the application
 	next    int  // side 0: the last stream number handed out
 	dead    bool // takes no more streams; closes with its last
 	closed  bool
@@ -62,13 +73,21 @@ type directLink struct {
 // newLink registers side's end of direct link name, with one stream (0);
 // key is the address side 0 dialed.
 func (p *Proxy) newLink(name string, side int, key string, ep *transport.Endpoint, lease *transport.Conn) *directLink {
-	l := &directLink{p: p, name: name, side: side, key: key, ep: ep, lease: lease, done: make(chan struct{}), streams: 1}
+	l := &directLink{p: p, name: name, side: side, key: key, ep: ep, lease: lease, done: make(chan struct{}), streams: 1, open: 1}
+	var old *directLink
 	p.mu.Lock()
-	if p.links[side] == nil {
-		p.links[side] = map[string]*directLink{}
+	if side == 0 {
+		if p.dialLinks == nil {
+			p.dialLinks = map[string][]*directLink{}
+		}
+		p.dialLinks[key] = append(p.dialLinks[key], l)
+	} else {
+		if p.acceptLinks == nil {
+			p.acceptLinks = map[string]*directLink{}
+		}
+		old = p.acceptLinks[name]
+		p.acceptLinks[name] = l
 	}
-	old := p.links[side][l.id()]
-	p.links[side][l.id()] = l
 	p.mu.Unlock()
 	if old != nil {
 		old.retire()
@@ -77,42 +96,53 @@ func (p *Proxy) newLink(name string, side int, key string, ep *transport.Endpoin
 	return l
 }
 
-// id is the link's key in p.links[side].
-func (l *directLink) id() string {
-	if l.side == 0 {
-		return l.key
-	}
-	return l.name
-}
-
-// reuse returns side 0's live link to address and the number of a new
-// stream on it; nil if there is none that takes one.
+// reuse returns one of side 0's live links to address that carries no
+// open connection, and the number of a new stream on it; nil if there is
+// none.
 func (p *Proxy) reuse(address string) (*directLink, int) {
 	p.mu.Lock()
-	l := p.links[0][address]
+	links := append([]*directLink(nil), p.dialLinks[address]...)
 	p.mu.Unlock()
-	if l == nil || l.ep.Device().Link() != ntb.LinkUp {
-		return nil, 0
+	for i := len(links) - 1; i >= 0; i-- { // the newest first
+		l := links[i]
+		if l.ep.Device().Link() != ntb.LinkUp {
+			continue
+		}
+		l.mu.Lock()
+		free := l.open == 0
+		l.mu.Unlock()
+		if free {
+			if k := l.take(); k > 0 {
+				return l, k
+			}
+		}
 	}
+	return nil, 0
+}
+
+// take returns the number of a new stream on side 0's link l, 0 if it
+// takes none.
+func (l *directLink) take() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.dead || l.closed || l.next >= appproto.MaxStream {
-		return nil, 0
+		return 0
 	}
 	l.next++
 	l.streams++
+	l.open++
 	if l.idle != nil {
 		l.idle.Stop()
 		l.idle = nil
 	}
-	return l, l.next
+	return l.next
 }
 
 // lookup returns side 1's link name with a stream more on it; nil if
 // there is none that takes one.
 func (p *Proxy) lookup(name string) *directLink {
 	p.mu.Lock()
-	l := p.links[1][name]
+	l := p.acceptLinks[name]
 	p.mu.Unlock()
 	if l == nil {
 		return nil
@@ -123,22 +153,62 @@ func (p *Proxy) lookup(name string) *directLink {
 		return nil
 	}
 	l.streams++
+	l.open++
 	return l
+}
+
+// closedOne is told that the application closed one of l's streams: a later
+// dial may take the link.
+func (l *directLink) closedOne() {
+	l.mu.Lock()
+	l.open--
+	l.mu.Unlock()
+}
+
+// drop gives back a stream that never became a connection.
+func (l *directLink) drop() {
+	l.closedOne()
+	l.release()
 }
 
 // release ends a stream's hold on the link.
 func (l *directLink) release() {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.streams--; l.streams > 0 || l.closed {
+		l.mu.Unlock()
 		return
 	}
+	trim := false
 	switch {
 	case l.dead || l.side == 0 && l.p.linkIdle < 0:
 		l.dead = true
 		go l.close()
 	case l.side == 0:
 		l.idle = time.AfterFunc(l.p.linkIdle, l.expire)
+		trim = true
+	}
+	l.mu.Unlock()
+	if trim {
+		l.p.trimIdle(l.key)
+	}
+}
+
+// trimIdle retires the oldest idle links to address beyond maxIdleLinks.
+func (p *Proxy) trimIdle(address string) {
+	p.mu.Lock()
+	links := append([]*directLink(nil), p.dialLinks[address]...)
+	p.mu.Unlock()
+	var idle []*directLink
+	for _, l := range links {
+		l.mu.Lock()
+		if l.streams == 0 && !l.dead {
+			idle = append(idle, l)
+		}
+		l.mu.Unlock()
+	}
+	for len(idle) > maxIdleLinks {
+		idle[0].retire()
+		idle = idle[1:]
 	}
 }
 
@@ -147,7 +217,7 @@ func (l *directLink) expire() {
 	l.mu.Lock()
 	idle := l.streams == 0 && !l.closed && l.idle != nil
 	if idle {
-		l.dead = true // reuse takes no stream of it from now
+		l.dead = true // take gives no stream of it from now
 	}
 	l.mu.Unlock()
 	if idle {
@@ -181,11 +251,25 @@ func (l *directLink) close() {
 	}
 	close(l.done)
 	l.mu.Unlock()
-	l.p.mu.Lock()
-	if l.p.links[l.side][l.id()] == l {
-		delete(l.p.links[l.side], l.id())
+	p := l.p
+	p.mu.Lock()
+	if l.side == 0 {
+		links := p.dialLinks[l.key]
+		for i, o := range links {
+			if o == l {
+				links = append(links[:i:i], links[i+1:]...)
+				break
+			}
+		}
+		if len(links) == 0 {
+			delete(p.dialLinks, l.key)
+		} else {
+			p.dialLinks[l.key] = links
+		}
+	} else if p.acceptLinks[l.name] == l {
+		delete(p.acceptLinks, l.name)
 	}
-	l.p.mu.Unlock()
+	p.mu.Unlock()
 	l.ep.Close()
 	l.lease.Close()
 }
@@ -222,10 +306,11 @@ func (l *directLink) runWatch() {
 func (p *Proxy) closeLinks() {
 	p.mu.Lock()
 	var all []*directLink
-	for _, m := range p.links {
-		for _, l := range m {
-			all = append(all, l)
-		}
+	for _, links := range p.dialLinks {
+		all = append(all, links...)
+	}
+	for _, l := range p.acceptLinks {
+		all = append(all, l)
 	}
 	p.mu.Unlock()
 	for _, l := range all {
@@ -311,7 +396,7 @@ func (p *Proxy) openStream(dl *appproto.DirectLink, lease *transport.Conn) (*Con
 		}
 	}
 	if err != nil {
-		l.release()
+		l.drop()
 		return nil, fmt.Errorf("direct link %s stream %d: %w", dl.Name, k, err)
 	}
 	return &Conn{d: p.newDirect(l, k, ln, dc, lease)}, nil

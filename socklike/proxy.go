@@ -77,11 +77,12 @@ type Proxy struct {
 
 	mu sync.Mutex
 	// mu protects the following fields.
-	cur      *attachment
-	closed   bool
-	nextPort int                       // ports of this side of the memory link, for listeners
-	directs  map[string]*directConn    // direct connections by stream name, for their fallback
-	links    [2]map[string]*directLink // direct links: side 0's by address dialed, side 1's by name
+	cur         *attachment
+	closed      bool
+	nextPort    int                      // ports of this side of the memory link, for listeners
+	directs     map[string]*directConn   // direct connections by stream name, for their fallback
+	dialLinks   map[string][]*directLink // side 0's direct links by address dialed, oldest first
+	acceptLinks map[string]*directLink   // side 1's direct links by name
 }
 
 // attachment is one Hello/Welcome session with ntproxy.
@@ -322,7 +323,7 @@ func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (*Conn
 				return c, nil
 			}
 			l.retire()
-			l.release()
+			l.drop()
 			if ctx.Err() != nil {
 				return nil, err
 			}

@@ -49,12 +49,14 @@ func TestDirectRefusedAfterGrant(t *testing.T) {
 	roundTrip(t, c, 1, 4096)
 }
 
-// Direct dials to the same address share one direct link: the first opens
-// it and is charged for it, each later one is a connection on the live
-// link, which both proxies authorize and hold a lease of, charged
-// nothing. Closed, the link is kept for the next dial, then closes and
-// its quota comes back; a listener of another application on the same
-// address gets a link of its own.
+// A direct dial to an address takes the direct link an earlier one
+// opened, once that connection has closed: the first dial opens the link
+// and is charged for it, the next is a connection on the live link, which
+// both proxies authorize and hold a lease of, charged nothing. A dial
+// while that connection is open opens a link of its own. Closed, the
+// links are kept for the next dials, then close and their quota comes
+// back; a listener of another application on the same address gets a
+// link of its own.
 func TestDirectDialsShareALink(t *testing.T) {
 	r := newRack(t, "")
 	srvB := attach(t, r.cb)
@@ -72,33 +74,29 @@ func TestDirectDialsShareALink(t *testing.T) {
 	baseA, baseB := memory(r.a), memory(r.b)
 	d := &socklike.Dialer{Proxy: client, Direct: true}
 	var conns []net.Conn
-	for i := range 3 {
+	for i, want := range []string{"a window slice of its own", "on the window slice of an earlier one", "a window slice of its own"} {
 		c, err := d.DialContext(context.Background(), "tcp", "b:80")
 		require.NoError(t, err, "dial %d", i)
 		route := c.(*socklike.Conn).Route()
 		require.Equal(t, "direct", route.Mode)
-		if i == 0 {
-			require.Contains(t, route.Reason, "a window slice of its own")
-		} else {
-			require.Contains(t, route.Reason, "on the window slice of an earlier one")
-		}
+		require.Contains(t, route.Reason, want, "dial %d", i)
 		roundTrip(t, c, uint64(i), 64<<10)
-		conns = append(conns, c)
-		if i == 1 {
-			c.Close() // the third dial reuses the link with one of two closed
-			conns = conns[:1]
+		if i == 0 {
+			require.NoError(t, c.Close())
+			continue
 		}
+		conns = append(conns, c)
 	}
 	link := linkBytes(r.ca.Proxy.DirectWindow)
-	require.Equal(t, baseA+link, memory(r.a), "one link charged on the dialing side")
-	require.Equal(t, baseB+link, memory(r.b), "one link charged on the listening side")
+	require.Equal(t, baseA+2*link, memory(r.a), "two links charged on the dialing side")
+	require.Equal(t, baseB+2*link, memory(r.b), "two links charged on the listening side")
 	for _, c := range conns {
 		require.NoError(t, c.Close())
 	}
 	require.Eventually(t, func() bool {
 		files, _ := filepath.Glob(filepath.Join(r.ca.Proxy.FabricDir, directPrefix+"*"))
 		return memory(r.a) == baseA && memory(r.b) == baseB && len(r.a.Snapshot().Conns) == 0 && len(r.b.Snapshot().Conns) == 0 && len(files) == 0
-	}, 10*time.Second, 10*time.Millisecond, "the idle link closes and its grant comes back")
+	}, 10*time.Second, 10*time.Millisecond, "the idle links close and their grants come back")
 
 	// Another application listening on the address: the dialer's live
 	// link leads to the first, so the dial opens a link of its own.
