@@ -58,7 +58,8 @@ type directLink struct {
 	key   string // side 0: the address dialed, its key in p.dialLinks
 	ep    *transport.Endpoint
 	lease *transport.Conn // the link's lease (stream 0's dial)
-	done  chan struct{}   // closed when the link closes
+	done  chan struct{}   // closed when the link starts closing
+	shut  chan struct{}   // closed when it has closed
 
 	mu sync.Mutex
 	// mu protects the following fields.
@@ -73,7 +74,7 @@ type directLink struct {
 // newLink registers side's end of direct link name, with one stream (0);
 // key is the address side 0 dialed.
 func (p *Proxy) newLink(name string, side int, key string, ep *transport.Endpoint, lease *transport.Conn) *directLink {
-	l := &directLink{p: p, name: name, side: side, key: key, ep: ep, lease: lease, done: make(chan struct{}), streams: 1, open: 1}
+	l := &directLink{p: p, name: name, side: side, key: key, ep: ep, lease: lease, done: make(chan struct{}), shut: make(chan struct{}), streams: 1, open: 1}
 	var old *directLink
 	p.mu.Lock()
 	if side == 0 {
@@ -238,11 +239,12 @@ func (l *directLink) retire() {
 }
 
 // close closes the link's endpoint (ending any stream still on it) and
-// its lease.
+// its lease, and returns once they are closed (by this call or another).
 func (l *directLink) close() {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
+		<-l.shut
 		return
 	}
 	l.closed, l.dead = true, true
@@ -251,6 +253,9 @@ func (l *directLink) close() {
 	}
 	close(l.done)
 	l.mu.Unlock()
+	defer close(l.shut)
+	l.ep.Close()
+	l.lease.Close()
 	p := l.p
 	p.mu.Lock()
 	if l.side == 0 {
@@ -270,8 +275,6 @@ func (l *directLink) close() {
 		delete(p.acceptLinks, l.name)
 	}
 	p.mu.Unlock()
-	l.ep.Close()
-	l.lease.Close()
 }
 
 // runWatch retires the link once its peer has gone: closed its end,
