@@ -38,6 +38,9 @@ import (
 // peer has closed its own (or gone). A link whose peer went, whose lease
 // ended or that refused a stream takes no more streams and closes with
 // its last.
+//
+// Locks: a directLink's mu and the Proxy's are never held together; a
+// directConn's may be held while a link's is taken.
 
 // defaultLinkIdle is how long the dialing side keeps a direct link that
 // carries no connection (Config.DirectIdle): a client that dials the same

@@ -313,8 +313,9 @@ func (p *Proxy) dial(ctx context.Context, address string, o dialOpts) (*Conn, er
 }
 
 // dialOnce asks ntproxy for a connection to address in o's mode; in
-// direct mode, a stream on the live direct link to address if there is
-// one, else (or if that is refused) a link of its own.
+// direct mode, a stream on a live direct link to address that carries no
+// open connection if there is one, else (or if that is refused) a link
+// of its own.
 func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (*Conn, error) {
 	if o.direct && o.cont == "" {
 		if l, k := p.reuse(address); l != nil {
