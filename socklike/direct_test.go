@@ -98,7 +98,9 @@ func newDirectRig(t *testing.T) *directRig {
 	}
 	t.Cleanup(func() { // the dialing side keeps an idle link; the other follows it
 		for _, p := range r.ps {
-			p.closeLinks()
+			for _, l := range p.allLinks() {
+				l.close()
+			}
 		}
 	})
 	r.directStream = *r.stream(0, leases)

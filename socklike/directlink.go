@@ -308,9 +308,19 @@ func (l *directLink) runWatch() {
 	}
 }
 
-// closeLinks closes every direct link of the Proxy.
-func (p *Proxy) closeLinks() {
+// retireLinks retires every direct link of the Proxy: the idle ones
+// close, the others with their last connection (which, as a connection
+// of its own link, outlives the Proxy).
+func (p *Proxy) retireLinks() {
+	for _, l := range p.allLinks() {
+		l.retire()
+	}
+}
+
+// allLinks lists the Proxy's direct links.
+func (p *Proxy) allLinks() []*directLink {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	var all []*directLink
 	for _, links := range p.dialLinks {
 		all = append(all, links...)
@@ -318,10 +328,7 @@ func (p *Proxy) closeLinks() {
 	for _, l := range p.acceptLinks {
 		all = append(all, l)
 	}
-	p.mu.Unlock()
-	for _, l := range all {
-		l.close()
-	}
+	return all
 }
 
 // openDirect attaches side (0: dial, 1: listen) of a direct link and

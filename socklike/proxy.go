@@ -260,7 +260,7 @@ func (p *Proxy) Close() error {
 	p.closed = true
 	a := p.cur
 	p.mu.Unlock()
-	p.closeLinks()
+	p.retireLinks()
 	if a != nil {
 		if a.pool != nil {
 			// Before ntproxy, seeing the socket close, resets them.
