@@ -95,12 +95,14 @@ type carrier struct {
 // directConn is a direct-mode connection's stream (see above).
 type directConn struct {
 	p      *Proxy
-	name   string // the direct link's
+	name   string // the stream's (appproto.StreamName)
 	side   int    // 0: dialed, moves the connection; 1: accepted
 	target string // side 0: the address dialed, for the fallback
+	link   *directLink
+	port   int // the stream's on the link
 	ep     *transport.Endpoint
-	ln     *transport.Listener // side 1: the link's listener, for the way back
-	lease  *transport.Conn
+	ln     *transport.Listener // side 1: the stream's listener, for the way back
+	lease  *transport.Conn     // the stream's (stream 0: the link's)
 	// dialFallback opens side 0's fallback (through the proxies, a
 	// dialOnce with dialOpts.cont; tests put another carrier in).
 	dialFallback func(ctx context.Context) (*transport.Conn, Route, error)
@@ -123,11 +125,17 @@ type directConn struct {
 	class    qos.Class // what this side sends
 }
 
-// newDirect makes the stream of a direct connection over dc, on link
-// name's endpoint ep (ln: side 1's listener on it, kept for the way back).
-func (p *Proxy) newDirect(name string, side int, ep *transport.Endpoint, ln *transport.Listener, dc, lease *transport.Conn) *directConn {
+// newDirect makes direct connection k of link l (directlink.go), over dc
+// (ln: side 1's listener on the stream's port, kept for the way back).
+// The connection holds one of l's streams until it has closed.
+func (p *Proxy) newDirect(l *directLink, k int, ln *transport.Listener, dc, lease *transport.Conn) *directConn {
 	cr := &carrier{c: dc}
-	d := &directConn{p: p, name: name, side: side, ep: ep, ln: ln, lease: lease, reads: []*carrier{cr}, w: cr, changed: make(chan struct{}), class: dc.Priority()}
+	name := appproto.StreamName(l.name, k)
+	port := appproto.DirectPort
+	if k > 0 {
+		port = appproto.StreamPort(k)
+	}
+	d := &directConn{p: p, name: name, side: l.side, link: l, port: port, ep: l.ep, ln: ln, lease: lease, reads: []*carrier{cr}, w: cr, changed: make(chan struct{}), class: dc.Priority()}
 	d.dialFallback = func(ctx context.Context) (*transport.Conn, Route, error) {
 		d.mu.Lock()
 		class := d.class
@@ -384,7 +392,7 @@ func (d *directConn) CloseWrite() error {
 }
 
 // Close closes the stream: its carriers, and once the peer has closed its
-// end of the direct link (linger), the link and the lease.
+// end (linger), its lease and its hold on the link.
 func (d *directConn) Close() error {
 	d.mu.Lock()
 	if d.closed {
@@ -392,6 +400,7 @@ func (d *directConn) Close() error {
 		return net.ErrClosed
 	}
 	d.closed = true
+	d.link.closedOne()
 	cur := d.w
 	all := append([]*carrier{cur}, d.reads...)
 	d.bumpLocked()
@@ -411,12 +420,20 @@ func (d *directConn) Close() error {
 	}
 	cur.c.Close()
 	if cur.fb {
-		d.ep.Close()
-		d.lease.Close()
+		d.end()
 		return nil
 	}
-	go linger(cur.c, d.ep, d.lease)
+	go linger(cur.c, d.end)
 	return nil
+}
+
+// end returns the closed connection's stream to its link, and closes its
+// lease unless that is the link's.
+func (d *directConn) end() {
+	if d.lease != d.link.lease {
+		d.lease.Close()
+	}
+	d.link.release()
 }
 
 // SetReadDeadline and SetWriteDeadline apply to the carrier in use and
@@ -491,6 +508,9 @@ func (d *directConn) runLease() {
 	var b [1]byte
 	for {
 		if _, err := d.lease.Read(b[:]); err != nil {
+			if d.lease == d.link.lease {
+				d.link.retire() // ntproxy has let the link go
+			}
 			return
 		}
 		switch b[0] {
@@ -689,7 +709,7 @@ func (d *directConn) toDirect() {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), moveTimeout)
-		nc, err := d.ep.DialContext(ctx, appproto.DirectPort)
+		nc, err := d.ep.DialContext(ctx, d.port)
 		cancel()
 		if err != nil {
 			d.logf("direct link %s up: dial it again (try %d): %v", d.name, try, err)
@@ -747,40 +767,6 @@ func (d *directConn) back(nc *transport.Conn) bool {
 	d.mu.Unlock()
 	d.logf("direct link %s up: connection moved back to it from the fallback", d.name)
 	return true
-}
-
-// runContinue takes the connections ntproxy opens on PortContinue to carry
-// on direct connections, each introduced by an Incoming frame.
-func (p *Proxy) runContinue(ln *transport.Listener) {
-	for {
-		c, err := ln.AcceptConn()
-		if err != nil {
-			return
-		}
-		go func() {
-			var in appproto.Incoming
-			c.SetReadDeadline(time.Now().Add(moveTimeout))
-			err := appproto.ReadFrame(c, &in)
-			c.SetReadDeadline(time.Time{})
-			if err != nil || in.Continue == "" {
-				c.Close()
-				return
-			}
-			p.continued(in.Continue, c, Route{Path: in.Path, Mode: "proxy", Reason: in.Reason})
-		}()
-	}
-}
-
-// continued hands fallback f of direct link name to its connection.
-func (p *Proxy) continued(name string, f *transport.Conn, route Route) {
-	p.mu.Lock()
-	d := p.directs[name]
-	p.mu.Unlock()
-	if d == nil {
-		f.Close()
-		return
-	}
-	d.fromFallback(f, route)
 }
 
 // SetPriority sets the class of what this side sends, on the carrier in

@@ -44,14 +44,27 @@ func engineConns(t *testing.T, a, b *transport.Endpoint, port int) (*transport.C
 	return c, s
 }
 
-// directRig is a direct connection's two ends in one process: the direct
-// link a pair of shm devices, the leases and the fallback engine
-// connections over an in-memory link, whose ntproxy ends the test holds.
+// directRig is a direct link's two ends in one process, carrying one or
+// more direct connections: the link a pair of shm devices, the leases and
+// the fallback engine connections over an in-memory link, whose ntproxy
+// ends the test holds.
 type directRig struct {
-	c      [2]*Conn
-	link   [2]*shm.Device     // the direct link's ends
-	proxy  [2]*transport.Conn // ntproxy's ends of the leases
-	dialed atomic.Int32       // fallbacks opened
+	directStream // stream 0, the link's first connection
+	more         []*directStream
+	dialed       atomic.Int32 // fallbacks opened
+
+	t      *testing.T
+	link   [2]*shm.Device // the direct link's ends
+	ps     [2]*Proxy
+	ls     [2]*directLink
+	ma, mb *transport.Endpoint // the in-memory link's ends
+	port   atomic.Int32        // the last port used on the in-memory link
+}
+
+// directStream is one direct connection of a directRig.
+type directStream struct {
+	c     [2]*Conn
+	proxy [2]*transport.Conn // ntproxy's ends of the leases
 }
 
 func newDirectRig(t *testing.T) *directRig {
@@ -89,20 +102,6 @@ func newDirectRigWith(t *testing.T, o shm.Options) *directRig {
 			return true
 		})
 	})
-	ln, err := eps[1].Listen(appproto.DirectPort)
-	require.NoError(t, err)
-	accepted := make(chan *transport.Conn, 1)
-	go func() {
-		c, _ := ln.AcceptConn()
-		accepted <- c
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	dc0, err := eps[0].DialContext(ctx, appproto.DirectPort)
-	require.NoError(t, err)
-	dc1 := <-accepted
-	require.NotNil(t, dc1)
-
 	da, db := ntbtest.NewPair(1 << 20)
 	ma, err := transport.Attach(da, transport.Config{})
 	require.NoError(t, err)
@@ -114,54 +113,186 @@ func newDirectRigWith(t *testing.T, o shm.Options) *directRig {
 		da.Close()
 		db.Close()
 	})
-	r := &directRig{}
+	r := &directRig{t: t, ma: ma, mb: mb}
 	for side, ep := range eps {
 		r.link[side] = ep.Device().(*shm.Device)
 	}
-	var leases [2]*transport.Conn
+	r.port.Store(100)
 	for side := range 2 {
-		leases[side], r.proxy[side] = engineConns(t, ma, mb, 10+side)
+		r.ps[side] = &Proxy{linkIdle: time.Minute, cfg: transport.Config{Logf: func(format string, args ...any) { t.Logf("side %d: "+format, append([]any{side}, args...)...) }}}
 	}
-	ps := [2]*Proxy{}
+	var leases, proxy [2]*transport.Conn
 	for side := range 2 {
-		ps[side] = &Proxy{cfg: transport.Config{Logf: func(format string, args ...any) { t.Logf("side %d: "+format, append([]any{side}, args...)...) }}}
+		leases[side], proxy[side] = engineConns(t, ma, mb, 10+side)
+		r.ls[side] = r.ps[side].newLink(name, side, "b:1", eps[side], leases[side])
 	}
-	var lns [2]*transport.Listener
-	lns[1] = ln
+	t.Cleanup(func() { // the dialing side keeps an idle link; the other follows it
+		for _, p := range r.ps {
+			for _, l := range p.allLinks() {
+				l.close()
+			}
+		}
+	})
+	r.directStream = *r.stream(0, leases)
+	r.proxy = proxy
+	return r
+}
+
+// stream connects stream k of the rig's link on the leases given.
+func (r *directRig) stream(k int, leases [2]*transport.Conn) *directStream {
+	t := r.t
+	port := appproto.DirectPort
+	if k > 0 {
+		port = appproto.StreamPort(k)
+	}
+	ln, err := r.ls[1].ep.Listen(port)
+	require.NoError(t, err)
+	accepted := make(chan *transport.Conn, 1)
+	go func() {
+		c, _ := ln.AcceptConn()
+		accepted <- c
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dc0, err := r.ls[0].ep.DialContext(ctx, port)
+	require.NoError(t, err)
+	dc1 := <-accepted
+	require.NotNil(t, dc1)
+	lns := [2]*transport.Listener{nil, ln}
+	st := &directStream{}
 	var ds [2]*directConn
 	for side, dc := range []*transport.Conn{dc0, dc1} {
-		ds[side] = ps[side].newDirect(name, side, eps[side], lns[side], dc, leases[side])
-		r.c[side] = &Conn{d: ds[side], route: Route{Path: "ntb", Mode: "direct"}}
+		ds[side] = r.ps[side].newDirect(r.ls[side], k, lns[side], dc, leases[side])
+		st.c[side] = &Conn{d: ds[side], route: Route{Path: "ntb", Mode: "direct"}}
 	}
 	// Side 0's fallback: a connection over the in-memory link, which
 	// side 1's ntproxy hands to side 1 as an Incoming with Continue does.
-	fbPort := 100
+	name := ds[0].name
 	ds[0].dialFallback = func(ctx context.Context) (*transport.Conn, Route, error) {
-		fbPort++
-		f0, f1 := engineConns(t, ma, mb, fbPort)
+		f0, f1 := engineConns(t, r.ma, r.mb, int(r.port.Add(1)))
 		r.dialed.Add(1)
-		go ps[1].continued(name, f1, Route{Path: "tcp", Mode: "proxy", Reason: "fallback"})
+		go r.ps[1].continued(name, f1, Route{Path: "tcp", Mode: "proxy", Reason: "fallback"})
 		return f0, Route{Path: "tcp", Mode: "proxy", Reason: "fallback"}, nil
 	}
 	ds[0].start("b:1")
 	ds[1].start("")
-	return r
+	return st
 }
 
-// pull tells both ends that the NTB link went down (up: came back) and
-// waits until the connection is on the fallback (back on its link).
+// another adds a later connection on the live link, as a reused dial
+// makes it while an earlier connection lingers on the link: a stream
+// number from the dialing side's link, a lease of its own at each end.
+func (r *directRig) another() *directStream {
+	k := r.ls[0].take()
+	require.Positive(r.t, k)
+	require.Same(r.t, r.ls[1], r.ps[1].lookup(r.ls[1].name))
+	var leases, proxy [2]*transport.Conn
+	for side := range 2 {
+		leases[side], proxy[side] = engineConns(r.t, r.ma, r.mb, int(r.port.Add(1)))
+	}
+	s := r.stream(k, leases)
+	s.proxy = proxy
+	r.more = append(r.more, s)
+	return s
+}
+
+// pull tells both ends of every connection that the NTB link went down
+// (up: came back) and waits until each is on the fallback (back on its
+// link).
 func (r *directRig) pull(t *testing.T, down bool) {
 	msg, mode := byte(appproto.LeaseLinkDown), "proxy"
 	if !down {
 		msg, mode = appproto.LeaseLinkUp, "direct"
 	}
-	for _, p := range r.proxy {
-		_, err := p.Write([]byte{msg})
-		require.NoError(t, err)
+	all := append([]*directStream{&r.directStream}, r.more...)
+	for _, s := range all {
+		for _, p := range s.proxy {
+			_, err := p.Write([]byte{msg})
+			require.NoError(t, err)
+		}
 	}
 	waitfor.True(t, "both ends in "+mode+" mode", func() bool {
-		return r.c[0].Route().Mode == mode && r.c[1].Route().Mode == mode
+		for _, s := range all {
+			if s.c[0].Route().Mode != mode || s.c[1].Route().Mode != mode {
+				return false
+			}
+		}
+		return true
 	})
+}
+
+// streamAll streams size random bytes each way on every connection of
+// ss at once, each direction ending with CloseWrite, and checks at its
+// end that each arrived once, whole and in order. past(n) waits until
+// every direction has delivered n bytes; wait waits for the end and
+// reports the failures.
+func streamAll(t *testing.T, ss []*directStream, size int) (past func(n int64), wait func()) {
+	moved := make([]atomic.Int64, 2*len(ss)) // bytes read, by connection and direction
+	var wg sync.WaitGroup
+	errs := make(chan error, 4*len(ss))
+	for i, st := range ss {
+		for dir := range 2 {
+			src, dst, got := st.c[dir], st.c[1-dir], &moved[2*i+dir]
+			rng := rand.New(rand.NewPCG(41+uint64(i), uint64(dir)))
+			data := make([]byte, size)
+			for j := range data {
+				data[j] = byte(rng.Uint32())
+			}
+			wg.Add(2)
+			go func() {
+				defer wg.Done()
+				for off := 0; off < size; {
+					n := min(size-off, 1+rng.IntN(200<<10))
+					if _, err := src.Write(data[off : off+n]); err != nil {
+						errs <- fmt.Errorf("connection %d: write %d at %d: %w", i, dir, off, err)
+						return
+					}
+					off += n
+				}
+				if err := src.CloseWrite(); err != nil {
+					errs <- fmt.Errorf("connection %d: close write %d: %w", i, dir, err)
+				}
+			}()
+			go func() {
+				defer wg.Done()
+				h := sha256.New()
+				buf := make([]byte, 96<<10)
+				for {
+					n, err := dst.Read(buf)
+					h.Write(buf[:n])
+					got.Add(int64(n))
+					if errors.Is(err, io.EOF) {
+						break
+					}
+					if err != nil {
+						errs <- fmt.Errorf("connection %d: read %d after %d bytes: %w", i, dir, got.Load(), err)
+						return
+					}
+				}
+				if got.Load() != int64(size) || [32]byte(h.Sum(nil)) != sha256.Sum256(data) {
+					errs <- fmt.Errorf("connection %d, direction %d: %d bytes, want %d, or bytes lost, duplicated or reordered", i, dir, got.Load(), size)
+				}
+			}()
+		}
+	}
+	past = func(n int64) {
+		waitfor.True(t, fmt.Sprintf("every direction past %d bytes", n), func() bool {
+			for i := range moved {
+				if moved[i].Load() < n {
+					return len(errs) > 0
+				}
+			}
+			return true
+		})
+	}
+	wait = func() {
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
+		}
+	}
+	return past, wait
 }
 
 // A direct connection streaming both ways moves to the fallback and back,
@@ -170,57 +301,7 @@ func (r *directRig) pull(t *testing.T, down bool) {
 func TestDirectMovesAndBack(t *testing.T) {
 	r := newDirectRig(t)
 	const size = 16 << 20
-	var moved [2]atomic.Int64 // bytes read at each end
-	var wg sync.WaitGroup
-	errs := make(chan error, 4)
-	for dir := range 2 {
-		src, dst := r.c[dir], r.c[1-dir]
-		rng := rand.New(rand.NewPCG(41, uint64(dir)))
-		data := make([]byte, size)
-		for i := range data {
-			data[i] = byte(rng.Uint32())
-		}
-		wg.Add(2)
-		go func() {
-			defer wg.Done()
-			for off := 0; off < size; {
-				n := min(size-off, 1+rng.IntN(200<<10))
-				if _, err := src.Write(data[off : off+n]); err != nil {
-					errs <- fmt.Errorf("write %d at %d: %w", dir, off, err)
-					return
-				}
-				off += n
-			}
-			if err := src.CloseWrite(); err != nil {
-				errs <- fmt.Errorf("close write %d: %w", dir, err)
-			}
-		}()
-		go func() {
-			defer wg.Done()
-			h := sha256.New()
-			buf := make([]byte, 96<<10)
-			for {
-				n, err := dst.Read(buf)
-				h.Write(buf[:n])
-				moved[dir].Add(int64(n))
-				if errors.Is(err, io.EOF) {
-					break
-				}
-				if err != nil {
-					errs <- fmt.Errorf("read %d after %d bytes: %w", dir, moved[dir].Load(), err)
-					return
-				}
-			}
-			if moved[dir].Load() != size || [32]byte(h.Sum(nil)) != sha256.Sum256(data) {
-				errs <- fmt.Errorf("direction %d: %d bytes, want %d, or bytes lost, duplicated or reordered", dir, moved[dir].Load(), size)
-			}
-		}()
-	}
-	past := func(n int64) {
-		waitfor.True(t, fmt.Sprintf("both directions past %d bytes", n), func() bool {
-			return moved[0].Load() >= n && moved[1].Load() >= n || len(errs) > 0
-		})
-	}
+	past, wait := streamAll(t, []*directStream{&r.directStream}, size)
 	for round, at := range []int64{size / 8, size / 2} {
 		past(at)
 		r.pull(t, true)
@@ -228,11 +309,7 @@ func TestDirectMovesAndBack(t *testing.T) {
 		past(at + size/8)
 		r.pull(t, false)
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
+	wait()
 	require.EqualValues(t, 2, r.dialed.Load(), "one fallback a pull")
 	require.Equal(t, Route{Path: "ntb", Mode: "direct"}, r.c[0].Route())
 	for _, c := range r.c {
@@ -240,6 +317,60 @@ func TestDirectMovesAndBack(t *testing.T) {
 	}
 	_, err := r.c[0].Write([]byte("x"))
 	require.ErrorIs(t, err, net.ErrClosed)
+}
+
+// Two connections on one direct link (the link's first and a later one
+// on it), streaming both ways at once, both move to the fallback when the
+// link goes down and both come back, twice: every byte of each arrives
+// once, in order. Closing them leaves the dialing side's link idle, not
+// closed, for the next dial, which takes it while it carries no open
+// connection; closing its last stream while it is retired closes it.
+func TestDirectSharedLinkMovesAndBack(t *testing.T) {
+	r := newDirectRig(t)
+	second := r.another()
+	require.Equal(t, appproto.StreamName("direct-a-1", 1), second.c[0].d.name)
+	const size = 8 << 20
+	past, wait := streamAll(t, []*directStream{&r.directStream, second}, size)
+	for round, at := range []int64{size / 8, size / 2} {
+		past(at)
+		r.pull(t, true)
+		for i, s := range []*directStream{&r.directStream, second} {
+			require.Contains(t, s.c[0].Route().Reason, "fallback", "round %d, connection %d: Route on the fallback", round, i)
+		}
+		past(at + size/8)
+		r.pull(t, false)
+	}
+	wait()
+	require.EqualValues(t, 4, r.dialed.Load(), "one fallback a pull and connection")
+	for _, s := range []*directStream{&r.directStream, second} {
+		require.Equal(t, Route{Path: "ntb", Mode: "direct"}, s.c[0].Route())
+		for _, c := range s.c {
+			require.NoError(t, c.Close())
+		}
+	}
+	// Both streams returned (after linger): the dialing side keeps the
+	// link for the next dial.
+	l := r.ls[0]
+	waitfor.True(t, "both streams returned to the link", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.streams == 0 && l.idle != nil
+	})
+	third, k := r.ps[0].reuse("b:1")
+	require.Same(t, l, third, "a dial takes the link with no open connection")
+	require.Equal(t, 2, k)
+	again, _ := r.ps[0].reuse("b:1")
+	require.Nil(t, again, "a dial does not take a link with an open connection")
+	l.retire()
+	require.False(t, l.closed, "a retired link with a stream stays open")
+	l.drop()
+	waitfor.True(t, "the retired link closed with its last stream", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.closed
+	})
+	got, _ := r.ps[0].reuse("b:1")
+	require.Nil(t, got, "a closed link is not reused")
 }
 
 // A direct link whose peer is only silent (suspect: its heartbeat stands

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/ntstack/ntstack/internal/prim/proc"
-	"github.com/ntstack/ntstack/internal/prim/spingate"
 	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/appproto"
 	"github.com/ntstack/ntstack/internal/wire/errcode"
@@ -72,13 +71,18 @@ type Proxy struct {
 	cfg  transport.Config
 	name string
 	pool bool // Listen and Dialers without Pool ask for shared-pool mode ($NTSTACK_POOL)
+	// linkIdle is how long side 0 keeps a direct link with no
+	// connection (negative: not at all; directlink.go).
+	linkIdle time.Duration
 
 	mu sync.Mutex
 	// mu protects the following fields.
-	cur      *attachment
-	closed   bool
-	nextPort int                    // ports of this side of the memory link, for listeners
-	directs  map[string]*directConn // direct connections by link name, for their fallback
+	cur         *attachment
+	closed      bool
+	nextPort    int                      // ports of this side of the memory link, for listeners
+	directs     map[string]*directConn   // direct connections by stream name, for their fallback
+	dialLinks   map[string][]*directLink // side 0's direct links by address dialed, oldest first
+	acceptLinks map[string]*directLink   // side 1's direct links by name
 }
 
 // attachment is one Hello/Welcome session with ntproxy.
@@ -107,7 +111,7 @@ func AttachProxy(path string, cfg Config) (*Proxy, error) {
 	if len(os.Args) > 0 {
 		name = fmt.Sprintf("%s[%d]", baseName(os.Args[0]), os.Getpid())
 	}
-	p := &Proxy{path: path, cfg: cfg.engine(), name: name, nextPort: 1024}
+	p := &Proxy{path: path, cfg: cfg.engine(), name: name, nextPort: 1024, linkIdle: cmp.Or(cfg.DirectIdle, defaultLinkIdle)}
 	if _, err := p.attachment(); err != nil {
 		return nil, err
 	}
@@ -256,6 +260,7 @@ func (p *Proxy) Close() error {
 	p.closed = true
 	a := p.cur
 	p.mu.Unlock()
+	p.retireLinks()
 	if a != nil {
 		if a.pool != nil {
 			// Before ntproxy, seeing the socket close, resets them.
@@ -307,8 +312,29 @@ func (p *Proxy) dial(ctx context.Context, address string, o dialOpts) (*Conn, er
 	return c, nil
 }
 
-// dialOnce asks ntproxy for a connection to address in o's mode.
+// dialOnce asks ntproxy for a connection to address in o's mode; in
+// direct mode, a stream on a live direct link to address that carries no
+// open connection if there is one, else (or if that is refused) a link
+// of its own.
 func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (*Conn, error) {
+	if o.direct && o.cont == "" {
+		if l, k := p.reuse(address); l != nil {
+			c, err := p.dialOn(ctx, address, o, l, k)
+			if err == nil {
+				return c, nil
+			}
+			l.retire()
+			l.drop()
+			if ctx.Err() != nil {
+				return nil, err
+			}
+		}
+	}
+	return p.dialOn(ctx, address, o, nil, 0)
+}
+
+// dialOn is dialOnce, in direct mode as stream k of link l if l is set.
+func (p *Proxy) dialOn(ctx context.Context, address string, o dialOpts, l *directLink, k int) (*Conn, error) {
 	class, direct := o.class, o.direct
 	opErr := func(err error) error { return &net.OpError{Op: "dial", Net: "ntb", Addr: strAddr(address), Err: err} }
 	host, ps, err := net.SplitHostPort(address)
@@ -325,7 +351,11 @@ func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (*Conn
 		return nil, opErr(err)
 	}
 	var reply appproto.DialReply
-	err = exchange(ctx, c, appproto.DialRequest{Target: host, Port: port, Priority: int(class), Direct: direct, Early: direct, Pool: o.pool && a.pool != nil, Transports: o.transports, Continue: o.cont}, &reply)
+	req := appproto.DialRequest{Target: host, Port: port, Priority: int(class), Direct: direct, Early: direct && l == nil, Pool: o.pool && a.pool != nil, Transports: o.transports, Continue: o.cont}
+	if l != nil {
+		req.Reuse, req.Stream = l.name, k
+	}
+	err = exchange(ctx, c, req, &reply)
 	if err == nil && reply.Code != errcode.OK {
 		err = codeErr(reply.Code, reply.Error)
 	}
@@ -335,8 +365,11 @@ func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (*Conn
 	if err == nil && reply.Pool != nil && !o.pool {
 		err = fmt.Errorf("%w: a pool slot granted unasked", ErrProxy)
 	}
-	if err == nil && reply.Pending && !direct {
-		err = fmt.Errorf("%w: a pending reply to a dial in proxy mode", ErrProxy)
+	if err == nil && reply.Pending && !req.Early {
+		err = fmt.Errorf("%w: a pending reply to a dial that asked for none", ErrProxy)
+	}
+	if err == nil && l != nil && (reply.Direct.Name != l.name || reply.Direct.Stream != k) {
+		err = fmt.Errorf("%w: stream %d of direct link %s asked, %+v granted", ErrProxy, k, l.name, *reply.Direct)
 	}
 	if err != nil {
 		c.Close()
@@ -356,8 +389,14 @@ func (p *Proxy) dialOnce(ctx context.Context, address string, o dialOpts) (*Conn
 	if !direct {
 		return newConn(c, local, remote, route), nil
 	}
-	// c stays open as the lease on the link until dc closes.
-	dc, err := p.openDirect(ctx, reply.Direct, 0, c, reply.Pending)
+	// c stays open as the lease on the link until dc closes (and for
+	// stream 0, as the link's, until the link closes).
+	var dc *Conn
+	if l != nil {
+		dc, err = p.dialStream(ctx, l, k, c)
+	} else {
+		dc, err = p.openDirect(ctx, reply.Direct, 0, c, reply.Pending, address)
+	}
 	if err != nil {
 		c.Close()
 		return nil, opErr(err)
@@ -382,113 +421,6 @@ func (p *Proxy) openPool(a *attachment, g *appproto.PoolGrant, req *transport.Co
 	}
 	route.Mode = "pool"
 	return &Conn{pc: pc, local: l, remote: r, route: route}, nil
-}
-
-// openDirect attaches side (0: dial, 1: listen) of a direct link and
-// returns its connection; closing that connection closes the link's
-// endpoint and the lease once the peer has closed too. pending (side 0):
-// the grant came before the far side was brought in, and the verdict is
-// still to come on the lease (see dialEarly).
-func (p *Proxy) openDirect(ctx context.Context, dl *appproto.DirectLink, side int, lease *transport.Conn, pending bool) (*Conn, error) {
-	if dl.Window <= 0 || dl.Name == "" {
-		return nil, fmt.Errorf("%w: direct link %+v", ErrProxy, *dl)
-	}
-	// The link's meeting, session handshake and dial wake this process
-	// through the runtime's poller (the link's FIFOs, its socket).
-	defer spingate.Await()()
-	ep, err := transport.Open(dl.Name, transport.Config{SpinBudget: p.cfg.SpinBudget, Window: p.cfg.Window, MTU: p.cfg.MTU, Sockets: p.cfg.Sockets,
-		Fabric: shm.Options{Dir: dl.Dir, WindowSize: dl.Window, Side: shm.Side0 + shm.Side(side), HeartbeatTimeout: appproto.LinkHeartbeatTimeout}})
-	if err != nil {
-		return nil, fmt.Errorf("direct link %s: %w", dl.Name, err)
-	}
-	var dc *transport.Conn
-	var ln *transport.Listener // side 1's, kept for the way back from the fallback
-	if side == 0 {
-		var verdict error
-		if pending {
-			dc, verdict, err = dialEarly(ctx, ep, lease)
-		} else {
-			dc, err = ep.DialContext(ctx, appproto.DirectPort)
-		}
-		// Both ends hold the link now, or it failed: its files go (ntproxy
-		// removes them too, but may have done so before this end made
-		// them).
-		shm.Remove(dl.Dir, dl.Name)
-		if verdict != nil {
-			ep.Close()
-			return nil, verdict
-		}
-	} else if ln, err = ep.Listen(appproto.DirectPort); err == nil {
-		if _, err = lease.Write([]byte{appproto.DirectReady}); err == nil {
-			dc, err = acceptWithin(ln, 10*time.Second)
-		}
-	}
-	if err != nil {
-		ep.Close()
-		return nil, fmt.Errorf("direct link %s: %w", dl.Name, err)
-	}
-	return &Conn{d: p.newDirect(dl.Name, side, ep, ln, dc, lease)}, nil
-}
-
-// dialEarly dials the direct link of a pending grant while ntproxy
-// brings in the far side, and reads the verdict from lease meanwhile: the
-// link's session and the dial overlap the proxies' exchange. A dial that
-// reaches the far side before it listens is refused; the far side listens
-// before its proxy answers, so that dial is made again once the verdict
-// is OK. A failed verdict comes back as verdict (the dial is dropped).
-func dialEarly(ctx context.Context, ep *transport.Endpoint, lease *transport.Conn) (dc *transport.Conn, verdict, err error) {
-	dctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	type result struct {
-		c   *transport.Conn
-		err error
-	}
-	dialed := make(chan result, 1)
-	go func() {
-		c, err := ep.DialContext(dctx, appproto.DirectPort)
-		dialed <- result{c, err}
-	}()
-	var reply appproto.DialReply
-	verdict = await(ctx, lease, &reply)
-	switch {
-	case verdict != nil:
-	case reply.Code != errcode.OK:
-		verdict = codeErr(reply.Code, reply.Error)
-	case reply.Pending:
-		verdict = fmt.Errorf("%w: a second pending reply", ErrProxy)
-	}
-	if verdict != nil {
-		cancel()
-		if r := <-dialed; r.c != nil {
-			r.c.Close()
-		}
-		return nil, verdict, nil
-	}
-	r := <-dialed
-	if errors.Is(r.err, syscall.ECONNREFUSED) {
-		r.c, r.err = ep.DialContext(ctx, appproto.DirectPort)
-	}
-	return r.c, nil, r.err
-}
-
-func acceptWithin(ln *transport.Listener, d time.Duration) (*transport.Conn, error) {
-	t := time.AfterFunc(d, func() { ln.Close() })
-	defer t.Stop()
-	return ln.AcceptConn()
-}
-
-// lingerMax bounds linger's wait for a peer that never closes.
-const lingerMax = time.Minute
-
-// linger waits until the peer has closed its end too (or the link died),
-// so that what was written before Close is delivered, then closes the
-// direct link's endpoint and the lease.
-func linger(c *transport.Conn, ep *transport.Endpoint, lease *transport.Conn) {
-	ctx, cancel := context.WithTimeout(context.Background(), lingerMax)
-	c.AwaitEnd(ctx)
-	cancel()
-	ep.Close()
-	lease.Close()
 }
 
 // exchange writes one request frame on c and reads the reply, within ctx.
@@ -682,7 +614,7 @@ func (l *proxyListener) introduce(a *attachment, c *transport.Conn) {
 	conn := newConn(c, local, remote, route)
 	if in.Direct != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		dc, err := l.p.openDirect(ctx, in.Direct, 1, c, false)
+		dc, err := l.p.openDirect(ctx, in.Direct, 1, c, false, "")
 		cancel()
 		if err != nil {
 			c.Close()

@@ -107,6 +107,12 @@ type Config struct {
 	// left to the runtime's network poller; with GOMAXPROCS 1 nobody spins
 	// (see transport.Config.Sockets).
 	Sockets bool
+	// DirectIdle (attached mode) is how long a direct link that carries no
+	// connection any more is kept for the next direct dial to the same
+	// address, which then skips opening a link of its own (default 5 s;
+	// negative: the link closes with its last connection). The link's
+	// window stays charged to the application's quota while it is kept.
+	DirectIdle time.Duration
 	// Fabric configures the emulated fabric for Open.
 	Fabric shm.Options
 	// Logf, if set, receives link and session events.

@@ -50,6 +50,9 @@ func (s *Server) serveDirect(a *app, c *transport.Conn, req appproto.DialRequest
 	}
 	c.SetDeadline(time.Time{})
 	reply := appproto.DialReply{Local: pc.local, Remote: pc.remote, Path: pc.path, Reason: pc.reason, Direct: dl}
+	if dl.Stream > 0 {
+		dl = nil // the link's lease holds its quota
+	}
 	if err := appproto.WriteFrame(c, reply); err == nil {
 		s.holdLease(a, pc, c, dl)
 		return
@@ -83,7 +86,19 @@ func (s *Server) dialDirect(ctx context.Context, a *app, req appproto.DialReques
 	pc.local = hostPort(s.cfg.Host, int(pc.id%50000)+10000)
 	pc.reason = route.Reason + "; direct: a window slice of its own, no proxy on the data path"
 	dl := &appproto.DirectLink{Name: fmt.Sprintf("%s%s-%d", directPrefix, s.cfg.Host, pc.id), Dir: s.cfg.Proxy.FabricDir, Window: s.cfg.Proxy.DirectWindow}
-	if err := s.reserveDirect(a, dl); err != nil {
+	reserve := func() error { return s.reserveDirect(a, dl) }
+	if req.Reuse != "" {
+		// A later connection on a's live link: its lease holds the
+		// link's quota, and this connection's lease holds none.
+		if err := s.reusable(a, req, route.Host); err != nil {
+			return nil, nil, err
+		}
+		dl = &appproto.DirectLink{Name: req.Reuse, Dir: s.cfg.Proxy.FabricDir, Stream: req.Stream}
+		pc.dlName = appproto.StreamName(dl.Name, dl.Stream)
+		pc.reason = route.Reason + "; direct: a connection on the window slice of an earlier one, no proxy on the data path"
+		reserve = func() error { return nil }
+	}
+	if err := reserve(); err != nil {
 		return nil, nil, err
 	}
 	// The grant goes out once the far side's part is under way, so that
@@ -102,6 +117,10 @@ func (s *Server) dialDirect(ctx context.Context, a *app, req appproto.DialReques
 			err = ctlapi.Errorf(ctlapi.CodeRefused, "nobody listens on %s", pc.remote)
 			break
 		}
+		if dl.Stream > 0 && !s.holdsDirect(l.app, dl.Name) {
+			err = ctlapi.Errorf(ctlapi.CodeRefused, "the application listening on %s holds no direct link %s", pc.remote, dl.Name)
+			break
+		}
 		in := appproto.Incoming{Local: pc.remote, Remote: pc.local, Path: pc.path, Reason: pc.reason, Direct: dl}
 		if err = grant(); err != nil {
 			break
@@ -109,7 +128,7 @@ func (s *Server) dialDirect(ctx context.Context, a *app, req appproto.DialReques
 		var ac *transport.Conn
 		if ac, err = s.handoffDirect(ctx, l, in, pc); err == nil {
 			q := &pconn{id: s.nextID.Add(1), app: l.app.id, dir: "in", path: pc.path, reason: pc.reason, partition: -1, direct: true,
-				local: pc.remote, remote: pc.local}
+				local: pc.remote, remote: pc.local, dlName: appproto.StreamName(dl.Name, dl.Stream)}
 			go s.holdLease(l.app, q, ac, nil)
 		}
 	case ctlapi.PathNTB:
@@ -123,14 +142,32 @@ func (s *Server) dialDirect(ctx context.Context, a *app, req appproto.DialReques
 			err = fabricErr(route.Host, req.Port, err)
 			break
 		}
-		_, err = s.rackOpenThen(fc, route.Host, appproto.RackOpen{Port: req.Port, Direct: dl.Name, DirectWindow: dl.Window}, grant)
+		_, err = s.rackOpenThen(fc, route.Host, appproto.RackOpen{Port: req.Port, Direct: dl.Name, DirectWindow: dl.Window, Stream: dl.Stream}, grant)
 		fc.Close() // the far proxy holds its application's lease
 	}
 	if err != nil {
-		s.releaseDirect(a, dl)
+		if dl.Stream == 0 {
+			s.releaseDirect(a, dl)
+		}
 		return nil, nil, err
 	}
 	return pc, dl, nil
+}
+
+// reusable checks that req may be a later connection on a's direct link
+// req.Reuse: a link this proxy granted, whose lease a holds, to host.
+func (s *Server) reusable(a *app, req appproto.DialRequest, host string) error {
+	if req.Stream < 1 || req.Stream > appproto.MaxStream {
+		return ctlapi.Errorf(ctlapi.CodeBadRequest, "direct link stream %d outside 1..%d", req.Stream, appproto.MaxStream)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, pc := range a.conns {
+		if pc.direct && pc.dlName == req.Reuse && pc.dir == "out" && strings.HasPrefix(req.Reuse, directPrefix+s.cfg.Host+"-") && hostOf(pc.remote) == host {
+			return nil
+		}
+	}
+	return ctlapi.Errorf(ctlapi.CodeRefused, "app %d holds no direct link %q to %s", a.id, req.Reuse, host)
 }
 
 // handoffDirect introduces a direct connection to l's application and
@@ -159,6 +196,10 @@ func (s *Server) serveRackDirect(fc net.Conn, open appproto.RackOpen, l *listene
 		return
 	}
 	pc.direct = true
+	if open.Stream != 0 {
+		s.serveRackStream(fc, open, l, pc, refuse)
+		return
+	}
 	pc.reason += "; direct: a window slice of its own, no proxy on the data path"
 	// The opener chose the window (see reserveDirect); a peer that names
 	// none opened a link of the configured size, and one may not ask for
@@ -191,6 +232,39 @@ func (s *Server) serveRackDirect(fc net.Conn, open appproto.RackOpen, l *listene
 	}
 	pc.app = l.app.id
 	s.holdLease(l.app, pc, ac, dl)
+}
+
+// serveRackStream is serveRackDirect's part for a later connection on a
+// live direct link: l's application must hold the link; nothing is
+// reserved (the link's lease holds its quota).
+func (s *Server) serveRackStream(fc net.Conn, open appproto.RackOpen, l *listener, pc *pconn, refuse func(error)) {
+	if open.Stream < 1 || open.Stream > appproto.MaxStream {
+		refuse(ctlapi.Errorf(ctlapi.CodeBadRequest, "direct link stream %d outside 1..%d", open.Stream, appproto.MaxStream))
+		return
+	}
+	if !s.holdsDirect(l.app, open.Direct) {
+		refuse(ctlapi.Errorf(ctlapi.CodeRefused, "the application listening on port %d holds no direct link %s", l.port, open.Direct))
+		return
+	}
+	pc.reason += "; direct: a connection on the window slice of an earlier one, no proxy on the data path"
+	ctx, cancel := context.WithTimeout(s.ctx, dialTimeout)
+	defer cancel()
+	dl := &appproto.DirectLink{Name: open.Direct, Dir: s.cfg.Proxy.FabricDir, Stream: open.Stream}
+	in := appproto.Incoming{Local: pc.local, Remote: pc.remote, Path: pc.path, Reason: pc.reason, Direct: dl}
+	ac, err := s.handoffDirect(ctx, l, in, pc)
+	if err != nil {
+		refuse(err)
+		return
+	}
+	err = appproto.WriteFrame(fc, appproto.DialReply{Local: pc.remote, Remote: pc.local, Path: pc.path})
+	fc.Close()
+	if err != nil {
+		ac.Close()
+		return
+	}
+	pc.app = l.app.id
+	pc.dlName = appproto.StreamName(dl.Name, dl.Stream)
+	s.holdLease(l.app, pc, ac, nil)
 }
 
 // minDirectWindow is the smallest window reserveDirect shrinks a direct

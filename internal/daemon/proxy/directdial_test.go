@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"net"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -46,4 +47,73 @@ func TestDirectRefusedAfterGrant(t *testing.T) {
 	defer c.Close()
 	require.Equal(t, "direct", c.(*socklike.Conn).Route().Mode)
 	roundTrip(t, c, 1, 4096)
+}
+
+// A direct dial to an address takes the direct link an earlier one
+// opened, once that connection has closed: the first dial opens the link
+// and is charged for it, the next is a connection on the live link, which
+// both proxies authorize and hold a lease of, charged nothing. A dial
+// while that connection is open opens a link of its own. Closed, the
+// links are kept for the next dials, then close and their quota comes
+// back; a listener of another application on the same address gets a
+// link of its own.
+func TestDirectDialsShareALink(t *testing.T) {
+	r := newRack(t, "")
+	srvB := attach(t, r.cb)
+	ln, err := (&socklike.ListenConfig{Proxy: srvB}).Listen(context.Background(), "tcp", ":80")
+	require.NoError(t, err)
+	go echo(ln)
+	const idle = 200 * time.Millisecond
+	client := attachWith(t, r.ca, socklike.Config{DirectIdle: idle})
+	memory := func(s *Server) (m int64) {
+		for _, a := range s.Snapshot().Apps {
+			m += a.Memory
+		}
+		return m
+	}
+	baseA, baseB := memory(r.a), memory(r.b)
+	d := &socklike.Dialer{Proxy: client, Direct: true}
+	var conns []net.Conn
+	for i, want := range []string{"a window slice of its own", "on the window slice of an earlier one", "a window slice of its own"} {
+		c, err := d.DialContext(context.Background(), "tcp", "b:80")
+		require.NoError(t, err, "dial %d", i)
+		route := c.(*socklike.Conn).Route()
+		require.Equal(t, "direct", route.Mode)
+		require.Contains(t, route.Reason, want, "dial %d", i)
+		roundTrip(t, c, uint64(i), 64<<10)
+		if i == 0 {
+			require.NoError(t, c.Close())
+			continue
+		}
+		conns = append(conns, c)
+	}
+	link := linkBytes(r.ca.Proxy.DirectWindow)
+	require.Equal(t, baseA+2*link, memory(r.a), "two links charged on the dialing side")
+	require.Equal(t, baseB+2*link, memory(r.b), "two links charged on the listening side")
+	for _, c := range conns {
+		require.NoError(t, c.Close())
+	}
+	require.Eventually(t, func() bool {
+		files, _ := filepath.Glob(filepath.Join(r.ca.Proxy.FabricDir, directPrefix+"*"))
+		return memory(r.a) == baseA && memory(r.b) == baseB && len(r.a.Snapshot().Conns) == 0 && len(r.b.Snapshot().Conns) == 0 && len(files) == 0
+	}, 10*time.Second, 10*time.Millisecond, "the idle links close and their grants come back")
+
+	// Another application listening on the address: the dialer's live
+	// link leads to the first, so the dial opens a link of its own.
+	c, err := d.DialContext(context.Background(), "tcp", "b:80")
+	require.NoError(t, err)
+	roundTrip(t, c, 9, 1000)
+	require.NoError(t, c.Close())
+	require.NoError(t, ln.Close())
+	srvB2 := attach(t, r.cb)
+	ln2, err := (&socklike.ListenConfig{Proxy: srvB2}).Listen(context.Background(), "tcp", ":80")
+	require.NoError(t, err)
+	defer ln2.Close()
+	go echo(ln2)
+	c, err = d.DialContext(context.Background(), "tcp", "b:80")
+	require.NoError(t, err)
+	defer c.Close()
+	require.Equal(t, "direct", c.(*socklike.Conn).Route().Mode)
+	require.Contains(t, c.(*socklike.Conn).Route().Reason, "a window slice of its own")
+	roundTrip(t, c, 10, 1000)
 }

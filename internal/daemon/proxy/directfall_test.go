@@ -25,12 +25,24 @@ import (
 // restored, it moves back to its direct link. The echo of everything
 // written arrives byte for byte on the same Conn. The echo server closed
 // its listener once it had accepted: the fallback does not need it.
-func TestDirectFailover(t *testing.T) {
+func TestDirectFailover(t *testing.T) { directFailover(t, false) }
+
+// The same for a connection on a direct link an earlier, closed one
+// opened (a stream of the link, its continuation named by the stream).
+func TestDirectFailoverReusedLink(t *testing.T) { directFailover(t, true) }
+
+func directFailover(t *testing.T, reuse bool) {
 	port := 20000 + rand.IntN(20000)
 	r := newRack(t, fmt.Sprintf(`fallback = "{peer}:%d"`, port), fmt.Sprintf(`fallback = "{self}:%d"`, port))
 	ln, err := (&socklike.ListenConfig{Proxy: attach(t, r.cb)}).Listen(context.Background(), "tcp", ":80")
 	require.NoError(t, err)
 	go func() {
+		if reuse {
+			if c, err := ln.Accept(); err == nil {
+				io.Copy(c, c)
+				c.Close()
+			}
+		}
 		c, err := ln.Accept()
 		ln.Close()
 		if err == nil {
@@ -39,12 +51,22 @@ func TestDirectFailover(t *testing.T) {
 		}
 	}()
 	client := attach(t, r.ca)
-	nc, err := (&socklike.Dialer{Proxy: client, Direct: true}).Dial("tcp", "b:80")
+	d := &socklike.Dialer{Proxy: client, Direct: true}
+	if reuse {
+		first, err := d.Dial("tcp", "b:80")
+		require.NoError(t, err)
+		roundTrip(t, first, 1, 1000)
+		require.NoError(t, first.Close())
+	}
+	nc, err := d.Dial("tcp", "b:80")
 	require.NoError(t, err)
 	defer nc.Close()
 	c := nc.(*socklike.Conn)
 	home := c.Route()
 	require.Equal(t, "direct", home.Mode)
+	if reuse {
+		require.Contains(t, home.Reason, "on the window slice of an earlier one")
+	}
 	dev := r.a.links["b"].ep.Device().(*shm.Device)
 
 	const total = 32 << 20

@@ -112,7 +112,13 @@ func waitSocket(t testing.TB, path string) {
 
 func attach(t testing.TB, cfg *config.Config) *socklike.Proxy {
 	t.Helper()
-	p, err := socklike.AttachProxy(cfg.Path(config.ProxySocket), socklike.Config{})
+	return attachWith(t, cfg, socklike.Config{})
+}
+
+// attachWith is attach with the application's configuration sc.
+func attachWith(t testing.TB, cfg *config.Config, sc socklike.Config) *socklike.Proxy {
+	t.Helper()
+	p, err := socklike.AttachProxy(cfg.Path(config.ProxySocket), sc)
 	require.NoError(t, err)
 	t.Cleanup(func() { p.Close() })
 	return p
@@ -330,7 +336,7 @@ func TestDirect(t *testing.T) {
 	require.NoError(t, err)
 	defer lnA.Close()
 	go echo(lnA)
-	client := attach(t, r.ca)
+	client := attachWith(t, r.ca, socklike.Config{DirectIdle: -1}) // a link closes with its connection
 	memory := func(s *Server) (m int64) {
 		for _, a := range s.Snapshot().Apps {
 			m += a.Memory
@@ -392,6 +398,10 @@ func TestDirectQuota(t *testing.T) {
 	require.NoError(t, err)
 	defer ln.Close()
 	go echo(ln)
+	ln2, err := (&socklike.ListenConfig{Proxy: srvB}).Listen(context.Background(), "tcp", ":81")
+	require.NoError(t, err)
+	defer ln2.Close()
+	go echo(ln2)
 	client := attach(t, r.ca)
 	c, err := (&socklike.Dialer{Proxy: client, Direct: true}).DialContext(context.Background(), "tcp", "b:80")
 	require.NoError(t, err)
@@ -399,10 +409,11 @@ func TestDirectQuota(t *testing.T) {
 	require.Equal(t, "direct", c.(*socklike.Conn).Route().Mode)
 	roundTrip(t, c, 1, 1000)
 
-	// With the quota used up, a Dialer asking for direct mode settles for
-	// the proxies, and says so.
+	// With the quota used up, a Dialer asking for direct mode to another
+	// address (a dial to b:80 again would be a connection on the live
+	// link) settles for the proxies, and says so.
 	d := &socklike.Dialer{Proxy: client, Direct: true}
-	pc, err := d.Dial("tcp", "b:80")
+	pc, err := d.Dial("tcp", "b:81")
 	require.NoError(t, err)
 	defer pc.Close()
 	route := pc.(*socklike.Conn).Route()
@@ -426,10 +437,16 @@ func TestDirectWindowShrinksToQuota(t *testing.T) {
 	require.NoError(t, err)
 	defer ln.Close()
 	go echo(ln)
+	for _, port := range []string{":81", ":82"} {
+		ln, err := (&socklike.ListenConfig{Proxy: srvB}).Listen(context.Background(), "tcp", port)
+		require.NoError(t, err)
+		defer ln.Close()
+		go echo(ln)
+	}
 	client := attach(t, r.ca)
 	d := &socklike.Dialer{Proxy: client, Direct: true}
 	for i, want := range []string{"direct", "direct", "proxy"} {
-		c, err := d.Dial("tcp", "b:80")
+		c, err := d.Dial("tcp", fmt.Sprintf("b:%d", 80+i)) // a link each: a dial to the same address shares one
 		require.NoError(t, err)
 		defer c.Close()
 		require.Equal(t, want, c.(*socklike.Conn).Route().Mode, "connection %d", i)

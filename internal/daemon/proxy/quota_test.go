@@ -32,8 +32,12 @@ func TestUIDMemoryQuota(t *testing.T) {
 	require.NoError(t, err)
 	defer ln.Close()
 	go echo(ln)
+	ln2, err := (&socklike.ListenConfig{Proxy: srv}).Listen(context.Background(), "tcp", ":81")
+	require.NoError(t, err)
+	defer ln2.Close()
+	go echo(ln2)
 
-	app1 := attach(t, r.ca)
+	app1 := attachWith(t, r.ca, socklike.Config{DirectIdle: -1}) // a link closes with its connection
 	direct := &socklike.Dialer{Proxy: app1, Direct: true}
 	c, err := direct.Dial("tcp", "b:80")
 	require.NoError(t, err)
@@ -41,8 +45,9 @@ func TestUIDMemoryQuota(t *testing.T) {
 	roundTrip(t, c, 1, 1000)
 	app2 := attach(t, r.ca) // exactly the quota now
 	_ = app2
-	// Over the quota a direct dial settles for the proxies and says why.
-	pc, err := direct.Dial("tcp", "b:80")
+	// Over the quota a direct dial that needs a link of its own (another
+	// address) settles for the proxies and says why.
+	pc, err := direct.Dial("tcp", "b:81")
 	require.NoError(t, err)
 	route := pc.(*socklike.Conn).Route()
 	require.Equal(t, "proxy", route.Mode)

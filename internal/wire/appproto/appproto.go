@@ -34,6 +34,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"time"
 
 	"github.com/ntstack/ntstack/internal/wire/errcode"
@@ -211,6 +212,13 @@ type DialRequest struct {
 	// hands the connection to the application at the link's other end
 	// with Incoming.Continue, not to its listener's Accept.
 	Continue string `json:"continue,omitempty"`
+	// Reuse, with Direct, names a live direct link of the application's
+	// (one whose lease it holds) to the same listener: the connection is
+	// stream Stream of that link, not a link of its own. Both proxies
+	// still authorize the dial and hold its lease; no quota is charged
+	// (the link's lease holds the link's).
+	Reuse  string `json:"reuse,omitempty"`
+	Stream int    `json:"stream,omitempty"`
 }
 
 // DirectLink is a window slice granted for one direct connection: in the
@@ -220,14 +228,39 @@ type DialRequest struct {
 // reply, before the far side may have) and dials it. A dial that arrives
 // before the far side listens is refused, and dialed again once the
 // verdict is OK: the far side wrote DirectReady before that.
+//
+// A link carries more connections than the one that opened it (stream
+// 0): stream k > 0 is a later connection between the same two
+// applications on the live link (DialRequest.Reuse). Nobody attaches
+// anything for it: the listening application listens on
+// StreamPort(k) of the link it holds, writes DirectReady, and the dialing
+// one dials that port once the verdict is OK.
 type DirectLink struct {
 	Name   string `json:"name"`
 	Dir    string `json:"dir"`
 	Window int    `json:"window"`
+	Stream int    `json:"stream,omitempty"`
 }
 
-// DirectPort is the port a direct link's connection uses.
+// DirectPort is the port a direct link's first connection uses.
 const DirectPort = 1
+
+// MaxStream is the highest stream number of a direct link.
+const MaxStream = 65535 - DirectPort
+
+// StreamPort is the port stream k of a direct link uses (0 < k <=
+// MaxStream; stream 0 uses DirectPort).
+func StreamPort(k int) int { return DirectPort + k }
+
+// StreamName names stream k of direct link name: the link's own name for
+// stream 0, which opened it. Leases, status and DialRequest.Continue name
+// a connection so.
+func StreamName(name string, k int) string {
+	if k == 0 {
+		return name
+	}
+	return name + "~" + strconv.Itoa(k)
+}
 
 // DirectReady is the byte a listening application writes on the Incoming
 // connection once it listens on its direct link.
@@ -379,4 +412,8 @@ type RackOpen struct {
 	// Continue: a proxied connection carrying on this direct link's
 	// connection (DialRequest.Continue).
 	Continue string `json:"continue,omitempty"`
+
+	// Stream, with Direct: a later connection on that live link
+	// (DialRequest.Reuse), not a new link.
+	Stream int `json:"stream,omitempty"`
 }
