@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -36,8 +37,17 @@ type bell struct {
 	peerMu sync.Mutex // held while peerFd is used, so it is never another file's
 	peerFd int        // open on the peer's FIFO, -1 until it is
 
-	mu   sync.Mutex
-	rung chan struct{} // closed by the next byte or local wake (mu)
+	// halves says which halves of the doorbell bits a byte read may be
+	// for (see Device.ringHalves); nil until the device sets it, and then
+	// every byte wakes every waiter.
+	halves atomic.Pointer[func() (lo, hi bool)]
+
+	mu sync.Mutex
+	// mu protects the following fields: closed by the next byte for a
+	// waiter on a low bit (bits 0-31) and on a high bit, and both by a
+	// local wake. So, as with the futex words, a waiter for the session
+	// bit (63) sleeps through the data path's rings.
+	rungLo, rungHi chan struct{}
 }
 
 // bellPath is side's FIFO of the link file at link.
@@ -66,7 +76,7 @@ func openBell(link string, side int, read bool) (*bell, error) {
 		f.Close()
 		return nil, fmt.Errorf("doorbell FIFO %s: not a FIFO", own)
 	}
-	b.fifo, b.rung = f, make(chan struct{})
+	b.fifo, b.rungLo, b.rungHi = f, make(chan struct{}), make(chan struct{})
 	go b.read()
 	return b, nil
 }
@@ -114,7 +124,7 @@ func fileBell(b Bell) (_ *bell, err error) {
 			unix.Close(fd)
 			return nil, fmt.Errorf("doorbell pipe: %w", err)
 		}
-		bl.fifo, bl.rung = os.NewFile(uintptr(fd), "doorbell pipe"), make(chan struct{})
+		bl.fifo, bl.rungLo, bl.rungHi = os.NewFile(uintptr(fd), "doorbell pipe"), make(chan struct{}), make(chan struct{})
 		go bl.read()
 	}
 	return bl, nil
@@ -128,28 +138,40 @@ func (b *bell) read() {
 	buf := make([]byte, 256) // rings since the last read, drained at once
 	for {
 		_, err := b.fifo.Read(buf)
-		b.wake()
+		lo, hi := true, true
+		if h := b.halves.Load(); h != nil && err == nil {
+			lo, hi = (*h)()
+		}
+		b.wakeHalves(lo, hi)
 		if err != nil {
 			return
 		}
 	}
 }
 
-// wake wakes every waiter (a ring, or a local event: close, link change,
-// unmasking).
-func (b *bell) wake() {
+// wake wakes every waiter (a local event: close, link change, unmasking).
+func (b *bell) wake() { b.wakeHalves(true, true) }
+
+// wakeHalves wakes the waiters on a low bit if lo, on a high bit if hi.
+func (b *bell) wakeHalves(lo, hi bool) {
 	b.mu.Lock()
-	close(b.rung)
-	b.rung = make(chan struct{})
+	if lo {
+		close(b.rungLo)
+		b.rungLo = make(chan struct{})
+	}
+	if hi {
+		close(b.rungHi)
+		b.rungHi = make(chan struct{})
+	}
 	b.mu.Unlock()
 }
 
-// waiting is the channel the next wake closes; take it before looking at
-// what the wait is for.
-func (b *bell) waiting() <-chan struct{} {
+// waiting returns the channels the next wake of a waiter on a low bit and
+// on a high bit closes; take them before looking at what the wait is for.
+func (b *bell) waiting() (lo, hi <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.rung
+	return b.rungLo, b.rungHi
 }
 
 // ring writes a byte into the peer's FIFO, opening it first if need be.

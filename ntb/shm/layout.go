@@ -26,14 +26,20 @@ import "github.com/ntstack/ntstack/internal/prim/shmem"
 // by S, like a real NTB port's doorbell and scratchpad registers:
 //
 //	off  size  field
-//	  0     4  doorbell sequence: P adds one after every ring; S sleeps on it (futex) unless it bells
+//	  0     4  doorbell sequence, bits 0-31: P adds one after every ring of one of them; S sleeps on it (futex) unless it bells
 //	  4     4  P bells: 1 when P sleeps reading its FIFO (see bell_linux.go), so S rings there
 //	  8     8  P's attach generation (0 = P detached)
 //	 16     8  P's heartbeat count
 //	 24     4  1 while P forces the link down (fault injection)
-//	 28    36  reserved
+//	 28     4  doorbell sequence, bits 32-63: as the word at 0, for the upper bits
+//	 32    32  reserved
 //	 64   256  doorbell counters, 64 x uint32: P adds one to bit i's counter to ring it
 //	320   256  scratchpads, 64 x uint32
+//
+// Two sequence words, so that a futex sleeper waits only on the half of
+// the bits it wants: the rings of the data path (partition's rings take
+// the low bits) wake no thread that waits only for an upper bit (the
+// session bit, 63), which with one word woke at every record.
 //
 // Side claims use open-file-description byte-range locks on the link's
 // memory (byte 1+S: side S), which the kernel drops when a process exits,
@@ -61,7 +67,7 @@ import "github.com/ntstack/ntstack/internal/prim/shmem"
 // per process; 50 ms costs ~0.5%, 100 ms half that.
 const (
 	fileMagic   = 0x4c42544e // "NTBL"
-	fileVersion = 2          // 2: the bell word
+	fileVersion = 3          // 2: the bell word; 3: the upper bits' sequence word
 
 	offFileMagic   = 0
 	offFileVersion = 4
@@ -78,10 +84,12 @@ const (
 	regGeneration  = 8
 	regHeartbeat   = 16
 	regPeerDown    = 24
+	regDoorbellHi  = 28
 	regDoorbells   = 64
 	regScratchpads = 320
 
 	doorbellBits   = shmem.DoorbellBits
+	lowBits        = uint64(1)<<32 - 1 // the bits regDoorbellSeq counts; regDoorbellHi counts the others
 	scratchpadRegs = 64
 
 	lockInit = 0 // byte offsets used as lock ranges

@@ -180,7 +180,8 @@ type Device struct {
 
 	mu sync.Mutex
 	// mu protects the following fields.
-	ringSeq uint32 // our count of rings, the peer's futex word
+	ringSeq   uint32 // our count of rings of bits 0-31, the peer's futex word
+	ringSeqHi uint32 // of bits 32-63, the peer's other futex word
 }
 
 var (
@@ -372,6 +373,10 @@ func (d *Device) attach(o Options) (err error) {
 	}
 	d.mu.Lock()
 	d.stampRegsLocked()
+	if d.bell.reads() {
+		h := d.ringHalves
+		d.bell.halves.Store(&h)
+	}
 	d.mu.Unlock()
 	return nil
 }
@@ -383,6 +388,7 @@ func (d *Device) attach(o Options) (err error) {
 func (d *Device) stampRegsLocked() {
 	d.bells.Attach(d.local, d.remote, regDoorbells)
 	d.ringSeq = loadFutex(d.remote, regDoorbellSeq)
+	d.ringSeqHi = loadFutex(d.remote, regDoorbellHi)
 	// A generation unlike any earlier one tells the peer we are new.
 	d.gen = rand.Uint64() | 1
 	d.remote.Store64(regGeneration, d.gen)
@@ -409,11 +415,8 @@ func (d *Device) start() {
 	d.done = make(chan struct{})
 	d.seenGen.Store(d.local.Load64(regGeneration))
 	go d.runMonitor()
-	d.mu.Lock()
-	d.ringSeq++
-	storeFutex(d.remote, regDoorbellSeq, d.ringSeq)
-	d.mu.Unlock()
-	d.wakePeer()
+	d.bumpSeqs(^uint64(0))
+	d.wakePeer(^uint64(0))
 }
 
 func (d *Device) logf(format string, args ...any) {
@@ -552,30 +555,49 @@ func (d *Device) WindowShared() bool { return true }
 
 func (d *Device) DoorbellCount() int { return doorbellBits }
 
-// RingPeer adds one to the peer's counter of every bit set, then to its
-// doorbell sequence, and wakes it if it sleeps.
+// RingPeer adds one to the peer's counter of every bit set, then to the
+// doorbell sequence of each half of the bits it rang, and wakes it if it
+// sleeps.
 func (d *Device) RingPeer(bits uint64) error {
 	if !d.guard.Enter() {
 		return ntb.ErrClosed
 	}
 	defer d.guard.Exit()
 	d.bells.Ring(bits)
-	d.mu.Lock() // the sequence moves after the counters, and only forward
-	d.ringSeq++
-	storeFutex(d.remote, regDoorbellSeq, d.ringSeq)
-	d.mu.Unlock()
-	d.wakePeer()
+	d.bumpSeqs(bits)
+	d.wakePeer(bits)
 	return nil
 }
 
-// wakePeer wakes the peer where it sleeps: its FIFO if it said it reads
-// one (regBells, peer-written: any other value means the futex word) and
-// the FIFO is one, its doorbell word otherwise.
-func (d *Device) wakePeer() {
+// bumpSeqs moves the peer's sequence word of each half of bits forward
+// (after the counters, and only forward).
+func (d *Device) bumpSeqs(bits uint64) {
+	d.mu.Lock()
+	if bits&lowBits != 0 {
+		d.ringSeq++
+		storeFutex(d.remote, regDoorbellSeq, d.ringSeq)
+	}
+	if bits&^lowBits != 0 {
+		d.ringSeqHi++
+		storeFutex(d.remote, regDoorbellHi, d.ringSeqHi)
+	}
+	d.mu.Unlock()
+}
+
+// wakePeer wakes the peer's sleepers on bits where they sleep: its FIFO
+// if it said it reads one (regBells, peer-written: any other value means
+// the futex words) and the FIFO is one, else the doorbell word of each
+// half of bits.
+func (d *Device) wakePeer(bits uint64) {
 	if d.local.Load32(regBells) == 1 && d.bell != nil && d.bell.ring() {
 		return
 	}
-	futexWake(d.remote, regDoorbellSeq)
+	if bits&lowBits != 0 {
+		futexWake(d.remote, regDoorbellSeq)
+	}
+	if bits&^lowBits != 0 {
+		futexWake(d.remote, regDoorbellHi)
+	}
 }
 
 func (d *Device) Doorbells() uint64 {
@@ -606,8 +628,9 @@ func (d *Device) ClearDoorbellMask(bits uint64) {
 
 // WaitDoorbell sleeps until an unmasked bit of want is pending. On a link
 // opened by name it sleeps on its bell (see bell_linux.go); otherwise on
-// the peer's doorbell sequence word and on the local wake word at once,
-// with no timeout: link changes, Close and ctx wake it through the latter.
+// the peer's doorbell sequence word of each half of want's bits (both if
+// want is 0) and on the local wake word at once, with no timeout: link
+// changes, Close and ctx wake it through the latter.
 func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) {
 	if !d.guard.Enter() {
 		return 0, ntb.ErrClosed
@@ -624,32 +647,64 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 		}
 	})
 	defer stop()
+	lo, hi := want&lowBits != 0 || want == 0, want&^lowBits != 0 || want == 0
 	for {
 		kick := loadFutex(d.kick, 0)
-		seq := loadFutex(d.local, regDoorbellSeq)
+		seq, seqHi := loadFutex(d.local, regDoorbellSeq), loadFutex(d.local, regDoorbellHi)
 		d.noticePeer()
 		if done, p, err := d.waitOver(ctx, want, linkSeq); done {
 			return p, err
 		}
-		futexWait2(d.local, regDoorbellSeq, seq, d.kick, 0, kick)
+		switch {
+		case lo && hi:
+			futexWait3(d.local, regDoorbellSeq, seq, regDoorbellHi, seqHi, d.kick, 0, kick)
+		case lo:
+			futexWait2(d.local, regDoorbellSeq, seq, d.kick, 0, kick)
+		default:
+			futexWait2(d.local, regDoorbellHi, seqHi, d.kick, 0, kick)
+		}
 		d.wakeup.Add(1)
 	}
 }
 
 // waitBell is WaitDoorbell asleep on the bell's channel.
 func (d *Device) waitBell(ctx context.Context, want uint64, linkSeq uint64) (uint64, error) {
+	lo, hi := want&lowBits != 0 || want == 0, want&^lowBits != 0 || want == 0
 	for {
-		rung := d.bell.waiting()
+		rungLo, rungHi := d.bell.waiting()
+		if !lo {
+			rungLo = nil
+		}
+		if !hi {
+			rungHi = nil
+		}
 		d.noticePeer()
 		if done, p, err := d.waitOver(ctx, want, linkSeq); done {
 			return p, err
 		}
 		select {
-		case <-rung:
+		case <-rungLo:
+		case <-rungHi:
 		case <-ctx.Done():
 		}
 		d.wakeup.Add(1)
 	}
+}
+
+// ringHalves says which of the bell's waiters a byte just read is for
+// (see bell.halves): those on the halves of the bits pending; all of them
+// if none is (the peer woke us with no ring: it arrived or left, for
+// noticePeer) or the peer's generation changed.
+func (d *Device) ringHalves() (lo, hi bool) {
+	if !d.guard.Enter() {
+		return true, true
+	}
+	defer d.guard.Exit()
+	p := d.bells.Pending()
+	if p == 0 || d.local.Load64(regGeneration) != d.seenGen.Load() {
+		return true, true
+	}
+	return p&lowBits != 0, p&^lowBits != 0
 }
 
 // noticePeer has the monitor look at once if the peer's generation in
@@ -720,7 +775,7 @@ func (d *Device) Close() error {
 	}, func() {
 		d.links.CloseLocal(time.Now())
 		d.remote.Store64(regGeneration, 0)
-		d.wakePeer()
+		d.wakePeer(^uint64(0))
 		d.wakeLocal()
 	}, func() error {
 		d.closeServer()

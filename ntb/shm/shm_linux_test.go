@@ -380,3 +380,55 @@ func TestBellFIFO(t *testing.T) {
 	require.Zero(t, fi.Size())
 	require.NoError(t, bl.close())
 }
+
+// A sleeper waits only for the half of the bits it wants: a waiter for
+// an upper bit (a session bit) sleeps through every ring of a lower bit
+// (the data path's), and the upper bit's ring wakes it — on the futex
+// words of a link that waits by futex, and on the channels of a pipe bell.
+func TestUpperBitSleepsThroughLowerRings(t *testing.T) {
+	t.Run("futex", func(t *testing.T) {
+		a, b := openPair(t, Options{Dir: testDir(t), WindowSize: 64 << 10, FutexWait: true})
+		upperSleepsThroughLower(t, a, b, "futexWait")
+	})
+	t.Run("bell", func(t *testing.T) {
+		ringer, sleeper := openBellPair(t, Options{WindowSize: 64 << 10})
+		upperSleepsThroughLower(t, sleeper, ringer, "(*Device).waitBell")
+	})
+}
+
+// upperSleepsThroughLower checks that a's waiter for bit 63 sleeps
+// through b's rings of bit 3; sleeper is where a's waiters sleep.
+func upperSleepsThroughLower(t *testing.T, a, b *Device, sleeper string) {
+	defer a.Close()
+	defer b.Close()
+	ntbtest.WaitLink(t, a, ntb.LinkUp, 5*time.Second)
+	ntbtest.WaitLink(t, b, ntb.LinkUp, 5*time.Second)
+	const low, high, rings = 1 << 3, 1 << 63, 20
+	ctx, cancel := context.WithTimeout(context.Background(), waitfor.Timeout)
+	defer cancel()
+	upper := make(chan error, 1)
+	go func() {
+		_, err := a.WaitDoorbell(ctx, high)
+		upper <- err
+	}()
+	waitfor.BlockedN(t, sleeper, 1)
+	before := a.wakeup.Load()
+	for range rings {
+		done := make(chan error, 1)
+		go func() {
+			_, err := a.WaitDoorbell(ctx, low)
+			done <- err
+		}()
+		waitfor.BlockedN(t, sleeper, 2)
+		require.NoError(t, b.RingPeer(low))
+		require.NoError(t, <-done)
+		a.ClearDoorbells(low)
+	}
+	require.NoError(t, b.RingPeer(high))
+	require.NoError(t, <-upper)
+	// One sleep ended per low ring (the low waiter's) and one for the
+	// high ring; a wake-up shared by all bits would add the upper
+	// waiter's per low ring.
+	woke := a.wakeup.Load() - before
+	require.LessOrEqual(t, woke, uint64(rings+1+rings/4), "sleeps ended for %d low rings and one high", rings)
+}

@@ -78,6 +78,24 @@ func futexWait2(shared []byte, soff int, sval uint32, private []byte, poff int, 
 	_, _, _ = unix.Syscall6(unix.SYS_FUTEX, uintptr(ptr(shared, soff, 4)), futexWaitOp, uintptr(sval), uintptr(unsafe.Pointer(&ts)), 0, 0)
 }
 
+// futexWait3 is futexWait2 on two shared words, soff1 and soff2, at
+// once. Without futex_waitv it waits on the first in slices.
+func futexWait3(shared []byte, soff1 int, sval1 uint32, soff2 int, sval2 uint32, private []byte, poff int, pval uint32) {
+	if !noWaitv.Load() {
+		w := [3]futexWaitv{
+			{val: uint64(sval1), uaddr: uint64(uintptr(ptr(shared, soff1, 4))), flags: futex2Size32},
+			{val: uint64(sval2), uaddr: uint64(uintptr(ptr(shared, soff2, 4))), flags: futex2Size32},
+			{val: uint64(pval), uaddr: uint64(uintptr(ptr(private, poff, 4))), flags: futex2Size32 | futex2Private},
+		}
+		_, _, errno := unix.Syscall6(unix.SYS_FUTEX_WAITV, uintptr(unsafe.Pointer(&w[0])), 3, 0, 0, 0, 0)
+		if errno != unix.ENOSYS {
+			return
+		}
+		noWaitv.Store(true)
+	}
+	futexWait2(shared, soff1, sval1, private, poff, pval)
+}
+
 // futexWake wakes every sleeper on the shared word at off.
 func futexWake(b []byte, off int) {
 	_, _, _ = unix.Syscall6(unix.SYS_FUTEX, uintptr(ptr(b, off, 4)), futexWakeOp, uintptr(1<<30), 0, 0, 0)
