@@ -288,15 +288,16 @@ func trunkWindow(cfg *config.Config) int {
 	return min(max(2*cfg.Proxy.DirectWindow, minTrunkWindow), maxTrunkWindow)
 }
 
-// openTrunkLink attaches side of the trunk link open names. The trunk
-// sets no SharedWindow: every carried connection is on its one partition
-// and each HTTP client's requests are small messages, so the limit would
-// hold all the bulk responses together to SharedWindow in flight (16 KiB
-// each at the least); without it a small message waits behind at most
-// the link's share of half the ring, the bound of a partition without
-// small-message traffic.
+// openTrunkLink attaches side of the trunk link open names. Every carried
+// connection is on the trunk's one partition, so the engine's
+// SharedWindow (its default) is what keeps a small message from waiting
+// behind the other connections' bulk records: while a connection carries
+// small messages both ways (a Redis client's), the bulk connections'
+// windows shrink. An HTTP client's small requests do not count, their
+// answers being bulk (the engine's noteData), so HTTP alone keeps the full
+// windows.
 func (g *Gateway) openTrunkLink(open trunkOpen, side shm.Side) (*transport.Endpoint, error) {
-	ep, err := transport.Open(open.Link, transport.Config{SpinBudget: g.cfg.Proxy.SpinBudget.Duration, Sockets: true, SharedWindow: -1,
+	ep, err := transport.Open(open.Link, transport.Config{SpinBudget: g.cfg.Proxy.SpinBudget.Duration, Sockets: true,
 		Fabric: shm.Options{Dir: g.cfg.Proxy.FabricDir, WindowSize: open.Window, Side: side, HeartbeatTimeout: appproto.LinkHeartbeatTimeout}})
 	if err != nil {
 		return nil, fmt.Errorf("trunk link %s: %w", open.Link, err)
