@@ -134,9 +134,11 @@ func TestStoppedPeerIsSuspect(t *testing.T) {
 	}
 	require.Equal(t, ntb.LinkUp, a.Link())
 	p.signal(t, syscall.SIGCONT)
+	// The event shows the peer heard again; a.Suspect() is not asked
+	// after it: on a loaded machine the resumed peer can miss its 100 ms
+	// again, and a new suspicion is no failure.
 	_, before = ntbtest.WaitEvent(t, a, ntbtest.LivenessTimeout, "peer heard again", ntbtest.IsSuspect(false))
 	noDown(t, before)
-	require.False(t, a.Suspect())
 	require.Equal(t, ntb.LinkUp, a.Link())
 
 	p.close(t)
