@@ -451,7 +451,6 @@ func (d *directConn) SetReadDeadline(t time.Time) error {
 	defer d.rlock.Unlock()
 	cur.rdl = t
 	return cur.c.SetReadDeadline(t)
-
 }
 
 func (d *directConn) SetWriteDeadline(t time.Time) error {
@@ -467,7 +466,6 @@ func (d *directConn) SetWriteDeadline(t time.Time) error {
 	defer d.wmu.Unlock()
 	cur.wdl = t
 	return cur.c.SetWriteDeadline(t)
-
 }
 
 // leftLocked closes a fallback both the reader and the writer have left
