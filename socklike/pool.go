@@ -196,7 +196,9 @@ func (c *poolConn) Read(b []byte) (int, error) {
 			n := ringCopyOut(b, c.slot.In, c.inTail, int(avail))
 			c.inTail += uint64(n)
 			c.slot.SetInTail(c.inTail)
-			c.slot.Notify(pool.Proxy)
+			if c.inTail >= c.slot.InWant() {
+				c.slot.Notify(pool.Proxy)
+			}
 			c.moved.Store(time.Now().UnixNano())
 			return n, nil
 		}
@@ -358,7 +360,7 @@ func (c *poolConn) setDeadline(d *atomic.Int64, t time.Time) {
 	} else {
 		d.Store(t.UnixNano())
 	}
-	c.slot.Kick(pool.App) // a waiting call takes the new deadline
+	c.slot.Notify(pool.App) // a waiting call takes the new deadline
 }
 
 func (c *poolConn) SetDeadline(t time.Time) error {

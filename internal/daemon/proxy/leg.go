@@ -717,6 +717,7 @@ func (l *leg) finished(gen, seq uint64) error {
 	l.dcond.Broadcast()
 	if l.slot != nil {
 		l.slot.SetFlags(pool.Proxy, pool.FlagFin)
+		l.setInWantLocked()
 		l.slot.Notify(pool.App)
 		l.slot.Kick(pool.Proxy) // runPool finishes once the application has read all
 	}

@@ -264,9 +264,22 @@ func (l *leg) poolIn(af uint32, tail uint64) error {
 	}
 	fin := l.finAt >= 0 && tail == l.rx.end() && !l.finDone
 	ack := l.deliveredLocked(tail, fin)
+	l.setInWantLocked()
 	l.dmu.Unlock()
 	l.wantAck(ack, fin)
 	return nil
+}
+
+// setInWantLocked tells the application (dmu held) the in tail at which
+// poolIn next has work: the next acknowledgement, or the peer's FIN once
+// everything before it is read. Its reads before that do not wake
+// runPool; runPool then sees their tail with the next thing that does.
+func (l *leg) setInWantLocked() {
+	want := l.rxAcked + l.ackEvery()
+	if l.finAt >= 0 && !l.finDone {
+		want = min(want, uint64(l.finAt))
+	}
+	l.slot.SetInWant(want)
 }
 
 // releaseSlot gives the slot back once the leg has ended and the

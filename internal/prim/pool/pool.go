@@ -25,16 +25,24 @@
 //	 452      4  both    application sleeping (1 while it may sleep on the counter)
 //	 512      4  both    proxy wake-up counter (futex word)
 //	 516      4  both    proxy sleeping
+//	 576      8  proxy   in tail wanted: the application notifies the proxy of
+//	                     an in tail only once it reaches this (0: always)
 //	4096   ring  app     out ring: byte n of the stream at 4096 + n mod ring
 //	4096+ring ring proxy in ring
 //
 // A ring of R bytes holds head−tail ≤ R bytes; a writer waits for the
-// tail, a reader for the head. Sleeping is Dekker-style: a side that runs
-// out of work reads its counter, sets its sleeping word, checks once more
-// and sleeps on the counter (futex); the other side, after every store
-// that could matter, bumps the counter and wakes it if the sleeping word
-// is set. Both sides' stores and loads are sequentially consistent atomics,
-// so a wake-up is never lost.
+// tail, a reader for the head. The proxy acts on the in tail only at
+// points it names in advance (an acknowledgement due, a FIN to pass on):
+// a read notifies it only once its tail reaches the in tail wanted, so a
+// request/response connection wakes its proxy once a request, for the
+// request's bytes, not a second time for the response's tail.
+//
+// Sleeping is Dekker-style: a side that runs out of work reads its
+// counter, sets its sleeping word, checks once more and sleeps on the
+// counter (futex); the other side, after every store that could matter,
+// bumps the counter and wakes it if the sleeping word is set. Both sides'
+// stores and loads are sequentially consistent atomics, so a wake-up is
+// never lost.
 //
 // Ownership: ntproxy grants a zeroed slot; it takes the slot back (and
 // zeroes it) only once its connection has ended on its side and the
@@ -75,6 +83,7 @@ const (
 	offAppSleep   = 452
 	offProxyEv    = 512
 	offProxySleep = 516
+	offInWant     = 576
 )
 
 // Flags, application's and proxy's.
@@ -168,6 +177,8 @@ func (s *Slot) InHead() uint64         { return s.hdr.Load64(offInHead) }
 func (s *Slot) SetInHead(v uint64)     { s.hdr.Store64(offInHead, v) }
 func (s *Slot) InTail() uint64         { return s.hdr.Load64(offInTail) }
 func (s *Slot) SetInTail(v uint64)     { s.hdr.Store64(offInTail, v) }
+func (s *Slot) InWant() uint64         { return s.hdr.Load64(offInWant) }
+func (s *Slot) SetInWant(v uint64)     { s.hdr.Store64(offInWant, v) }
 func (s *Slot) AppFlags() uint32       { return s.hdr.Load32(offAppFlags) }
 func (s *Slot) ProxyFlags() uint32     { return s.hdr.Load32(offProxyFlags) }
 func (s *Slot) flagsOff(side Side) int { return [2]int{offAppFlags, offProxyFlags}[side] }
