@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -30,6 +31,7 @@ type sharedPool struct {
 	mem   []byte
 	ring  int
 	slots int
+	gate  *pool.Gate // at most GOMAXPROCS of its connections' waits spin
 
 	mu sync.Mutex
 	// mu protects the following fields.
@@ -50,7 +52,7 @@ func mapPool(f *os.File, slots, ring int) (*sharedPool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shared pool: %w", err)
 	}
-	return &sharedPool{mem: mem, ring: ring, slots: slots, refs: 1, conns: map[*poolConn]struct{}{}}, nil
+	return &sharedPool{mem: mem, ring: ring, slots: slots, gate: pool.NewGate(max(1, runtime.GOMAXPROCS(0))), refs: 1, conns: map[*poolConn]struct{}{}}, nil
 }
 
 // open returns the connection of slot i.
@@ -63,6 +65,7 @@ func (sp *sharedPool) open(i int, spin time.Duration, local, remote Addr) (*pool
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrProxy, err)
 	}
+	s.Share(sp.gate)
 	c := &poolConn{slot: s, sp: sp, spin: spin, local: local, remote: remote}
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
@@ -110,8 +113,9 @@ func (sp *sharedPool) failAll(err error) {
 // and no memory link or socklike worker in between.
 //
 // Concurrency: as net.Conn, one Read and one Write may run at once with
-// any other method. A call that waits spins for Config.SpinBudget, then
-// sleeps on a futex in the slot, holding its thread.
+// any other method. A call that waits spins for Config.SpinBudget (if
+// fewer than GOMAXPROCS of the attachment's connections spin: its pool's
+// gate), then sleeps on a futex in the slot, holding its thread.
 type poolConn struct {
 	slot          *pool.Slot
 	sp            *sharedPool

@@ -62,6 +62,7 @@ package pool
 import (
 	"fmt"
 	"runtime"
+	"sync/atomic"
 	"time"
 
 	"github.com/ntstack/ntstack/internal/prim/proc"
@@ -150,7 +151,34 @@ func CheckGeometry(slots, ring int) error {
 type Slot struct {
 	hdr     shmem.Mem
 	Out, In []byte
+	gate    *Gate // bounds this side's spinners over the slots sharing it (nil: none)
 }
+
+// Gate bounds how many waits spin at once over the slots that share it:
+// an application's connections in shared-pool mode share one, as the
+// connections of a transport endpoint share its bound of GOMAXPROCS
+// spinners. Waits beyond the bound sleep at once, and leave the CPU to
+// the spinners and to the processes the bytes come from.
+type Gate struct {
+	spinning atomic.Int32
+	max      int32
+}
+
+// NewGate returns a gate that lets max waits spin at once.
+func NewGate(max int) *Gate { return &Gate{max: int32(max)} }
+
+func (g *Gate) enter() bool {
+	if g.spinning.Add(1) > g.max {
+		g.spinning.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (g *Gate) leave() { g.spinning.Add(-1) }
+
+// Share has s's waits count against g (before any wait).
+func (s *Slot) Share(g *Gate) { s.gate = g }
 
 // NewSlot returns the slot of rings of ring bytes (a power of two from
 // MinRing to MaxRing, so that SlotSize cannot overflow) at the start of
@@ -236,6 +264,17 @@ func (s *Slot) spinFor(ready func() bool, ev int, seen uint32, start time.Time, 
 	}
 }
 
+// spin spins for up to spin as one of the process's spinners (spingate:
+// in a process that also waits on sockets it may be cut short or
+// refused) and reports whether the wait is over.
+func (s *Slot) spin(ready func() bool, ev int, seen uint32, start time.Time, spin time.Duration) bool {
+	if spin = spingate.Enter(spin); spin <= 0 {
+		return false
+	}
+	defer spingate.Leave()
+	return s.spinFor(ready, ev, seen, start, spin)
+}
+
 // Wait waits, as side, until ready reports true, side is kicked or
 // notified, or deadline passes (the zero time: no deadline); the caller
 // then checks its state again. It spins for up to spin first, giving up
@@ -256,11 +295,13 @@ func (s *Slot) Wait(side Side, ready func() bool, spin time.Duration, deadline t
 	ev, sleep := evOffs(side)
 	seen := s.hdr.Load32(ev)
 	start := time.Now()
-	// The spin counts among the process's spinners (spingate): in a
-	// process that also waits on sockets it may be cut short or refused.
-	if spin = spingate.Enter(spin); spin > 0 {
-		done := s.spinFor(ready, ev, seen, start, spin)
-		spingate.Leave()
+	// The spin counts among the spinners of the slot's gate and of the
+	// process (spingate); either may refuse it.
+	if spin > 0 && (s.gate == nil || s.gate.enter()) {
+		done := s.spin(ready, ev, seen, start, spin)
+		if s.gate != nil {
+			s.gate.leave()
+		}
 		if done {
 			return false
 		}

@@ -124,3 +124,37 @@ func TestSporadicWaitKeepsShortSpin(t *testing.T) {
 	}
 	require.False(t, s.Wait(App, func() bool { return false }, spin, time.Now().Add(-time.Second)), "deadline passed: no sleep")
 }
+
+// Waits on slots that share a gate of one spin one at a time: a second
+// wait sleeps at once (its sleeping word is set long before its hour of
+// spin), while the first spins; both end at their Notify.
+func TestGateBoundsSpinners(t *testing.T) {
+	g := NewGate(1)
+	var slots [2]*Slot
+	for i := range slots {
+		s, err := NewSlot(unsafeBytes(make([]uint64, SlotSize(MinRing)/8)), MinRing)
+		require.NoError(t, err)
+		s.Share(g)
+		slots[i] = s
+	}
+	done := make(chan int, 2)
+	for i, s := range slots {
+		go func() {
+			s.Wait(App, func() bool { return s.InHead() != 0 }, time.Hour, time.Time{})
+			done <- i
+		}()
+		if i == 0 {
+			waitfor.True(t, "the first wait spinning", func() bool { return g.spinning.Load() == 1 })
+		}
+	}
+	_, sleep := evOffs(App)
+	waitfor.True(t, "the second wait asleep", func() bool { return slots[1].hdr.Load32(sleep) == 1 })
+	require.Equal(t, int32(1), g.spinning.Load(), "the first wait still spins")
+	require.Zero(t, slots[0].hdr.Load32(sleep), "the spinner has not slept")
+	slots[1].SetInHead(1)
+	slots[1].Notify(App)
+	require.Equal(t, 1, <-done)
+	slots[0].SetInHead(1)
+	require.Equal(t, 0, <-done)
+	require.Zero(t, g.spinning.Load())
+}
