@@ -80,8 +80,7 @@ type Options struct {
 	SilentTimeout time.Duration
 	// FutexWait: sleep in futex waits on the doorbell word rather than
 	// reading a FIFO through the runtime's poller (see bell_linux.go) —
-	// for a process whose goroutines spin while they wait, as ntproxy's
-	// do, since the poller is consulted only when none is runnable. A
+	// for a process whose wake-ups cost less so, as ntproxy's do. A
 	// memory link does unless Bell gives it a pipe to read.
 	FutexWait bool
 	// Bell, for OpenFile, is the memory link's pipe bell (see Bell).
@@ -378,6 +377,9 @@ func (d *Device) attach(o Options) (err error) {
 		d.bell.halves.Store(&h)
 	}
 	d.mu.Unlock()
+	if d.bell.reads() {
+		setSwept(d, true)
+	}
 	return nil
 }
 
@@ -670,6 +672,8 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 // waitBell is WaitDoorbell asleep on the bell's channel.
 func (d *Device) waitBell(ctx context.Context, want uint64, linkSeq uint64) (uint64, error) {
 	lo, hi := want&lowBits != 0 || want == 0, want&^lowBits != 0 || want == 0
+	d.bell.sleepers.Add(1)
+	defer d.bell.sleepers.Add(-1)
 	for {
 		rungLo, rungHi := d.bell.waiting()
 		if !lo {
@@ -786,6 +790,9 @@ func (d *Device) Close() error {
 
 func (d *Device) release() error {
 	var errs []error
+	if d.bell.reads() {
+		setSwept(d, false)
+	}
 	d.closeServer()
 	if d.lockFile != nil {
 		errs = append(errs, d.lockFile.Close())
