@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -313,4 +314,46 @@ func setSwept(d *Device, add bool) {
 		devs = append(devs, d)
 	}
 	swept.devs.Store(&devs)
+}
+
+// waitBell is WaitDoorbell asleep on the bell's channel.
+func (d *Device) waitBell(ctx context.Context, want uint64, linkSeq uint64) (uint64, error) {
+	lo, hi := want&lowBits != 0 || want == 0, want&^lowBits != 0 || want == 0
+	d.bell.sleepers.Add(1)
+	defer d.bell.sleepers.Add(-1)
+	for {
+		rungLo, rungHi := d.bell.waiting()
+		if !lo {
+			rungLo = nil
+		}
+		if !hi {
+			rungHi = nil
+		}
+		d.noticePeer()
+		if done, p, err := d.waitOver(ctx, want, linkSeq); done {
+			return p, err
+		}
+		select {
+		case <-rungLo:
+		case <-rungHi:
+		case <-ctx.Done():
+		}
+		d.wakeup.Add(1)
+	}
+}
+
+// ringHalves says which of the bell's waiters a byte just read is for
+// (see bell.halves): those on the halves of the bits pending; all of them
+// if none is (the peer woke us with no ring: it arrived or left, for
+// noticePeer) or the peer's generation changed.
+func (d *Device) ringHalves() (lo, hi bool) {
+	if !d.guard.Enter() {
+		return true, true
+	}
+	defer d.guard.Exit()
+	p := d.bells.Pending()
+	if p == 0 || d.local.Load64(regGeneration) != d.seenGen.Load() {
+		return true, true
+	}
+	return p&lowBits != 0, p&^lowBits != 0
 }
