@@ -82,11 +82,14 @@ func (s *spinner) spin() bool {
 		if now := ep.now(); now-max(s.start, ep.lastProgress(now)) > s.budget {
 			return false
 		}
-		// Gosched lets this process's goroutines in; Yield lets in another
-		// process waiting for this CPU — typically the one we wait for.
+		// Sweep wakes this process's waiters whose wake-up the runtime's
+		// poller holds (spingate.OnSweep). Gosched lets this process's
+		// goroutines in; Yield lets in another process waiting for this
+		// CPU — typically the one we wait for.
 		// Without it a spinner sharing its CPU with its peer (an application
 		// and its ntproxy, four processes on two cores) holds the CPU until
 		// the scheduler tick, and every proxied round trip waits for it.
+		spingate.Sweep()
 		runtime.Gosched()
 		proc.Yield()
 	}

@@ -273,6 +273,7 @@ func (u *unit) runWorker(tx, rx bool, cpu int) {
 			spin = spingate.Enter(budget)
 		}
 		if time.Since(idleSince) < spin {
+			spingate.Sweep()
 			runtime.Gosched()
 			continue
 		}

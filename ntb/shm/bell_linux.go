@@ -1,12 +1,15 @@
 package shm
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 	"sync/atomic"
 
+	"github.com/ntstack/ntstack/internal/prim/spingate"
 	"golang.org/x/sys/unix"
 )
 
@@ -22,14 +25,20 @@ import (
 // pinned against TCP's 21-27 %, where TCP's goroutines park on the poller
 // as these now do (30-33 % and 21-23 %).
 //
-// The poller is consulted only when no goroutine is runnable, though: a
-// process whose goroutines spin while they wait (ntproxy's pool legs)
-// would see its rings late, so it keeps the futex wait (Options.FutexWait;
-// the shared pool's 64 B round trips at a request a millisecond took
-// ~100 µs longer with the FIFO). A memory link (NewMemLink: ntproxy's
-// application links) has no directory for FIFOs; its creator may hand
-// the other end a pipe instead (Options.Bell, fileBell), else both wait
-// by futex.
+// The poller is consulted only when no goroutine is runnable, though,
+// so while a goroutine of the process spins its bells would be heard
+// late. Every spin loop therefore sweeps the bells of its process before
+// it yields (spingate.Sweep): a sweep wakes the waiters of a bell whose
+// doorbell sequence word the peer moved, as the byte in the FIFO would
+// once the poller looked. An application holding a memory link and
+// direct links, or several attachments, hears them all while one of its
+// connections spins. ntproxy keeps the futex wait (Options.FutexWait):
+// there a wake-up through the poller (epoll, the pipe's read, the
+// runtime's idle path) cost more CPU a request than the futex wait and
+// sysmon's retake of its P together (docs/perf-log.md, 2026-12-02, issue
+// 42). A memory link (NewMemLink: ntproxy's application links) has no
+// directory for FIFOs; its creator may hand the other end a pipe instead
+// (Options.Bell, fileBell), else both wait by futex.
 type bell struct {
 	fifo     *os.File // ours, opened read-write (never at end of file); nil if we wait by futex
 	peerPath string   // the peer's
@@ -41,6 +50,11 @@ type bell struct {
 	// for (see Device.ringHalves); nil until the device sets it, and then
 	// every byte wakes every waiter.
 	halves atomic.Pointer[func() (lo, hi bool)]
+
+	// sleepers counts WaitDoorbell calls asleep on this bell; swept is
+	// the doorbell sequence word of each half as the last sweep saw it.
+	sleepers         atomic.Int32
+	sweptLo, sweptHi atomic.Uint32
 
 	mu sync.Mutex
 	// mu protects the following fields: closed by the next byte for a
@@ -134,10 +148,36 @@ func fileBell(b Bell) (_ *bell, err error) {
 func (b *bell) reads() bool { return b != nil && b.fifo != nil }
 
 // read wakes the waiters whenever bytes arrive, until the FIFO closes.
+//
+// It reads through the runtime's poller, edge-triggered: a read that
+// leaves the FIFO empty (fewer bytes than it asked for) is followed by a
+// wait for the next byte, not by a read that would only fail with EAGAIN,
+// so a wake-up costs one read.
 func (b *bell) read() {
 	buf := make([]byte, 256) // rings since the last read, drained at once
+	rc, err := b.fifo.SyscallConn()
+	if err != nil {
+		b.wake()
+		return
+	}
+	drained := false
 	for {
-		_, err := b.fifo.Read(buf)
+		var n int
+		var rerr error
+		err := rc.Read(func(fd uintptr) bool {
+			if drained {
+				drained = false
+				return false // wait for the next byte
+			}
+			for n, rerr = unix.Read(int(fd), buf); errors.Is(rerr, unix.EINTR); {
+				n, rerr = unix.Read(int(fd), buf)
+			}
+			return !errors.Is(rerr, unix.EAGAIN)
+		})
+		if err == nil && rerr == nil && n == 0 {
+			err = io.EOF // no writer left (the FIFO is read-write: never)
+		}
+		err = errors.Join(err, rerr)
 		lo, hi := true, true
 		if h := b.halves.Load(); h != nil && err == nil {
 			lo, hi = (*h)()
@@ -146,6 +186,7 @@ func (b *bell) read() {
 		if err != nil {
 			return
 		}
+		drained = n < len(buf)
 	}
 }
 
@@ -218,4 +259,101 @@ func (b *bell) close() error {
 	}
 	b.peerMu.Unlock()
 	return err
+}
+
+// swept lists the devices whose waiters sleep on a bell, for sweepBells;
+// copied on write under mu.
+var swept struct {
+	mu   sync.Mutex
+	devs atomic.Pointer[[]*Device]
+}
+
+func init() { spingate.OnSweep(sweepBells) }
+
+// sweepBells sweeps every device of the process that sleeps on a bell.
+func sweepBells() {
+	if p := swept.devs.Load(); p != nil {
+		for _, d := range *p {
+			d.sweep()
+		}
+	}
+}
+
+// sweep wakes the waiters asleep on d's bell, if any, on each half of the
+// doorbell bits whose sequence word moved since the last sweep: the peer
+// rang them, and the byte it wrote into the FIFO waits for the runtime's
+// poller. A waiter woken for nothing looks and sleeps again, as for a
+// byte.
+func (d *Device) sweep() {
+	b := d.bell
+	if b.sleepers.Load() == 0 || !d.guard.Enter() {
+		return
+	}
+	lo, hi := loadFutex(d.local, regDoorbellSeq), loadFutex(d.local, regDoorbellHi)
+	d.guard.Exit()
+	rangLo := b.sweptLo.Load() != lo && b.sweptLo.Swap(lo) != lo
+	rangHi := b.sweptHi.Load() != hi && b.sweptHi.Swap(hi) != hi
+	if rangLo || rangHi {
+		b.wakeHalves(rangLo, rangHi)
+	}
+}
+
+// setSwept adds d to the swept devices if add, else removes it.
+func setSwept(d *Device, add bool) {
+	swept.mu.Lock()
+	defer swept.mu.Unlock()
+	var devs []*Device
+	if p := swept.devs.Load(); p != nil {
+		for _, e := range *p {
+			if e != d {
+				devs = append(devs, e)
+			}
+		}
+	}
+	if add {
+		devs = append(devs, d)
+	}
+	swept.devs.Store(&devs)
+}
+
+// waitBell is WaitDoorbell asleep on the bell's channel.
+func (d *Device) waitBell(ctx context.Context, want uint64, linkSeq uint64) (uint64, error) {
+	lo, hi := want&lowBits != 0 || want == 0, want&^lowBits != 0 || want == 0
+	d.bell.sleepers.Add(1)
+	defer d.bell.sleepers.Add(-1)
+	for {
+		rungLo, rungHi := d.bell.waiting()
+		if !lo {
+			rungLo = nil
+		}
+		if !hi {
+			rungHi = nil
+		}
+		d.noticePeer()
+		if done, p, err := d.waitOver(ctx, want, linkSeq); done {
+			return p, err
+		}
+		select {
+		case <-rungLo:
+		case <-rungHi:
+		case <-ctx.Done():
+		}
+		d.wakeup.Add(1)
+	}
+}
+
+// ringHalves says which of the bell's waiters a byte just read is for
+// (see bell.halves): those on the halves of the bits pending; all of them
+// if none is (the peer woke us with no ring: it arrived or left, for
+// noticePeer) or the peer's generation changed.
+func (d *Device) ringHalves() (lo, hi bool) {
+	if !d.guard.Enter() {
+		return true, true
+	}
+	defer d.guard.Exit()
+	p := d.bells.Pending()
+	if p == 0 || d.local.Load64(regGeneration) != d.seenGen.Load() {
+		return true, true
+	}
+	return p&lowBits != 0, p&^lowBits != 0
 }

@@ -3,11 +3,13 @@ package shm
 import (
 	"context"
 	"os"
+	"runtime"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ntstack/ntstack/internal/prim/spingate"
 	"github.com/ntstack/ntstack/ntb"
 	"github.com/ntstack/ntstack/ntb/ntbtest"
 )
@@ -66,4 +68,45 @@ func TestMemLinkBellWakes(t *testing.T) {
 	require.NoError(t, a.Close())
 	require.NoError(t, b.Close())
 	require.Equal(t, fds0, fds(), "descriptors open after Close")
+}
+
+// A ring whose byte has not reached the bell's reader (a process whose
+// spinner keeps the runtime's poller from looking) still ends the wait of
+// a waiter asleep on the bell: the process's spin loops sweep its bells
+// (spingate.Sweep), and a sweep sees the peer's doorbell sequence word
+// move. The peer here rings the counters and the word but writes no byte,
+// so nothing but a sweep can wake the waiter.
+func TestSweepWakesBellWaiter(t *testing.T) {
+	a, b := openBellPair(t, Options{WindowSize: 64 << 10})
+	defer a.Close()
+	defer b.Close()
+	ntbtest.WaitLink(t, b, ntb.LinkUp, ntbtest.LivenessTimeout)
+	const bit = 1 << 7
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { _, err := b.WaitDoorbell(ctx, bit); done <- err }()
+	for b.bell.sleepers.Load() == 0 {
+		runtime.Gosched() // the waiter is about to sleep
+	}
+	spingate.Sweep() // nothing rang: the waiter sleeps on
+	select {
+	case err := <-done:
+		t.Fatalf("wait ended before any ring: %v", err)
+	default:
+	}
+	a.bells.Ring(bit)
+	a.bumpSeqs(bit)
+	for {
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+			require.NoError(t, ctx.Err(), "no sweep woke the waiter")
+			require.Equal(t, uint64(bit), b.Doorbells()&bit)
+			return
+		default:
+			spingate.Sweep()
+			runtime.Gosched()
+		}
+	}
 }

@@ -80,8 +80,7 @@ type Options struct {
 	SilentTimeout time.Duration
 	// FutexWait: sleep in futex waits on the doorbell word rather than
 	// reading a FIFO through the runtime's poller (see bell_linux.go) —
-	// for a process whose goroutines spin while they wait, as ntproxy's
-	// do, since the poller is consulted only when none is runnable. A
+	// for a process whose wake-ups cost less so, as ntproxy's do. A
 	// memory link does unless Bell gives it a pipe to read.
 	FutexWait bool
 	// Bell, for OpenFile, is the memory link's pipe bell (see Bell).
@@ -378,6 +377,9 @@ func (d *Device) attach(o Options) (err error) {
 		d.bell.halves.Store(&h)
 	}
 	d.mu.Unlock()
+	if d.bell.reads() {
+		setSwept(d, true)
+	}
 	return nil
 }
 
@@ -667,46 +669,6 @@ func (d *Device) WaitDoorbell(ctx context.Context, want uint64) (uint64, error) 
 	}
 }
 
-// waitBell is WaitDoorbell asleep on the bell's channel.
-func (d *Device) waitBell(ctx context.Context, want uint64, linkSeq uint64) (uint64, error) {
-	lo, hi := want&lowBits != 0 || want == 0, want&^lowBits != 0 || want == 0
-	for {
-		rungLo, rungHi := d.bell.waiting()
-		if !lo {
-			rungLo = nil
-		}
-		if !hi {
-			rungHi = nil
-		}
-		d.noticePeer()
-		if done, p, err := d.waitOver(ctx, want, linkSeq); done {
-			return p, err
-		}
-		select {
-		case <-rungLo:
-		case <-rungHi:
-		case <-ctx.Done():
-		}
-		d.wakeup.Add(1)
-	}
-}
-
-// ringHalves says which of the bell's waiters a byte just read is for
-// (see bell.halves): those on the halves of the bits pending; all of them
-// if none is (the peer woke us with no ring: it arrived or left, for
-// noticePeer) or the peer's generation changed.
-func (d *Device) ringHalves() (lo, hi bool) {
-	if !d.guard.Enter() {
-		return true, true
-	}
-	defer d.guard.Exit()
-	p := d.bells.Pending()
-	if p == 0 || d.local.Load64(regGeneration) != d.seenGen.Load() {
-		return true, true
-	}
-	return p&lowBits != 0, p&^lowBits != 0
-}
-
 // noticePeer has the monitor look at once if the peer's generation in
 // our registers is not the one it last saw: the peer arrived, detached or
 // was replaced, and woke us to say so.
@@ -786,6 +748,9 @@ func (d *Device) Close() error {
 
 func (d *Device) release() error {
 	var errs []error
+	if d.bell.reads() {
+		setSwept(d, false)
+	}
 	d.closeServer()
 	if d.lockFile != nil {
 		errs = append(errs, d.lockFile.Close())

@@ -186,9 +186,8 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 			// connection waits for the link only through a session
 			// restart, not an outage.
 			UserTimeout: rackUserTimeout,
-			// FutexWait: the pool legs spin runnable while they wait, and a
-			// FIFO read through the runtime's poller would be seen only
-			// once they stop (see shm's bell).
+			// FutexWait: a wake-up through the runtime's poller costs
+			// ntproxy more than the futex wait does (see shm's bell).
 			// Side: fixed per host pair, see linkSide.
 			Fabric: shm.Options{Dir: cfg.Proxy.FabricDir, WindowSize: cfg.Proxy.Window, HeartbeatTimeout: cfg.Proxy.LinkTimeout.Duration, FutexWait: true,
 				Side: linkSide(cfg.Host, p.Host), Logf: func(format string, args ...any) {

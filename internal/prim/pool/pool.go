@@ -255,9 +255,12 @@ func (s *Slot) spinFor(ready func() bool, ev int, seen uint32, start time.Time, 
 			if time.Since(start) > spin {
 				return false
 			}
-			// Gosched lets in this process's goroutines (ntproxy's
-			// sender, to which the caller may just have handed bytes);
-			// Yield another process waiting for the CPU.
+			// Sweep wakes the waiters the runtime's poller would
+			// (spingate.OnSweep); Gosched lets in this process's
+			// goroutines (ntproxy's sender, to which the caller may just
+			// have handed bytes); Yield another process waiting for the
+			// CPU.
+			spingate.Sweep()
 			runtime.Gosched()
 			proc.Yield()
 		}

@@ -26,12 +26,14 @@
 //     microsecond: the peer must be polling when the record lands.
 //
 // Every spin loop of the transport engine and the shared pool asks Enter
-// before it starts and calls Leave when it parks or is served.
+// before it starts and calls Leave when it parks or is served, and calls
+// Sweep before it yields (see OnSweep).
 package spingate
 
 import (
 	"math"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -106,3 +108,39 @@ func Leave() { spinning.Add(-1) }
 
 // Spinning returns how many goroutines spin now.
 func Spinning() int { return int(spinning.Load()) }
+
+// sweepers are the functions Sweep calls (OnSweep), copied on write.
+var (
+	sweepMu  sync.Mutex
+	sweepers atomic.Pointer[[]func()]
+)
+
+// OnSweep adds f to what Sweep calls. f must be cheap (a spinner calls it
+// every few polls) and safe to call from any goroutine at any time.
+//
+// A waiter woken through the runtime's poller (a doorbell FIFO or pipe)
+// is seen late while a goroutine of its process spins: the scheduler
+// looks at the poller only when nothing is runnable. A backend whose
+// waiters sleep so registers a sweeper that looks at what they wait for
+// in memory and wakes them itself, as the poller would have.
+func OnSweep(f func()) {
+	sweepMu.Lock()
+	defer sweepMu.Unlock()
+	var fs []func()
+	if p := sweepers.Load(); p != nil {
+		fs = append(fs, *p...)
+	}
+	fs = append(fs, f)
+	sweepers.Store(&fs)
+}
+
+// Sweep runs the sweepers (OnSweep). Every spin loop calls it before it
+// yields, so that while it spins the process's other waiters are woken
+// without the runtime's poller.
+func Sweep() {
+	if p := sweepers.Load(); p != nil {
+		for _, f := range *p {
+			f()
+		}
+	}
+}
