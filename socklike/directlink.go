@@ -166,6 +166,9 @@ func (l *directLink) endpointNow() *transport.Endpoint {
 // open connection, and the number of a new stream on it; nil if there is
 // none.
 func (p *Proxy) reuse(address string) (*directLink, int) {
+	if p.linkIdle < 0 {
+		return nil, 0 // every dial opens a link of its own
+	}
 	p.mu.Lock()
 	links := append([]*directLink(nil), p.dialLinks[address]...)
 	p.mu.Unlock()

@@ -24,8 +24,9 @@ import (
 // the lease), the dialer continues it through the proxies at once
 // (DialRequest.Continue, as a move to the fallback does), and the dial
 // returns with the connection on that proxied connection: a proxied
-// dial's time more. Both ends open the link in the background meanwhile;
-// when it is up, the dialer dials its port and the two move the stream
+// dial's time more. Then both ends open the link in the background (not
+// before: the open's CPU would come out of the dial's exchanges); when
+// it is up, the dialer dials its port and the two move the stream
 // onto it as from the fallback (back, direct.go): no byte lost, sent twice
 // or reordered, the same Conn. Route says "direct", on the proxied path
 // until the link is up; a link that does not come up leaves the
@@ -58,21 +59,9 @@ func (p *Proxy) startDirect(ctx context.Context, dl *appproto.DirectLink, lease 
 		return nil, fmt.Errorf("%w: direct link %+v", ErrProxy, *dl)
 	}
 	l := p.newPendingLink(dl.Name, 0, address, lease)
-	// The link's meeting and session handshake wake this process through
-	// the runtime's poller (the link's FIFOs, its socket) until the move.
-	awaited := spingate.Await()
-	go func() {
-		ep, err := p.openEnd(dl, 0)
-		l.opened(ep, nil, err)
-	}()
 	abandon := func(err error) (*Conn, error) {
-		awaited()
-		l.retire()
+		l.opened(nil, nil, err)
 		l.drop()
-		go func() { // the files go once this end has made them
-			<-l.ready
-			shm.Remove(dl.Dir, dl.Name)
-		}()
 		return nil, err
 	}
 	var reply appproto.DialReply
@@ -94,8 +83,29 @@ func (p *Proxy) startDirect(ctx context.Context, dl *appproto.DirectLink, lease 
 	d := p.newDirectOn(l, 0, nil, &carrier{c: fc.c, fb: true}, lease, class)
 	d.starting = true
 	d.fallback = &Route{Path: fc.route.Path, Mode: "direct", Reason: startReason + route.Reason}
-	go d.moveOnto(dl, route.Reason, awaited)
+	go d.openBehind(dl, spingate.Await())
+	go d.moveOnto(dl, route.Reason)
 	return &Conn{d: d}, nil
+}
+
+// openBehind opens this end of d's link, dl, once the connection is on
+// the proxied path: earlier, the open would take the CPU (the files, the
+// mappings, the far side's attach) from the dial's exchanges, on this
+// process's P and the far side's. On side 1 the link's first stream
+// listens on it at once. done runs when d has moved onto the link, or
+// will not.
+func (d *directConn) openBehind(dl *appproto.DirectLink, done func()) {
+	l := d.link
+	ep, err := d.p.openEnd(dl, l.side)
+	var ln *transport.Listener
+	if err == nil && l.side == 1 {
+		if ln, err = ep.Listen(appproto.DirectPort); err != nil {
+			ep.Close()
+			ep = nil
+		}
+	}
+	l.opened(ep, ln, err)
+	d.awaitStarted(done)
 }
 
 // openEnd opens side's end of direct link dl.
@@ -111,8 +121,7 @@ func (p *Proxy) openEnd(dl *appproto.DirectLink, side int) (*transport.Endpoint,
 // moveOnto waits until side 0's link is up, dials the stream's port on
 // it and moves the stream there; if the link does not come up, the
 // stream stays on the proxied path. reason is the direct route's.
-func (d *directConn) moveOnto(dl *appproto.DirectLink, reason string, awaited func()) {
-	defer awaited()
+func (d *directConn) moveOnto(dl *appproto.DirectLink, reason string) {
 	ctx, cancel := context.WithTimeout(context.Background(), moveTimeout)
 	defer cancel()
 	ep, err := d.link.endpoint(ctx)
@@ -186,18 +195,6 @@ func (p *Proxy) acceptStart(ctx context.Context, dl *appproto.DirectLink, lease 
 		return nil, fmt.Errorf("%w: direct link %+v", ErrProxy, *dl)
 	}
 	l := p.newPendingLink(dl.Name, 1, "", lease)
-	awaited := spingate.Await()
-	go func() {
-		ep, err := p.openEnd(dl, 1)
-		var ln *transport.Listener
-		if err == nil {
-			if ln, err = ep.Listen(appproto.DirectPort); err != nil {
-				ep.Close()
-				ep = nil
-			}
-		}
-		l.opened(ep, ln, err)
-	}()
 	ch := make(chan *transport.Conn, 1)
 	p.mu.Lock()
 	if p.starts == nil {
@@ -220,15 +217,16 @@ func (p *Proxy) acceptStart(ctx context.Context, dl *appproto.DirectLink, lease 
 		}
 	}
 	if err != nil {
-		awaited()
-		l.retire()
+		err = fmt.Errorf("direct link %s: %w", dl.Name, err)
+		l.opened(nil, nil, err)
 		l.drop()
-		return nil, fmt.Errorf("direct link %s: %w", dl.Name, err)
+		return nil, err
 	}
 	d := p.newDirectOn(l, 0, nil, &carrier{c: f, fb: true}, lease, f.Priority())
 	d.starting = true
 	d.fallback = &Route{Path: route.Path, Mode: "direct", Reason: startReason + route.Reason}
-	go d.acceptOnto(route.Reason, awaited)
+	go d.openBehind(dl, spingate.Await())
+	go d.acceptOnto(route.Reason)
 	return &Conn{d: d}, nil
 }
 
@@ -251,8 +249,7 @@ func (p *Proxy) started(name string, f *transport.Conn) bool {
 
 // acceptOnto waits until side 1's link is up and takes the stream onto
 // it when side 0 dials it (runAccept). reason is the direct route's.
-func (d *directConn) acceptOnto(reason string, awaited func()) {
-	go d.awaitStarted(awaited)
+func (d *directConn) acceptOnto(reason string) {
 	ctx, cancel := context.WithTimeout(context.Background(), moveTimeout)
 	_, err := d.link.endpoint(ctx)
 	cancel()
@@ -274,10 +271,10 @@ func (d *directConn) acceptOnto(reason string, awaited func()) {
 	d.notUp(errors.New("it closed before the connection moved onto it"), reason)
 }
 
-// awaitStarted runs awaited once the stream has left the proxied path it
-// began on (or closed), or after moveTimeout.
-func (d *directConn) awaitStarted(awaited func()) {
-	defer awaited()
+// awaitStarted runs done once d has left the proxied path it began on
+// (or closed, or will not leave it), or after moveTimeout.
+func (d *directConn) awaitStarted(done func()) {
+	defer done()
 	t := time.NewTimer(moveTimeout)
 	defer t.Stop()
 	for {

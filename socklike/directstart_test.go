@@ -70,8 +70,8 @@ func newStartRig(t *testing.T) *startRig {
 		r.c[side] = &Conn{d: d, route: r.route}
 		d.start([]string{"b:1", ""}[side])
 	}
-	go r.c[0].d.moveOnto(r.dl, r.route.Reason, func() {})
-	go r.c[1].d.acceptOnto(r.route.Reason, func() {})
+	go r.c[0].d.moveOnto(r.dl, r.route.Reason)
+	go r.c[1].d.acceptOnto(r.route.Reason)
 	return r
 }
 

@@ -225,6 +225,7 @@ type options struct {
 	core       string        // ntb: core model
 	mtu        int           // ntb: segment size
 	recvWindow int           // ntb: per-connection receive window
+	directIdle time.Duration // direct: how long the dialer keeps a link with no connection
 	readBuf    int           // the server's read buffer per connection
 	sharedWin  int           // ntb: receive window of bulk connections beside small-message ones
 	priority   int           // ntb: class of the bulk flows (mixed) or of every connection
@@ -328,6 +329,7 @@ Flags:
 	fs.IntVar(&o.partitions, "partitions", 1, "ntb: data partitions of the link (socklike Config.Partitions)")
 	fs.BoolVar(&o.qos, "qos", false, "ntb: one partition per priority class (socklike Config.QoS)")
 	fs.StringVar(&o.core, "core", "inline", "ntb: core model: inline (callers drive the rings), shared (a worker per partition) or split (TX and RX workers)")
+	fs.DurationVar(&o.directIdle, "directidle", 0, "direct: how long the client keeps a direct link that carries no connection for a later dial to take (socklike Config.DirectIdle; 0: its default; negative: not at all, so that every dial opens a link)")
 	fs.IntVar(&o.recvWindow, "recvwindow", socklike.DefaultWindow, "ntb: each connection's receive window in bytes (socklike Config.Window)")
 	fs.IntVar(&o.sharedWin, "sharedwindow", engine.DefaultSharedWindow, "ntb: receive window of a bulk connection while a small-message connection shares its partition (the engine's Config.SharedWindow; negative: none)")
 	fs.IntVar(&o.mtu, "mtu", socklike.DefaultMTU, "ntb: largest record; larger writes are segmented (a write-sized MTU switches segmentation off)")

@@ -3,10 +3,12 @@ package proxy
 import (
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -128,7 +130,16 @@ func TestDirectDialsShareALink(t *testing.T) {
 // direct connection with the link's quota charged at both proxies.
 func TestDirectFirstDialMovesOnto(t *testing.T) {
 	r := newRack(t, "")
-	_, client := echoRack(t, r)
+	echoRack(t, r)
+	onto := make(chan string, 1)
+	client := attachWith(t, r.ca, socklike.Config{Logf: func(format string, args ...any) {
+		if line := fmt.Sprintf(format, args...); strings.Contains(line, "moved onto it from the proxied path it began on") {
+			select {
+			case onto <- line:
+			default:
+			}
+		}
+	}})
 	nc, err := (&socklike.Dialer{Proxy: client, Direct: true}).Dial("tcp", "b:80")
 	require.NoError(t, err)
 	defer nc.Close()
@@ -158,6 +169,7 @@ func TestDirectFirstDialMovesOnto(t *testing.T) {
 		written <- c.CloseWrite()
 	}()
 	home := onLink(t, c)
+	t.Log(<-onto) // it began on the proxied path
 	close(moved)
 	got, err := io.ReadAll(c)
 	require.NoError(t, err)
