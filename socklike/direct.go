@@ -78,6 +78,7 @@ type carrier struct {
 
 	// Reader's, under directConn.rlock.
 	left int     // fallback: bytes of the current frame not yet read
+	read int64   // fallback: stream bytes read
 	hbuf [4]byte // fallback: a frame header being read
 	hn   int
 	eof  bool // the stream ended on this carrier
@@ -281,6 +282,7 @@ func (d *directConn) readFrom(cur *carrier, b []byte) (int, error) {
 	}
 	n, err := cur.c.Read(b[:min(len(b), cur.left)])
 	cur.left -= n
+	cur.read += int64(n)
 	if n > 0 {
 		return n, nil
 	}
@@ -768,6 +770,7 @@ func (d *directConn) back(nc *transport.Conn) bool {
 		how = "moved onto it from the proxied path it began on"
 	}
 	d.logf("direct link %s up: connection %s", d.name, how)
+	go d.settle(cur, peer)
 	return true
 }
 

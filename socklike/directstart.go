@@ -2,6 +2,7 @@ package socklike
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"syscall"
@@ -20,12 +21,15 @@ import (
 // (its files, the far side's attach, the session handshake) and a first
 // OPEN on it come after the proxies' exchange, each a wake-up of another
 // process, so a dial that waited for them took several times a proxied
-// dial. Instead, once both proxies have granted the link (the verdict on
-// the lease), the dialer continues it through the proxies at once
-// (DialRequest.Continue, as a move to the fallback does), and the dial
-// returns with the connection on that proxied connection: a proxied
-// dial's time more. Then both ends open the link in the background (not
-// before: the open's CPU would come out of the dial's exchanges); when
+// dial. Instead, as soon as its proxy has granted the link (the pending
+// grant), the dialer continues it through the proxies (DialRequest.
+// Continue, the path a move to the fallback takes) beside the far side's
+// verdict: each proxy holds the continuation until it has the grant on
+// record, and the far application takes it once it has taken the link.
+// With the verdict and the continuation back, the dial returns with the
+// connection on that proxied connection. Then both ends open the link in
+// the background (not before: the open's CPU would come out of the
+// dial's exchanges, on the dialer's P and the far side's); when
 // it is up, the dialer dials its port and the two move the stream
 // onto it as from the fallback (back, direct.go): no byte lost, sent twice
 // or reordered, the same Conn. Route says "direct", on the proxied path
@@ -64,6 +68,19 @@ func (p *Proxy) startDirect(ctx context.Context, dl *appproto.DirectLink, lease 
 		l.drop()
 		return nil, err
 	}
+	// The continuation goes at once, beside the verdict: both proxies
+	// hold it until the grant is on record (or refused).
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type continued struct {
+		c   *Conn
+		err error
+	}
+	contc := make(chan continued, 1)
+	go func() {
+		fc, err := p.dialOnce(cctx, address, dialOpts{class: class, cont: dl.Name})
+		contc <- continued{fc, err}
+	}()
 	var reply appproto.DialReply
 	verdict := await(ctx, lease, &reply)
 	switch {
@@ -74,9 +91,16 @@ func (p *Proxy) startDirect(ctx context.Context, dl *appproto.DirectLink, lease 
 		verdict = fmt.Errorf("%w: a second pending reply", ErrProxy)
 	}
 	if verdict != nil {
+		cancel()
+		go func() {
+			if r := <-contc; r.c != nil {
+				r.c.Close()
+			}
+		}()
 		return abandon(verdict)
 	}
-	fc, err := p.dialOnce(ctx, address, dialOpts{class: class, cont: dl.Name})
+	r := <-contc
+	fc, err := r.c, r.err
 	if err != nil {
 		return abandon(fmt.Errorf("direct link %s: the proxied path to begin on: %w", dl.Name, err))
 	}
@@ -289,5 +313,43 @@ func (d *directConn) awaitStarted(done func()) {
 		case <-t.C:
 			return
 		}
+	}
+}
+
+// settle reads the back mark that ends fallback cur once the application
+// has read everything before it (end: the peer's stream offset at the
+// mark), so that the fallback closes now rather than at the next Read. A
+// Read under way reads the mark itself.
+func (d *directConn) settle(cur *carrier, end int64) {
+	if !d.rlock.TryLock() {
+		return
+	}
+	defer d.rlock.Unlock()
+	d.mu.Lock()
+	first := d.reads[0] == cur && !cur.rdone
+	d.mu.Unlock()
+	if !first || cur.rbase+cur.read != end || cur.left != 0 || cur.eof {
+		return
+	}
+	cur.c.SetReadDeadline(time.Now().Add(moveTimeout))
+	defer cur.c.SetReadDeadline(cur.rdl)
+	for cur.hn < len(cur.hbuf) {
+		n, err := cur.c.Read(cur.hbuf[cur.hn:])
+		cur.hn += n
+		if err != nil {
+			return // the next Read sees it
+		}
+	}
+	cur.hn = 0
+	switch l := binary.LittleEndian.Uint32(cur.hbuf[:]); l {
+	case fbBack:
+		d.mu.Lock()
+		cur.rdone = true
+		d.leftLocked(cur)
+		d.mu.Unlock()
+	case fbFin:
+		cur.eof = true
+	default:
+		cur.left = int(l)
 	}
 }

@@ -36,14 +36,24 @@ const directPrefix = "direct-"
 func (s *Server) serveDirect(a *app, c *transport.Conn, req appproto.DialRequest) {
 	ctx, cancel := context.WithTimeout(s.ctx, dialTimeout)
 	var granted func(*pconn, *appproto.DirectLink) error
+	var early *pconn
 	if req.Early {
 		granted = func(pc *pconn, dl *appproto.DirectLink) error {
+			// On record with the grant: the application may continue the
+			// link through the proxies while the far side is asked.
+			pc.dlName, early = dl.Name, pc
+			if !s.recordLease(a, pc, c, nil) {
+				return net.ErrClosed
+			}
 			return appproto.WriteFrame(c, appproto.DialReply{Local: pc.local, Remote: pc.remote, Path: pc.path, Reason: pc.reason, Direct: dl, Pending: true})
 		}
 	}
 	pc, dl, err := s.dialDirect(ctx, a, req, granted)
 	cancel()
 	if err != nil {
+		if early != nil {
+			s.forget(early)
+		}
 		appproto.WriteFrame(c, appproto.DialReply{Code: ctlapi.CodeOf(err), Error: errMessage(err)})
 		c.Close()
 		return
@@ -359,6 +369,10 @@ func (s *Server) recordLease(a *app, pc *pconn, c *transport.Conn, dl *appproto.
 	}
 	s.conns[pc.id] = pc
 	a.conns[pc.id] = pc
+	if s.leased != nil {
+		close(s.leased)
+		s.leased = nil
+	}
 	s.mu.Unlock()
 	return true
 }
