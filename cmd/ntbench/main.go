@@ -62,7 +62,8 @@
 //	          latency columns are the dials' times, until the dial returned
 //	          a connection: TCP's connect beside the time ntstack takes to
 //	          open a connection (for direct, a link of its own); -warmup
-//	          counts at most 10 dials
+//	          counts at most 10 dials; with -gap D the client waits D
+//	          between dials, untimed
 //
 // # Reading the figures
 //
@@ -213,7 +214,7 @@ type options struct {
 	idle       int   // connections opened beside the measured ones, never used
 	rounds     int   // times the whole run is repeated, its rows reduced to medians
 	window     int
-	gap        time.Duration // pingpong: wait between round trips
+	gap        time.Duration // pingpong: wait between round trips; dial: between dials
 	pin        string
 	gomaxprocs int
 	verify     bool
@@ -321,7 +322,7 @@ Flags:
 	fs.IntVar(&o.idle, "idle", 0, "connections opened beside the measured ones and left idle (not the copy bound's)")
 	fs.IntVar(&o.rounds, "rounds", 1, "run every transport×mode×size this many times, the transports taking turns, and report the median of each figure")
 	fs.IntVar(&o.window, "window", 32, "messages in flight per connection (rate mode)")
-	fs.DurationVar(&o.gap, "gap", 0, "pingpong, and mixed mode's pingpong flow: wait this long between round trips, untimed (sporadic traffic; 1ms: about a request a millisecond)")
+	fs.DurationVar(&o.gap, "gap", 0, "pingpong, and mixed mode's pingpong flow: wait this long between round trips, untimed (sporadic traffic; 1ms: about a request a millisecond); dial: between dials")
 	fs.IntVar(&o.readBuf, "readbuf", defaultReadBuf, "the server's read buffer per connection, in bytes (pingpong, stream, rate); many connections' buffers together can outgrow the CPU caches")
 	fs.StringVar(&o.pin, "pin", "split", "`placement`: split (client and server on different CPUs), same (both on one CPU) or none")
 	fs.IntVar(&o.gomaxprocs, "gomaxprocs", 0, "GOMAXPROCS of client and server (0: the CPUs each is pinned to, or the start-up value with -pin none)")
