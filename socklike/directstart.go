@@ -55,9 +55,9 @@ import (
 const startReason = "on the proxied path until its direct link is up; "
 
 // startDirect is dialOn's part for a pending grant of a new link over NTB
-// (side 0): it opens the link in the background, reads the verdict from
-// lease, continues the link through the proxies and returns the
-// connection on that path.
+// (side 0): it continues the link through the proxies beside the verdict
+// it reads from lease, returns the connection on that path, and leaves
+// the link to open behind it.
 func (p *Proxy) startDirect(ctx context.Context, dl *appproto.DirectLink, lease *transport.Conn, address string, class qos.Class, route Route) (*Conn, error) {
 	if dl.Window <= 0 || dl.Name == "" || dl.Stream != 0 {
 		return nil, fmt.Errorf("%w: direct link %+v", ErrProxy, *dl)
