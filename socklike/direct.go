@@ -78,6 +78,7 @@ type carrier struct {
 
 	// Reader's, under directConn.rlock.
 	left int     // fallback: bytes of the current frame not yet read
+	read int64   // fallback: stream bytes read
 	hbuf [4]byte // fallback: a frame header being read
 	hn   int
 	eof  bool // the stream ended on this carrier
@@ -99,10 +100,8 @@ type directConn struct {
 	side   int    // 0: dialed, moves the connection; 1: accepted
 	target string // side 0: the address dialed, for the fallback
 	link   *directLink
-	port   int // the stream's on the link
-	ep     *transport.Endpoint
-	ln     *transport.Listener // side 1: the stream's listener, for the way back
-	lease  *transport.Conn     // the stream's (stream 0: the link's)
+	port   int             // the stream's on the link
+	lease  *transport.Conn // the stream's (stream 0: the link's)
 	// dialFallback opens side 0's fallback (through the proxies, a
 	// dialOnce with dialOpts.cont; tests put another carrier in).
 	dialFallback func(ctx context.Context) (*transport.Conn, Route, error)
@@ -114,10 +113,12 @@ type directConn struct {
 
 	mu sync.Mutex
 	// mu protects the following fields.
-	reads    []*carrier    // what Read reads, in order: reads[0] now
-	w        *carrier      // what Write writes to
-	changed  chan struct{} // closed and replaced when the carriers, deadlines or state change
-	fallback *Route        // the route while on the fallback; nil on the direct link
+	ln       *transport.Listener // side 1: the stream's listener, for the way back
+	reads    []*carrier          // what Read reads, in order: reads[0] now
+	w        *carrier            // what Write writes to
+	changed  chan struct{}       // closed and replaced when the carriers, deadlines or state change
+	fallback *Route              // the route while on the fallback; nil on the direct link
+	starting bool                // the fallback is the proxied path the connection began on (directstart.go)
 	closed   bool
 	wshut    bool
 	rdl, wdl time.Time
@@ -129,13 +130,17 @@ type directConn struct {
 // (ln: side 1's listener on the stream's port, kept for the way back).
 // The connection holds one of l's streams until it has closed.
 func (p *Proxy) newDirect(l *directLink, k int, ln *transport.Listener, dc, lease *transport.Conn) *directConn {
-	cr := &carrier{c: dc}
+	return p.newDirectOn(l, k, ln, &carrier{c: dc}, lease, dc.Priority())
+}
+
+// newDirectOn is newDirect with the stream on carrier cr, sending class.
+func (p *Proxy) newDirectOn(l *directLink, k int, ln *transport.Listener, cr *carrier, lease *transport.Conn, class qos.Class) *directConn {
 	name := appproto.StreamName(l.name, k)
 	port := appproto.DirectPort
 	if k > 0 {
 		port = appproto.StreamPort(k)
 	}
-	d := &directConn{p: p, name: name, side: l.side, link: l, port: port, ep: l.ep, ln: ln, lease: lease, reads: []*carrier{cr}, w: cr, changed: make(chan struct{}), class: dc.Priority()}
+	d := &directConn{p: p, name: name, side: l.side, link: l, port: port, ln: ln, lease: lease, reads: []*carrier{cr}, w: cr, changed: make(chan struct{}), class: class}
 	d.dialFallback = func(ctx context.Context) (*transport.Conn, Route, error) {
 		d.mu.Lock()
 		class := d.class
@@ -277,6 +282,7 @@ func (d *directConn) readFrom(cur *carrier, b []byte) (int, error) {
 	}
 	n, err := cur.c.Read(b[:min(len(b), cur.left)])
 	cur.left -= n
+	cur.read += int64(n)
 	if n > 0 {
 		return n, nil
 	}
@@ -401,7 +407,7 @@ func (d *directConn) Close() error {
 	}
 	d.closed = true
 	d.link.closedOne()
-	cur := d.w
+	cur, ln := d.w, d.ln
 	all := append([]*carrier{cur}, d.reads...)
 	d.bumpLocked()
 	d.mu.Unlock()
@@ -415,8 +421,8 @@ func (d *directConn) Close() error {
 			cr.c.Close()
 		}
 	}
-	if d.ln != nil {
-		d.ln.Close()
+	if ln != nil {
+		ln.Close()
 	}
 	cur.c.Close()
 	if cur.fb {
@@ -484,22 +490,6 @@ func (d *directConn) failLocked(err error) {
 	d.bumpLocked()
 }
 
-// force sets the direct link's emulated state to follow the NTB link
-// under it (on hardware it follows by itself).
-func (d *directConn) force(down bool) {
-	f, ok := d.ep.Device().(interface {
-		ForceLinkDown()
-		ForceLinkUp()
-	})
-	switch {
-	case !ok:
-	case down:
-		f.ForceLinkDown()
-	default:
-		f.ForceLinkUp()
-	}
-}
-
 // runLease follows ntproxy's word on the NTB link; side 0 moves the
 // connection.
 func (d *directConn) runLease() {
@@ -513,12 +503,12 @@ func (d *directConn) runLease() {
 		}
 		switch b[0] {
 		case appproto.LeaseLinkDown:
-			d.force(true)
+			d.link.force(true)
 			if d.side == 0 {
 				d.toFallback()
 			}
 		case appproto.LeaseLinkUp:
-			d.force(false)
+			d.link.force(false)
 			if d.side == 0 {
 				d.toDirect()
 			}
@@ -531,8 +521,14 @@ func (d *directConn) runLease() {
 // pending on the link's endpoint would have its poller take every record
 // of the live direct connection, a wake-up more on each.
 func (d *directConn) runAccept() {
+	d.mu.Lock()
+	ln := d.ln
+	d.mu.Unlock()
+	if ln == nil {
+		return
+	}
 	for {
-		nc, err := d.ln.AcceptConn()
+		nc, err := ln.AcceptConn()
 		if err != nil {
 			return
 		}
@@ -699,6 +695,10 @@ func (d *directConn) install(cur *carrier, f *transport.Conn, h transport.Handov
 func (d *directConn) toDirect() {
 	d.moveMu.Lock()
 	defer d.moveMu.Unlock()
+	ep := d.link.endpointNow()
+	if ep == nil {
+		return // still opening: the connection moves onto it then (directstart.go)
+	}
 	for try := 1; try <= 3; try++ {
 		d.mu.Lock()
 		onFallback, closed := d.w.fb, d.closed
@@ -707,7 +707,7 @@ func (d *directConn) toDirect() {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), moveTimeout)
-		nc, err := d.ep.DialContext(ctx, d.port)
+		nc, err := ep.DialContext(ctx, d.port)
 		cancel()
 		if err != nil {
 			d.logf("direct link %s up: dial it again (try %d): %v", d.name, try, err)
@@ -762,8 +762,15 @@ func (d *directConn) back(nc *transport.Conn) bool {
 	cur.wdone = true
 	d.leftLocked(cur)
 	d.bumpLocked()
+	started := d.starting
+	d.starting = false
 	d.mu.Unlock()
-	d.logf("direct link %s up: connection moved back to it from the fallback", d.name)
+	how := "moved back to it from the fallback"
+	if started {
+		how = "moved onto it from the proxied path it began on"
+	}
+	d.logf("direct link %s up: connection %s", d.name, how)
+	go d.settle(cur, peer)
 	return true
 }
 

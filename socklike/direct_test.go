@@ -463,7 +463,7 @@ func TestDirectPeerGoneResets(t *testing.T) {
 		errc <- err
 	}()
 	waitfor.Blocked(t, "(*directConn).Read")
-	require.NoError(t, r.c[1].d.ep.Close())
+	require.NoError(t, r.c[1].d.link.ep.Close())
 	err := <-errc
 	require.ErrorIs(t, err, syscall.ECONNRESET, "a blocked Read when the peer's end of the direct link is gone")
 	var oe *net.OpError

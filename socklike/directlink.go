@@ -58,11 +58,18 @@ type directLink struct {
 	p     *Proxy
 	name  string
 	side  int
-	key   string // side 0: the address dialed, its key in p.dialLinks
-	ep    *transport.Endpoint
+	key   string          // side 0: the address dialed, its key in p.dialLinks
 	lease *transport.Conn // the link's lease (stream 0's dial)
 	done  chan struct{}   // closed when the link starts closing
 	shut  chan struct{}   // closed when it has closed
+
+	// ready is closed once the link's endpoint has opened or failed to
+	// (directstart.go): ep (nil if it failed, openErr why) and ln0 are
+	// read only after it.
+	ready   chan struct{}
+	ep      *transport.Endpoint
+	ln0     *transport.Listener // side 1, opened behind its first connection: the listener on DirectPort
+	openErr error
 
 	mu sync.Mutex
 	// mu protects the following fields.
@@ -74,10 +81,18 @@ type directLink struct {
 	idle    *time.Timer
 }
 
-// newLink registers side's end of direct link name, with one stream (0);
-// key is the address side 0 dialed.
+// newLink registers side's end of direct link name, open on ep, with one
+// stream (0); key is the address side 0 dialed.
 func (p *Proxy) newLink(name string, side int, key string, ep *transport.Endpoint, lease *transport.Conn) *directLink {
-	l := &directLink{p: p, name: name, side: side, key: key, ep: ep, lease: lease, done: make(chan struct{}), shut: make(chan struct{}), streams: 1, open: 1}
+	l := p.newPendingLink(name, side, key, lease)
+	l.opened(ep, nil, nil)
+	return l
+}
+
+// newPendingLink is newLink for a link whose endpoint is still to open:
+// opened gives it.
+func (p *Proxy) newPendingLink(name string, side int, key string, lease *transport.Conn) *directLink {
+	l := &directLink{p: p, name: name, side: side, key: key, lease: lease, done: make(chan struct{}), shut: make(chan struct{}), ready: make(chan struct{}), streams: 1, open: 1}
 	var old *directLink
 	p.mu.Lock()
 	if side == 0 {
@@ -96,20 +111,72 @@ func (p *Proxy) newLink(name string, side int, key string, ep *transport.Endpoin
 	if old != nil {
 		old.retire()
 	}
-	go l.runWatch()
 	return l
+}
+
+// opened gives the link its endpoint ep (and side 1's listener ln on
+// DirectPort, if the endpoint opened behind the link's first connection),
+// or the error that kept it from opening: then the link takes no more
+// streams, and gives its lease back at once (the quota it holds), and its
+// streams stay where they are, on the proxied path.
+func (l *directLink) opened(ep *transport.Endpoint, ln *transport.Listener, err error) {
+	l.ep, l.ln0, l.openErr = ep, ln, err
+	close(l.ready)
+	if err != nil {
+		l.close()
+		return
+	}
+	go l.runWatch()
+}
+
+// endpoint waits until the link has opened and returns its endpoint.
+func (l *directLink) endpoint(ctx context.Context) (*transport.Endpoint, error) {
+	select {
+	case <-l.ready:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("direct link %s: %w", l.name, dialErr(ctx.Err()))
+	}
+	if l.ep == nil {
+		return nil, fmt.Errorf("direct link %s did not open: %w", l.name, l.openErr)
+	}
+	return l.ep, nil
+}
+
+// mayBeUp reports whether the link is up or still opening.
+func (l *directLink) mayBeUp() bool {
+	select {
+	case <-l.ready:
+		return l.ep != nil && l.ep.Device().Link() == ntb.LinkUp
+	default:
+		return true
+	}
+}
+
+// endpointNow is the link's endpoint; nil while it opens, or if it did not.
+func (l *directLink) endpointNow() *transport.Endpoint {
+	select {
+	case <-l.ready:
+		return l.ep
+	default:
+		return nil
+	}
 }
 
 // reuse returns one of side 0's live links to address that carries no
 // open connection, and the number of a new stream on it; nil if there is
 // none.
 func (p *Proxy) reuse(address string) (*directLink, int) {
+	if p.linkIdle < 0 {
+		return nil, 0 // every dial opens a link of its own
+	}
 	p.mu.Lock()
 	links := append([]*directLink(nil), p.dialLinks[address]...)
 	p.mu.Unlock()
 	for i := len(links) - 1; i >= 0; i-- { // the newest first
 		l := links[i]
-		if l.ep.Device().Link() != ntb.LinkUp {
+		// A link still opening takes the stream too: its dial waits for
+		// the rest of the open, which is under way, not a new one.
+		if !l.mayBeUp() {
 			continue
 		}
 		l.mu.Lock()
@@ -257,7 +324,10 @@ func (l *directLink) close() {
 	close(l.done)
 	l.mu.Unlock()
 	defer close(l.shut)
-	l.ep.Close()
+	<-l.ready // an open under way ends first (its time is bounded)
+	if l.ep != nil {
+		l.ep.Close()
+	}
 	l.lease.Close()
 	p := l.p
 	p.mu.Lock()
@@ -398,7 +468,13 @@ func (p *Proxy) openStream(dl *appproto.DirectLink, lease *transport.Conn) (*Con
 	if l == nil {
 		return nil, fmt.Errorf("%w: no direct link %s for stream %d", ErrProxy, dl.Name, k)
 	}
-	ln, err := l.ep.Listen(appproto.StreamPort(k))
+	ctx, cancel := context.WithTimeout(context.Background(), moveTimeout)
+	ep, err := l.endpoint(ctx)
+	cancel()
+	var ln *transport.Listener
+	if err == nil {
+		ln, err = ep.Listen(appproto.StreamPort(k))
+	}
 	var dc *transport.Conn
 	if err == nil {
 		if _, err = lease.Write([]byte{appproto.DirectReady}); err == nil {
@@ -418,7 +494,11 @@ func (p *Proxy) openStream(dl *appproto.DirectLink, lease *transport.Conn) (*Con
 // dialStream dials stream k of side 0's link l, which ntproxy granted on
 // lease: the far side listens on its port.
 func (p *Proxy) dialStream(ctx context.Context, l *directLink, k int, lease *transport.Conn) (*Conn, error) {
-	dc, err := l.ep.DialContext(ctx, appproto.StreamPort(k))
+	ep, err := l.endpoint(ctx)
+	var dc *transport.Conn
+	if err == nil {
+		dc, err = ep.DialContext(ctx, appproto.StreamPort(k))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("direct link %s stream %d: %w", l.name, k, err)
 	}
@@ -509,6 +589,9 @@ func (p *Proxy) runContinue(ln *transport.Listener) {
 
 // continued hands fallback f of direct link name to its connection.
 func (p *Proxy) continued(name string, f *transport.Conn, route Route) {
+	if p.started(name, f) {
+		return
+	}
 	p.mu.Lock()
 	d := p.directs[name]
 	p.mu.Unlock()
@@ -517,4 +600,24 @@ func (p *Proxy) continued(name string, f *transport.Conn, route Route) {
 		return
 	}
 	d.fromFallback(f, route)
+}
+
+// force sets the direct link's emulated state to follow the NTB link
+// under it (on hardware it follows by itself).
+func (l *directLink) force(down bool) {
+	ep := l.endpointNow()
+	if ep == nil {
+		return // not open yet; an emulated link that opens meanwhile follows from the next change
+	}
+	f, ok := ep.Device().(interface {
+		ForceLinkDown()
+		ForceLinkUp()
+	})
+	switch {
+	case !ok:
+	case down:
+		f.ForceLinkDown()
+	default:
+		f.ForceLinkUp()
+	}
 }

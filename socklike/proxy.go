@@ -15,6 +15,7 @@ import (
 	"github.com/ntstack/ntstack/internal/prim/proc"
 	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/appproto"
+	"github.com/ntstack/ntstack/internal/wire/ctlapi"
 	"github.com/ntstack/ntstack/internal/wire/errcode"
 	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/qos"
@@ -79,10 +80,11 @@ type Proxy struct {
 	// mu protects the following fields.
 	cur         *attachment
 	closed      bool
-	nextPort    int                      // ports of this side of the memory link, for listeners
-	directs     map[string]*directConn   // direct connections by stream name, for their fallback
-	dialLinks   map[string][]*directLink // side 0's direct links by address dialed, oldest first
-	acceptLinks map[string]*directLink   // side 1's direct links by name
+	nextPort    int                             // ports of this side of the memory link, for listeners
+	directs     map[string]*directConn          // direct connections by stream name, for their fallback
+	dialLinks   map[string][]*directLink        // side 0's direct links by address dialed, oldest first
+	acceptLinks map[string]*directLink          // side 1's direct links by name
+	starts      map[string]chan *transport.Conn // side 1's links opening, awaiting the proxied path to begin on (directstart.go)
 }
 
 // attachment is one Hello/Welcome session with ntproxy.
@@ -392,9 +394,12 @@ func (p *Proxy) dialOn(ctx context.Context, address string, o dialOpts, l *direc
 	// c stays open as the lease on the link until dc closes (and for
 	// stream 0, as the link's, until the link closes).
 	var dc *Conn
-	if l != nil {
+	switch {
+	case l != nil:
 		dc, err = p.dialStream(ctx, l, k, c)
-	} else {
+	case reply.Pending && reply.Path == ctlapi.PathNTB:
+		dc, err = p.startDirect(ctx, reply.Direct, c, address, class, Route{Path: reply.Path, Mode: "direct", Reason: reply.Reason})
+	default:
 		dc, err = p.openDirect(ctx, reply.Direct, 0, c, reply.Pending, address)
 	}
 	if err != nil {
@@ -614,7 +619,13 @@ func (l *proxyListener) introduce(a *attachment, c *transport.Conn) {
 	conn := newConn(c, local, remote, route)
 	if in.Direct != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		dc, err := l.p.openDirect(ctx, in.Direct, 1, c, false, "")
+		var dc *Conn
+		var err error
+		if in.Direct.Stream == 0 && in.Path == ctlapi.PathNTB {
+			dc, err = l.p.acceptStart(ctx, in.Direct, c, Route{Path: in.Path, Mode: "direct", Reason: in.Reason})
+		} else {
+			dc, err = l.p.openDirect(ctx, in.Direct, 1, c, false, "")
+		}
 		cancel()
 		if err != nil {
 			c.Close()

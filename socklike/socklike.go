@@ -110,8 +110,9 @@ type Config struct {
 	// DirectIdle (attached mode) is how long a direct link that carries no
 	// connection any more is kept for the next direct dial to the same
 	// address, which then skips opening a link of its own (default 5 s;
-	// negative: the link closes with its last connection). The link's
-	// window stays charged to the application's quota while it is kept.
+	// negative: no dial takes a link another opened, and a link closes
+	// with its connection). The link's window stays charged to the
+	// application's quota while it is kept.
 	DirectIdle time.Duration
 	// Fabric configures the emulated fabric for Open.
 	Fabric shm.Options

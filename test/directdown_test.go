@@ -113,6 +113,9 @@ func TestRackDirectLinkDown(t *testing.T) {
 	require.NoError(t, err)
 	defer nc.Close()
 	c := nc.(*socklike.Conn)
+	// A first direct dial returns on the proxied path and moves onto its
+	// link once that is up.
+	waitfor.True(t, "the connection on its direct link", func() bool { return !strings.HasPrefix(c.Route().Reason, "on the proxied path until") })
 	first := c.Route()
 	require.Equal(t, "direct", first.Mode, "the connection is in direct mode before the fault: %+v", first)
 

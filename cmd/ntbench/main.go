@@ -62,7 +62,8 @@
 //	          latency columns are the dials' times, until the dial returned
 //	          a connection: TCP's connect beside the time ntstack takes to
 //	          open a connection (for direct, a link of its own); -warmup
-//	          counts at most 10 dials
+//	          counts at most 10 dials; with -gap D the client waits D
+//	          between dials, untimed
 //
 // # Reading the figures
 //
@@ -213,7 +214,7 @@ type options struct {
 	idle       int   // connections opened beside the measured ones, never used
 	rounds     int   // times the whole run is repeated, its rows reduced to medians
 	window     int
-	gap        time.Duration // pingpong: wait between round trips
+	gap        time.Duration // pingpong: wait between round trips; dial: between dials
 	pin        string
 	gomaxprocs int
 	verify     bool
@@ -225,6 +226,7 @@ type options struct {
 	core       string        // ntb: core model
 	mtu        int           // ntb: segment size
 	recvWindow int           // ntb: per-connection receive window
+	directIdle time.Duration // direct: how long the dialer keeps a link with no connection
 	readBuf    int           // the server's read buffer per connection
 	sharedWin  int           // ntb: receive window of bulk connections beside small-message ones
 	priority   int           // ntb: class of the bulk flows (mixed) or of every connection
@@ -320,7 +322,7 @@ Flags:
 	fs.IntVar(&o.idle, "idle", 0, "connections opened beside the measured ones and left idle (not the copy bound's)")
 	fs.IntVar(&o.rounds, "rounds", 1, "run every transport×mode×size this many times, the transports taking turns, and report the median of each figure")
 	fs.IntVar(&o.window, "window", 32, "messages in flight per connection (rate mode)")
-	fs.DurationVar(&o.gap, "gap", 0, "pingpong, and mixed mode's pingpong flow: wait this long between round trips, untimed (sporadic traffic; 1ms: about a request a millisecond)")
+	fs.DurationVar(&o.gap, "gap", 0, "pingpong, and mixed mode's pingpong flow: wait this long between round trips, untimed (sporadic traffic; 1ms: about a request a millisecond); dial: between dials")
 	fs.IntVar(&o.readBuf, "readbuf", defaultReadBuf, "the server's read buffer per connection, in bytes (pingpong, stream, rate); many connections' buffers together can outgrow the CPU caches")
 	fs.StringVar(&o.pin, "pin", "split", "`placement`: split (client and server on different CPUs), same (both on one CPU) or none")
 	fs.IntVar(&o.gomaxprocs, "gomaxprocs", 0, "GOMAXPROCS of client and server (0: the CPUs each is pinned to, or the start-up value with -pin none)")
@@ -328,6 +330,7 @@ Flags:
 	fs.IntVar(&o.partitions, "partitions", 1, "ntb: data partitions of the link (socklike Config.Partitions)")
 	fs.BoolVar(&o.qos, "qos", false, "ntb: one partition per priority class (socklike Config.QoS)")
 	fs.StringVar(&o.core, "core", "inline", "ntb: core model: inline (callers drive the rings), shared (a worker per partition) or split (TX and RX workers)")
+	fs.DurationVar(&o.directIdle, "directidle", 0, "direct: how long the client keeps a direct link that carries no connection for a later dial to take (socklike Config.DirectIdle; 0: its default; negative: not at all, so that every dial opens a link)")
 	fs.IntVar(&o.recvWindow, "recvwindow", socklike.DefaultWindow, "ntb: each connection's receive window in bytes (socklike Config.Window)")
 	fs.IntVar(&o.sharedWin, "sharedwindow", engine.DefaultSharedWindow, "ntb: receive window of a bulk connection while a small-message connection shares its partition (the engine's Config.SharedWindow; negative: none)")
 	fs.IntVar(&o.mtu, "mtu", socklike.DefaultMTU, "ntb: largest record; larger writes are segmented (a write-sized MTU switches segmentation off)")

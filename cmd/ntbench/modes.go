@@ -96,6 +96,9 @@ func (d *dialing) measure(deadline time.Time) (sample, error) {
 			return sample{}, err
 		}
 		rtts = append(rtts, took)
+		if d.o.gap > 0 {
+			time.Sleep(d.o.gap) // untimed: what a dial leaves behind settles
+		}
 	}
 	return sample{rtts: rtts, msgs: len(rtts)}, nil
 }

@@ -95,7 +95,7 @@ const (
 // ntproxy's, and the shared window the engine's default (applications do
 // not tune it).
 func appConfig(o *options) socklike.Config {
-	return socklike.Config{SpinBudget: o.spin, MTU: o.mtu, Window: o.recvWindow}
+	return socklike.Config{SpinBudget: o.spin, MTU: o.mtu, Window: o.recvWindow, DirectIdle: o.directIdle}
 }
 
 var (

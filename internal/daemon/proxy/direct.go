@@ -36,14 +36,24 @@ const directPrefix = "direct-"
 func (s *Server) serveDirect(a *app, c *transport.Conn, req appproto.DialRequest) {
 	ctx, cancel := context.WithTimeout(s.ctx, dialTimeout)
 	var granted func(*pconn, *appproto.DirectLink) error
+	var early *pconn
 	if req.Early {
 		granted = func(pc *pconn, dl *appproto.DirectLink) error {
+			// On record with the grant: the application may continue the
+			// link through the proxies while the far side is asked.
+			pc.dlName, early = dl.Name, pc
+			if !s.recordLease(a, pc, c, nil) {
+				return net.ErrClosed
+			}
 			return appproto.WriteFrame(c, appproto.DialReply{Local: pc.local, Remote: pc.remote, Path: pc.path, Reason: pc.reason, Direct: dl, Pending: true})
 		}
 	}
 	pc, dl, err := s.dialDirect(ctx, a, req, granted)
 	cancel()
 	if err != nil {
+		if early != nil {
+			s.forget(early)
+		}
 		appproto.WriteFrame(c, appproto.DialReply{Code: ctlapi.CodeOf(err), Error: errMessage(err)})
 		c.Close()
 		return
@@ -53,12 +63,15 @@ func (s *Server) serveDirect(a *app, c *transport.Conn, req appproto.DialRequest
 	if dl.Stream > 0 {
 		dl = nil // the link's lease holds its quota
 	}
-	if err := appproto.WriteFrame(c, reply); err == nil {
-		s.holdLease(a, pc, c, dl)
+	// The lease is on record before the reply: the application may
+	// continue the link through the proxies (DialRequest.Continue) at once.
+	if !s.recordLease(a, pc, c, dl) {
 		return
 	}
-	s.releaseDirect(a, dl)
-	c.Close()
+	if err := appproto.WriteFrame(c, reply); err != nil {
+		c.Close()
+	}
+	s.awaitLease(a, pc, c, dl)
 }
 
 // dialDirect reserves the quota, names the link and has the far side's
@@ -223,15 +236,19 @@ func (s *Server) serveRackDirect(fc net.Conn, open appproto.RackOpen, l *listene
 		refuse(err)
 		return
 	}
+	// On record before the answer, as in serveDirect: the far side may
+	// continue the link through the proxies as soon as it has it.
+	pc.app = l.app.id
+	if !s.recordLease(l.app, pc, ac, dl) {
+		fc.Close()
+		return
+	}
 	err = appproto.WriteFrame(fc, appproto.DialReply{Local: pc.remote, Remote: pc.local, Path: pc.path})
 	fc.Close()
 	if err != nil {
 		ac.Close()
-		s.releaseDirect(l.app, dl)
-		return
 	}
-	pc.app = l.app.id
-	s.holdLease(l.app, pc, ac, dl)
+	s.awaitLease(l.app, pc, ac, dl)
 }
 
 // serveRackStream is serveRackDirect's part for a later connection on a
@@ -331,20 +348,38 @@ func (s *Server) releaseDirect(a *app, dl *appproto.DirectLink) {
 // holdLease registers pc and waits until the application closes the lease
 // c (or goes), then releases the grant.
 func (s *Server) holdLease(a *app, pc *pconn, c *transport.Conn, dl *appproto.DirectLink) {
+	if s.recordLease(a, pc, c, dl) {
+		s.awaitLease(a, pc, c, dl)
+	}
+}
+
+// recordLease registers pc, the lease c of a's grant; false (c closed, the
+// grant released) if the server or a has gone.
+func (s *Server) recordLease(a *app, pc *pconn, c *transport.Conn, dl *appproto.DirectLink) bool {
 	pc.ends = [2]net.Conn{c, nil}
 	s.mu.Lock()
 	if s.closed || a.gone {
 		s.mu.Unlock()
 		c.Close()
 		s.releaseDirect(a, dl)
-		return
+		return false
 	}
 	if dl != nil {
 		pc.dlName = dl.Name
 	}
 	s.conns[pc.id] = pc
 	a.conns[pc.id] = pc
+	if s.leased != nil {
+		close(s.leased)
+		s.leased = nil
+	}
 	s.mu.Unlock()
+	return true
+}
+
+// awaitLease waits until the application closes the recorded lease c (or
+// goes), then releases the grant.
+func (s *Server) awaitLease(a *app, pc *pconn, c *transport.Conn, dl *appproto.DirectLink) {
 	done := make(chan struct{})
 	if link := s.links[hostOf(pc.remote)]; link != nil && pc.path == ctlapi.PathNTB {
 		go s.relayLinkState(link, c, pc, done)

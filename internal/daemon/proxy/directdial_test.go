@@ -2,8 +2,13 @@ package proxy
 
 import (
 	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"math/rand/v2"
 	"net"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -116,4 +121,69 @@ func TestDirectDialsShareALink(t *testing.T) {
 	require.Equal(t, "direct", c.(*socklike.Conn).Route().Mode)
 	require.Contains(t, c.(*socklike.Conn).Route().Reason, "a window slice of its own")
 	roundTrip(t, c, 10, 1000)
+}
+
+// A first direct dial between two applications returns on the proxied
+// path (a proxied dial's time, not a link's open) and moves onto its link
+// once that is up: 8 MiB echoed through it while it moves arrive byte for
+// byte, the second half once it is on the link, and it ends there, a
+// direct connection with the link's quota charged at both proxies.
+func TestDirectFirstDialMovesOnto(t *testing.T) {
+	r := newRack(t, "")
+	echoRack(t, r)
+	onto := make(chan string, 1)
+	client := attachWith(t, r.ca, socklike.Config{Logf: func(format string, args ...any) {
+		if line := fmt.Sprintf(format, args...); strings.Contains(line, "moved onto it from the proxied path it began on") {
+			select {
+			case onto <- line:
+			default:
+			}
+		}
+	}})
+	nc, err := (&socklike.Dialer{Proxy: client, Direct: true}).Dial("tcp", "b:80")
+	require.NoError(t, err)
+	defer nc.Close()
+	c := nc.(*socklike.Conn)
+	first := c.Route()
+	require.Equal(t, "direct", first.Mode)
+	t.Logf("Route on return: %+v", first)
+
+	const size = 8 << 20
+	data := make([]byte, size)
+	rng := rand.New(rand.NewPCG(size, 4))
+	for i := range data {
+		data[i] = byte(rng.Uint32())
+	}
+	moved := make(chan struct{})
+	written := make(chan error, 1)
+	go func() {
+		for off := 0; off < size; off += 32 << 10 {
+			if off == size/2 {
+				<-moved
+			}
+			if _, err := c.Write(data[off : off+32<<10]); err != nil {
+				written <- err
+				return
+			}
+		}
+		written <- c.CloseWrite()
+	}()
+	home := onLink(t, c)
+	t.Log(<-onto) // it began on the proxied path
+	close(moved)
+	got, err := io.ReadAll(c)
+	require.NoError(t, err)
+	require.NoError(t, <-written)
+	require.Equal(t, sha256.Sum256(data), sha256.Sum256(got), "every byte echoed, once, in order")
+	require.Equal(t, "direct", home.Mode)
+	require.Contains(t, home.Reason, "a window slice of its own")
+	require.Equal(t, home, c.Route(), "it ends on its link")
+	memory := func(s *Server) (m int64) {
+		for _, a := range s.Snapshot().Apps {
+			m += a.Memory
+		}
+		return m
+	}
+	require.GreaterOrEqual(t, memory(r.a), linkBytes(r.ca.Proxy.DirectWindow), "a's proxy charges the link")
+	require.GreaterOrEqual(t, memory(r.b), linkBytes(r.cb.Proxy.DirectWindow), "b's proxy charges the link")
 }

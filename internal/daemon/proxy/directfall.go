@@ -119,13 +119,40 @@ func (s *Server) directHolder(from, name string) (*app, *pconn) {
 	return nil, nil
 }
 
+// awaitHolder is directHolder, waiting within ctx for the lease to be
+// recorded: a first direct connection's continuation may come while the
+// far side of its link is still being asked (socklike/directstart.go).
+func (s *Server) awaitHolder(ctx context.Context, from, name string) (*app, *pconn) {
+	for {
+		if a, pc := s.directHolder(from, name); a != nil || !strings.HasPrefix(name, directPrefix+from+"-") {
+			return a, pc
+		}
+		s.mu.Lock()
+		if s.leased == nil {
+			s.leased = make(chan struct{})
+		}
+		ch := s.leased
+		s.mu.Unlock()
+		if a, pc := s.directHolder(from, name); a != nil {
+			return a, pc
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, nil
+		}
+	}
+}
+
 // serveContinue is serveInbound's part for a connection carrying on
 // direct link open.Continue: it goes to the application holding the link,
 // on its PortContinue (not through a listener, which may have closed since
 // the direct connection was accepted), and runs as a proxied connection.
 // The direct connection was admitted; its continuation is the same.
 func (s *Server) serveContinue(fc net.Conn, open appproto.RackOpen, in inbound, refuse func(error)) {
-	a, lease := s.directHolder(open.From, open.Continue)
+	wctx, wcancel := context.WithTimeout(s.ctx, requestTimeout)
+	a, lease := s.awaitHolder(wctx, open.From, open.Continue)
+	wcancel()
 	switch {
 	case in.from != "" && open.From != in.from:
 		refuse(ctlapi.Errorf(ctlapi.CodeBadRequest, "open from %q arrived %s, which leads to %s", open.From, in.via, in.from))

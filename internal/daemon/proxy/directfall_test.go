@@ -62,7 +62,7 @@ func directFailover(t *testing.T, reuse bool) {
 	require.NoError(t, err)
 	defer nc.Close()
 	c := nc.(*socklike.Conn)
-	home := c.Route()
+	home := onLink(t, c)
 	require.Equal(t, "direct", home.Mode)
 	if reuse {
 		require.Contains(t, home.Reason, "on the window slice of an earlier one")
@@ -198,11 +198,19 @@ func TestDirectOutlivesFarProxy(t *testing.T) {
 	require.NoError(t, err)
 	defer nc.Close()
 	c := nc.(*socklike.Conn)
-	home := c.Route()
+	home := onLink(t, c)
 	roundTrip(t, c, 1, 256<<10)
 	require.NoError(t, r.b.Close())
 	dev := r.a.links["b"].ep.Device()
 	waitfor.True(t, "a's NTB link down once b's ntproxy closed", func() bool { return dev.Link() != ntb.LinkUp })
 	roundTrip(t, c, 2, 256<<10)
 	require.Equal(t, home, c.Route(), "still on its direct link")
+}
+
+// onLink waits until direct connection c is on its direct link (a first
+// dial's begins on the proxied path) and returns its Route there.
+func onLink(t *testing.T, c *socklike.Conn) socklike.Route {
+	t.Helper()
+	waitfor.True(t, "the connection on its direct link", func() bool { return !strings.HasPrefix(c.Route().Reason, "on the proxied path until") })
+	return c.Route()
 }

@@ -105,6 +105,7 @@ type Server struct {
 	legs      map[legKey]*leg
 	socks     []net.Listener
 	closed    bool
+	leased    chan struct{} // closed when a direct lease is recorded (awaitHolder), if anyone waits
 }
 
 // rackLink is the NTB link to one rack peer.
