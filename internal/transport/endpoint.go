@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -69,12 +70,9 @@ type Endpoint struct {
 // and returns an Endpoint that owns it.
 func Open(name string, cfg Config) (*Endpoint, error) {
 	if cfg.Fabric.SilentTimeout == 0 {
-		// The fabric takes a silent peer's link down after the user
+		// The fabric takes a silent peer's link down after the silent
 		// timeout: the connections fail then, as silent.
-		cfg.Fabric.SilentTimeout = cfg.UserTimeout
-		if cfg.UserTimeout == 0 {
-			cfg.Fabric.SilentTimeout = DefaultUserTimeout
-		}
+		cfg.Fabric.SilentTimeout = cmp.Or(cfg.SilentTimeout, cfg.UserTimeout, DefaultUserTimeout)
 	}
 	dev, err := shm.Open(name, cfg.Fabric)
 	if err != nil {

@@ -186,6 +186,12 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 			// connection waits for the link only through a session
 			// restart, not an outage.
 			UserTimeout: rackUserTimeout,
+			// A peer ntproxy that is attached but not heard from is waited
+			// for, as long as an application's connection would wait:
+			// one merely starved of CPU costs neither a leg's move nor a
+			// dial over the link (a direct dial has no other path), and a
+			// fallback leg would end at that same process.
+			SilentTimeout: transport.DefaultUserTimeout,
 			// FutexWait: the pool legs spin runnable while they wait, and a
 			// FIFO read through the runtime's poller would be seen only
 			// once they stop (see shm's bell).
