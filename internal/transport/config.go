@@ -112,8 +112,8 @@ type Config struct {
 	// off, where the yield only cost the bulk reader its runs of records.
 	HandOff bool
 	// UserTimeout is how long a connection waits for a peer it cannot
-	// reach — link down, peer suspect, a new session whose peer does not
-	// resume it — before it fails with ETIMEDOUT (default
+	// reach — link down, a new session whose peer does not resume it —
+	// before it fails with ETIMEDOUT (a suspect peer: SilentTimeout; default
 	// DefaultUserTimeout, 10 s, the order of TCP's). A peer that is gone
 	// (exited, closed its endpoint) fails connections at once, with
 	// ECONNRESET; any shorter outage costs a pause (resume.go).

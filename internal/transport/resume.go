@@ -61,7 +61,8 @@ import (
 // saying so, a user timeout ETIMEDOUT; every one also wraps ErrLinkDown.
 
 // DefaultUserTimeout is how long a connection waits for an unreachable
-// peer (link down, peer suspect, resume unanswered) before it fails.
+// peer (link down, resume unanswered; and a suspect one unless
+// Config.SilentTimeout says otherwise) before it fails.
 const DefaultUserTimeout = 10 * time.Second
 
 // watchMin and watchMax bound the period of runWatch's looks at a
@@ -632,7 +633,7 @@ func (ep *Endpoint) runWatch(lv ntb.Liveness) {
 		case since.IsZero():
 			since = time.Now()
 			period = min(period, limit)
-			ep.logf("peer suspect: connections pause, %v at most", limit)
+			ep.logf("peer suspect: connections wait for it, and fail if it stays suspect for %v", limit)
 		case time.Since(since) >= limit:
 			ep.mu.Lock()
 			st := ep.cur
