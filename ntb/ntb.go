@@ -107,8 +107,8 @@ type LinkEvent struct {
 	// Cause says why a link went down (CauseNone while up).
 	Cause Cause
 	// Suspect is set on an up link whose peer has missed heartbeats but
-	// is not known to be gone: connections pause rather than fail, and
-	// may move to another path. An event with Suspect clear on an up
+	// is not known to be gone: connections wait for it rather than fail,
+	// and may move to another path. An event with Suspect clear on an up
 	// link says the peer was heard again.
 	Suspect bool
 	// Reason says why the link changed, for logs ("peer attached",

@@ -112,12 +112,21 @@ type Config struct {
 	// off, where the yield only cost the bulk reader its runs of records.
 	HandOff bool
 	// UserTimeout is how long a connection waits for a peer it cannot
-	// reach — link down, peer suspect, a new session whose peer does not
-	// resume it — before it fails with ETIMEDOUT (default
+	// reach — link down, a new session whose peer does not resume it —
+	// before it fails with ETIMEDOUT (a suspect peer: SilentTimeout; default
 	// DefaultUserTimeout, 10 s, the order of TCP's). A peer that is gone
 	// (exited, closed its endpoint) fails connections at once, with
 	// ECONNRESET; any shorter outage costs a pause (resume.go).
 	UserTimeout time.Duration
+	// SilentTimeout is how long a session waits for a peer that is
+	// attached but not heard from (its device finds it suspect, or takes
+	// the link down as silent, ntb.CauseSilent) before its connections
+	// fail with ETIMEDOUT (default UserTimeout). A live peer that is only
+	// starved of CPU is such a peer: an endpoint whose UserTimeout is
+	// short because something above it moves on by itself (ntproxy's rack
+	// links, whose legs fail over) still waits seconds for it. Open gives
+	// the device the same timeout unless Fabric says otherwise.
+	SilentTimeout time.Duration
 	// Sockets says the process also waits on sockets (its goroutines read
 	// TCP or Unix sockets through the runtime's poller, as ntproxy's
 	// gateway and fallback legs do). It applies process-wide from the first
@@ -163,11 +172,16 @@ func (c *Config) setDefaults() error {
 	if c.UserTimeout == 0 {
 		c.UserTimeout = DefaultUserTimeout
 	}
+	if c.SilentTimeout == 0 {
+		c.SilentTimeout = c.UserTimeout
+	}
 	switch {
 	case c.Window < minWindow || c.Window > maxWindow:
 		return fmt.Errorf("window %d outside [%d, %d]", c.Window, minWindow, maxWindow)
 	case c.UserTimeout < 0:
 		return fmt.Errorf("user timeout %v", c.UserTimeout)
+	case c.SilentTimeout < 0:
+		return fmt.Errorf("silent timeout %v", c.SilentTimeout)
 	case c.MTU < 1:
 		return fmt.Errorf("mtu %d", c.MTU)
 	case c.SharedWindow > 0 && c.SharedWindow < minWindow:

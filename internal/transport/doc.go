@@ -29,9 +29,11 @@
 // Sessions end; connections need not (DESIGN.md invariant 9). A sender
 // keeps what it sent until the peer's CREDIT covers it; when a session
 // ends for a reason that leaves hope (the link flapped, the peer started
-// a new session, the peer is only suspect), connections pause and resume
-// on the next session, losing nothing. Only a peer gone or closed, or
-// unreachable past Config.UserTimeout, fails them (resume.go).
+// a new session), connections pause and resume on the next session,
+// losing nothing. A peer that is only suspect keeps its session: its
+// connections wait for it as for any slow peer. Only a peer gone or
+// closed, unreachable past Config.UserTimeout or suspect past
+// Config.SilentTimeout, fails them (resume.go).
 //
 // Data path (Config.CoreModel). The link's window holds Config.Partitions
 // data ring pairs and a control ring for credits; partitions are grouped

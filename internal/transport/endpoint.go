@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -42,6 +43,7 @@ type Endpoint struct {
 	accepting   atomic.Int32  // goroutines in Accept: the poller arms once calls stop (see idleGrace)
 	calls       atomic.Uint64 // Read and Write calls: the poller stays off while they come
 	kick        chan struct{} // wakes the poller when it waits for work
+	closeDone   chan struct{} // closed once Close has finished: pollers ended, device closed
 
 	taps atomic.Pointer[tapSet] // frame taps, nil when none (tap.go)
 
@@ -69,12 +71,9 @@ type Endpoint struct {
 // and returns an Endpoint that owns it.
 func Open(name string, cfg Config) (*Endpoint, error) {
 	if cfg.Fabric.SilentTimeout == 0 {
-		// The fabric takes a silent peer's link down after the user
+		// The fabric takes a silent peer's link down after the silent
 		// timeout: the connections fail then, as silent.
-		cfg.Fabric.SilentTimeout = cfg.UserTimeout
-		if cfg.UserTimeout == 0 {
-			cfg.Fabric.SilentTimeout = DefaultUserTimeout
-		}
+		cfg.Fabric.SilentTimeout = cmp.Or(cfg.SilentTimeout, cfg.UserTimeout, DefaultUserTimeout)
 	}
 	dev, err := shm.Open(name, cfg.Fabric)
 	if err != nil {
@@ -119,6 +118,7 @@ func Attach(dev ntb.Device, cfg Config) (*Endpoint, error) {
 		kick:        make(chan struct{}, 1),
 		smallFor:    int64(smallRecent),
 		watchStop:   make(chan struct{}),
+		closeDone:   make(chan struct{}),
 	}
 	ep.quota.Name, ep.quota.Limit = "receive-window memory quota", cfg.MemoryQuota
 	ep.idler, _ = dev.(ntb.Idler)
@@ -178,13 +178,18 @@ func (ep *Endpoint) TakeDevice() { ep.ownsDev = true }
 func (ep *Endpoint) Device() ntb.Device { return ep.dev }
 
 // Close ends every connection and listener and detaches from the link.
+// It returns once the endpoint's goroutines have ended and, if it owns
+// the device, the device is closed. A Close while another is under way
+// waits for that one to finish; every Close but the first returns nil.
 func (ep *Endpoint) Close() error {
 	ep.mu.Lock()
 	if ep.closed {
 		ep.mu.Unlock()
+		<-ep.closeDone
 		return nil
 	}
 	ep.closed = true
+	defer close(ep.closeDone)
 	close(ep.sessCh)
 	close(ep.watchStop)
 	if ep.pauseTimer != nil {

@@ -18,6 +18,7 @@ import (
 //
 // Input: a sequence of [tag: 3 bytes][n: 1 byte][payload: n bytes];
 // CREDIT and WANT frames go on the control ring, the rest on the data ring.
+// Only the first maxFuzzFrames bytes are played (see there).
 func FuzzFrames(f *testing.F) {
 	frame := func(kind, id uint32, payload ...byte) []byte {
 		t := makeTag(kind, id)
@@ -33,6 +34,7 @@ func FuzzFrames(f *testing.F) {
 	f.Add(frame(kindData, 77, 1, 2, 3))
 	f.Add(frame(15, 0))
 	f.Fuzz(func(t *testing.T, data []byte) {
+		data = data[:min(len(data), maxFuzzFrames)]
 		da, db := ntbtest.NewPair(64 << 10)
 		defer da.Close()
 		defer db.Close()
@@ -101,6 +103,19 @@ func FuzzFrames(f *testing.F) {
 		}
 	})
 }
+
+// maxFuzzFrames bounds what FuzzFrames plays of an input. The fuzzer
+// minimizes every input that widens coverage, and its minimizer tries on the
+// order of n*n/2 candidates for an n-byte input, each a whole run of this
+// target (a fabric pair, an endpoint, a hostile session; a few hundred
+// microseconds with coverage on). An input of a kilobyte keeps a worker
+// minimizing for the whole -fuzzminimizetime (60 s by default), and the
+// fuzzer counts those runs only when the minimization ends: with both
+// workers minimizing it reports 0 execs/s. 256 bytes holds ten or more
+// frames of every kind (an OPEN is 24 bytes, a WANT 20) and keeps a
+// minimization to seconds; bytes past the bound do not reach the target, so
+// the minimizer cuts them in a few tries.
+const maxFuzzFrames = 256
 
 // FuzzDecodeResume feeds a peer's RESUME payloads to their decoder: it
 // accepts only a payload of the exact size naming a valid id, with credit

@@ -54,14 +54,15 @@ import (
 //
 // Liveness. A link whose device says its peer is suspect (ntb.Liveness)
 // keeps its session and its connections; only a suspicion that lasts
-// UserTimeout ends the session, as silent. Errors (connError) speak TCP's
+// SilentTimeout ends the session, as silent. Errors (connError) speak TCP's
 // language: a peer gone or reset gives ECONNRESET, a peer that closed its
 // endpoint ECONNRESET too (data in flight to a closed endpoint is lost,
 // as TCP resets a connection closed with unread data) with a message
 // saying so, a user timeout ETIMEDOUT; every one also wraps ErrLinkDown.
 
 // DefaultUserTimeout is how long a connection waits for an unreachable
-// peer (link down, peer suspect, resume unanswered) before it fails.
+// peer (link down, resume unanswered; and a suspect one unless
+// Config.SilentTimeout says otherwise) before it fails.
 const DefaultUserTimeout = 10 * time.Second
 
 // watchMin and watchMax bound the period of runWatch's looks at a
@@ -607,11 +608,13 @@ func (ep *Endpoint) checkPaused() {
 }
 
 // runWatch ends the session when the device has reported its peer
-// suspect for the user timeout (ntb.Liveness): its connections fail as
-// silent. A peer that is heard again within it costs only the pause.
+// suspect for the silent timeout (ntb.Liveness, Config.SilentTimeout):
+// its connections fail as silent. A peer that is heard again within it
+// costs only the wait.
 func (ep *Endpoint) runWatch(lv ntb.Liveness) {
 	defer ep.pollers.Done()
 	watcher, _ := ep.dev.(ntb.LinkWatcher)
+	limit := ep.cfg.SilentTimeout
 	var since time.Time
 	for {
 		var changed <-chan struct{}
@@ -619,24 +622,24 @@ func (ep *Endpoint) runWatch(lv ntb.Liveness) {
 			changed = watcher.LinkChanged()
 		}
 		suspect := ep.dev.Link() == ntb.LinkUp && lv.Suspect()
-		// A look every quarter of the user timeout (a device need not
-		// signal LinkChanged when it suspects), at least watchMin apart:
-		// a suspicion is acted on between one and one and a quarter
+		// A look every quarter of the timeout (a device need not signal
+		// LinkChanged when it suspects), at least watchMin apart: a
+		// suspicion is acted on between one and one and a quarter
 		// timeouts after it began, or watchMin after.
-		period := min(max(ep.cfg.UserTimeout/4, watchMin), watchMax)
+		period := min(max(limit/4, watchMin), watchMax)
 		switch {
 		case !suspect:
 			since = time.Time{}
 		case since.IsZero():
 			since = time.Now()
-			period = min(period, ep.cfg.UserTimeout)
-			ep.logf("peer suspect: connections pause, %v at most", ep.cfg.UserTimeout)
-		case time.Since(since) >= ep.cfg.UserTimeout:
+			period = min(period, limit)
+			ep.logf("peer suspect: connections wait for it, and fail if it stays suspect for %v", limit)
+		case time.Since(since) >= limit:
 			ep.mu.Lock()
 			st := ep.cur
 			ep.mu.Unlock()
 			if st != nil {
-				st.sess.Fail(&partition.DownError{Cause: ntb.CauseSilent, Reason: fmt.Sprintf("peer suspect for %v", ep.cfg.UserTimeout)})
+				st.sess.Fail(&partition.DownError{Cause: ntb.CauseSilent, Reason: fmt.Sprintf("peer suspect for %v", limit)})
 			}
 			since = time.Now()
 		}

@@ -140,8 +140,9 @@ type Proxy struct {
 	AppWindow int `toml:"app_window"`
 	// SpinBudget is socklike's spin-before-park budget ("" = socklike's).
 	SpinBudget Duration `toml:"spin_budget"`
-	// LinkTimeout declares a rack link down when the peer's heartbeat
-	// stops for this long ("" = the fabric's default, 500 ms). A dead
+	// LinkTimeout makes a rack link suspect when the peer's heartbeat
+	// stops for this long ("" = the fabric's default, 500 ms); the link
+	// goes down as silent only after transport.DefaultUserTimeout. A dead
 	// peer process is seen sooner, from its released locks.
 	LinkTimeout Duration `toml:"link_timeout"`
 	// MaxAppsPerUID bounds attachments per local user.

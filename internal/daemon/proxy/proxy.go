@@ -187,6 +187,12 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 			// connection waits for the link only through a session
 			// restart, not an outage.
 			UserTimeout: rackUserTimeout,
+			// A peer ntproxy that is attached but not heard from is waited
+			// for, as long as an application's connection would wait:
+			// one merely starved of CPU costs neither a leg's move nor a
+			// dial over the link (a direct dial has no other path), and a
+			// fallback leg would end at that same process.
+			SilentTimeout: transport.DefaultUserTimeout,
 			// FutexWait: a wake-up through the runtime's poller costs
 			// ntproxy more than the futex wait does (see shm's bell).
 			// Side: fixed per host pair, see linkSide.
