@@ -151,11 +151,14 @@ func (d *directConn) moveOnto(dl *appproto.DirectLink, reason string) {
 	ep, err := d.link.endpoint(ctx)
 	var nc *transport.Conn
 	if err == nil {
-		nc, err = dialUp(ctx, ep, d.port)
+		nc, err = d.dialUp(ctx, ep)
 		// Both ends hold the link now, or it failed: its files go
 		// (ntproxy removes them too, but may have done so before this
 		// end made them).
 		shm.Remove(dl.Dir, dl.Name)
+	}
+	if errors.Is(err, errClosedEarly) {
+		return // the link stays for a later dial (see above)
 	}
 	if err == nil {
 		d.moveMu.Lock()
@@ -176,18 +179,31 @@ func (d *directConn) moveOnto(dl *appproto.DirectLink, reason string) {
 	d.link.close() // its lease, and the quota on it, go now
 }
 
-// dialUp dials port on a link whose far side listens on it once its
+// errClosedEarly ends dialUp for a connection that closed before its
+// link came up: there is nothing left to move, and the far side, closed
+// too, no longer listens on the port.
+var errClosedEarly = errors.New("the connection closed before its link came up")
+
+// dialUp dials d's port on a link whose far side listens on it once its
 // endpoint has opened: a dial that reaches it a moment before is refused,
-// and is made again.
-func dialUp(ctx context.Context, ep *transport.Endpoint, port int) (*transport.Conn, error) {
+// and is made again, until d closes.
+func (d *directConn) dialUp(ctx context.Context, ep *transport.Endpoint) (*transport.Conn, error) {
 	for wait := 50 * time.Microsecond; ; wait = min(2*wait, 5*time.Millisecond) {
-		nc, err := ep.DialContext(ctx, port)
+		nc, err := ep.DialContext(ctx, d.port)
 		if !errors.Is(err, syscall.ECONNREFUSED) {
 			return nc, err
+		}
+		d.mu.Lock()
+		closed, changed := d.closed, d.changed
+		d.mu.Unlock()
+		if closed {
+			return nil, errClosedEarly
 		}
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
+		case <-changed:
+			t.Stop()
 		case <-ctx.Done():
 			t.Stop()
 			return nil, err

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -247,5 +248,16 @@ func TestDirectStartClosedEarly(t *testing.T) {
 	ep, err := l.endpoint(t.Context())
 	require.NoError(t, err)
 	waitfor.True(t, "the link up", func() bool { return ep.Device().Link() == ntb.LinkUp })
+	// The closed connection's move gives up once the link is up, and
+	// leaves the link, which the later dial has taken, open.
+	waitfor.True(t, "the closed connection's move given up", func() bool {
+		buf := make([]byte, 1<<20)
+		return !bytes.Contains(buf[:runtime.Stack(buf, true)], []byte("socklike.(*directConn).moveOnto"))
+	})
+	select {
+	case <-l.done:
+		t.Fatal("the closed connection's move closed the link a later dial took")
+	default:
+	}
 	l.drop()
 }
