@@ -87,6 +87,10 @@ type carrier struct {
 	// side: the reader (under rlock too) and the writer have left it for
 	// the next.
 	rdone, wdone bool
+	// Under directConn.mu: the stream has moved off this fallback, whose
+	// back mark follows the peer's bytes up to backAt (settle).
+	backSet bool
+	backAt  int64
 
 	// The deadlines last given to c by Read and by Write (each under
 	// its lock): set again only when they change.
@@ -205,10 +209,28 @@ func (d *directConn) wait(ch <-chan struct{}, dl time.Time) error {
 	}
 }
 
-// Read reads the stream from the carrier it is on.
+// Read reads the stream from the carrier it is on. A Read that leaves
+// nothing but the back mark on a fallback the stream has moved off has
+// the mark read behind it (settle), so that the fallback closes now, not
+// at the next Read; the settle a move starts cannot while a Read is
+// under way.
 func (d *directConn) Read(b []byte) (int, error) {
 	d.rlock.Lock()
-	defer d.rlock.Unlock()
+	n, cur, err := d.read(b)
+	d.rlock.Unlock()
+	if n > 0 && cur.fb {
+		d.mu.Lock()
+		set, at := cur.backSet, cur.backAt
+		d.mu.Unlock()
+		if set {
+			go d.settle(cur, at)
+		}
+	}
+	return n, err
+}
+
+// read is Read under rlock; it also returns the carrier it read from.
+func (d *directConn) read(b []byte) (int, *carrier, error) {
 	for {
 		d.mu.Lock()
 		cur, ch, dl, closed, failed := d.reads[0], d.changed, d.rdl, d.closed, d.err
@@ -216,7 +238,7 @@ func (d *directConn) Read(b []byte) (int, error) {
 		d.mu.Unlock()
 		switch {
 		case closed:
-			return 0, net.ErrClosed
+			return 0, cur, net.ErrClosed
 		case cur.rdone && next:
 			d.mu.Lock()
 			d.reads = d.reads[1:]
@@ -224,10 +246,10 @@ func (d *directConn) Read(b []byte) (int, error) {
 			d.mu.Unlock()
 			continue
 		case cur.rdone && failed != nil:
-			return 0, failed
+			return 0, cur, failed
 		case cur.rdone:
 			if err := d.wait(ch, dl); err != nil {
-				return 0, err
+				return 0, cur, err
 			}
 			continue
 		}
@@ -237,7 +259,7 @@ func (d *directConn) Read(b []byte) (int, error) {
 		}
 		n, err := d.readFrom(cur, b)
 		if n > 0 || err == nil {
-			return n, nil
+			return n, cur, nil
 		}
 		if errors.Is(err, errBack) || errors.Is(err, transport.ErrMoved) {
 			d.mu.Lock()
@@ -245,7 +267,7 @@ func (d *directConn) Read(b []byte) (int, error) {
 			d.mu.Unlock()
 			continue
 		}
-		return 0, err
+		return 0, cur, err
 	}
 }
 
@@ -760,6 +782,7 @@ func (d *directConn) back(nc *transport.Conn) bool {
 	d.w, d.fallback = nd, nil
 	d.reads = append(d.reads, nd)
 	cur.wdone = true
+	cur.backSet, cur.backAt = true, peer
 	d.leftLocked(cur)
 	d.bumpLocked()
 	started := d.starting
