@@ -95,17 +95,7 @@ func newDirectRigWith(t *testing.T, o shm.Options) *directRig {
 			ep.Close()
 		}
 	})
-	da, db := ntbtest.NewPair(1 << 20)
-	ma, err := transport.Attach(da, transport.Config{})
-	require.NoError(t, err)
-	mb, err := transport.Attach(db, transport.Config{})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ma.Close()
-		mb.Close()
-		da.Close()
-		db.Close()
-	})
+	ma, mb := enginePair(t)
 	r := &directRig{t: t, ma: ma, mb: mb}
 	for side, ep := range eps {
 		r.link[side] = ep.Device().(*shm.Device)
@@ -481,4 +471,21 @@ func TestDirectPeerGoneResets(t *testing.T) {
 	for _, c := range r.c {
 		require.NoError(t, c.Close())
 	}
+}
+
+// enginePair returns two engine endpoints over an in-memory link, closed
+// with the test: the rigs' stand-in for the memory links to ntproxy.
+func enginePair(t *testing.T) (ma, mb *transport.Endpoint) {
+	da, db := ntbtest.NewPair(1 << 20)
+	ma, err := transport.Attach(da, transport.Config{})
+	require.NoError(t, err)
+	mb, err = transport.Attach(db, transport.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ma.Close()
+		mb.Close()
+		da.Close()
+		db.Close()
+	})
+	return ma, mb
 }

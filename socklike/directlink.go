@@ -505,6 +505,21 @@ func (p *Proxy) dialStream(ctx context.Context, l *directLink, k int, lease *tra
 	return &Conn{d: p.newDirect(l, k, nil, dc, lease)}, nil
 }
 
+// awaitVerdict reads the far side's verdict on a pending grant from its
+// lease: nil if it took the link, else why not.
+func awaitVerdict(ctx context.Context, lease *transport.Conn) error {
+	var reply appproto.DialReply
+	switch err := await(ctx, lease, &reply); {
+	case err != nil:
+		return err
+	case reply.Code != errcode.OK:
+		return codeErr(reply.Code, reply.Error)
+	case reply.Pending:
+		return fmt.Errorf("%w: a second pending reply", ErrProxy)
+	}
+	return nil
+}
+
 // dialEarly dials the direct link of a pending grant while ntproxy
 // brings in the far side, and reads the verdict from lease meanwhile: the
 // link's session and the dial overlap the proxies' exchange. A dial that
@@ -523,15 +538,7 @@ func dialEarly(ctx context.Context, ep *transport.Endpoint, lease *transport.Con
 		c, err := ep.DialContext(dctx, appproto.DirectPort)
 		dialed <- result{c, err}
 	}()
-	var reply appproto.DialReply
-	verdict = await(ctx, lease, &reply)
-	switch {
-	case verdict != nil:
-	case reply.Code != errcode.OK:
-		verdict = codeErr(reply.Code, reply.Error)
-	case reply.Pending:
-		verdict = fmt.Errorf("%w: a second pending reply", ErrProxy)
-	}
+	verdict = awaitVerdict(ctx, lease)
 	if verdict != nil {
 		cancel()
 		if r := <-dialed; r.c != nil {

@@ -11,7 +11,6 @@ import (
 	"github.com/ntstack/ntstack/internal/prim/spingate"
 	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/appproto"
-	"github.com/ntstack/ntstack/internal/wire/errcode"
 	"github.com/ntstack/ntstack/ntb/shm"
 	"github.com/ntstack/ntstack/qos"
 )
@@ -81,15 +80,7 @@ func (p *Proxy) startDirect(ctx context.Context, dl *appproto.DirectLink, lease 
 		fc, err := p.dialOnce(cctx, address, dialOpts{class: class, cont: dl.Name})
 		contc <- continued{fc, err}
 	}()
-	var reply appproto.DialReply
-	verdict := await(ctx, lease, &reply)
-	switch {
-	case verdict != nil:
-	case reply.Code != errcode.OK:
-		verdict = codeErr(reply.Code, reply.Error)
-	case reply.Pending:
-		verdict = fmt.Errorf("%w: a second pending reply", ErrProxy)
-	}
+	verdict := awaitVerdict(ctx, lease)
 	if verdict != nil {
 		cancel()
 		go func() {

@@ -19,7 +19,6 @@ import (
 	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/appproto"
 	"github.com/ntstack/ntstack/ntb"
-	"github.com/ntstack/ntstack/ntb/ntbtest"
 	"github.com/ntstack/ntstack/ntb/shm"
 )
 
@@ -38,17 +37,7 @@ type startRig struct {
 }
 
 func newStartRig(t *testing.T) *startRig {
-	da, db := ntbtest.NewPair(1 << 20)
-	ma, err := transport.Attach(da, transport.Config{})
-	require.NoError(t, err)
-	mb, err := transport.Attach(db, transport.Config{})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ma.Close()
-		mb.Close()
-		da.Close()
-		db.Close()
-	})
+	ma, mb := enginePair(t)
 	r := &startRig{t: t, dl: &appproto.DirectLink{Name: "direct-a-1", Dir: t.TempDir(), Window: 1 << 20}, route: Route{Path: "ntb", Mode: "direct", Reason: "a window slice of its own"}}
 	var leases [2]*transport.Conn
 	for side := range 2 {

@@ -149,10 +149,10 @@ func (b *bell) reads() bool { return b != nil && b.fifo != nil }
 
 // read wakes the waiters whenever bytes arrive, until the FIFO closes.
 //
-// It reads through the runtime's poller, edge-triggered: a read that
-// leaves the FIFO empty (fewer bytes than it asked for) is followed by a
-// wait for the next byte, not by a read that would only fail with EAGAIN,
-// so a wake-up costs one read.
+// It reads through the runtime's poller until a read fails with EAGAIN.
+// A read that drained the FIFO cannot skip that last read: each RawRead
+// begins by clearing the descriptor's readiness, so a byte that came
+// after the draining read would wait, unseen, for the next one.
 func (b *bell) read() {
 	buf := make([]byte, 256) // rings since the last read, drained at once
 	rc, err := b.fifo.SyscallConn()
@@ -160,15 +160,10 @@ func (b *bell) read() {
 		b.wake()
 		return
 	}
-	drained := false
 	for {
 		var n int
 		var rerr error
 		err := rc.Read(func(fd uintptr) bool {
-			if drained {
-				drained = false
-				return false // wait for the next byte
-			}
 			for n, rerr = unix.Read(int(fd), buf); errors.Is(rerr, unix.EINTR); {
 				n, rerr = unix.Read(int(fd), buf)
 			}
@@ -186,7 +181,6 @@ func (b *bell) read() {
 		if err != nil {
 			return
 		}
-		drained = n < len(buf)
 	}
 }
 
