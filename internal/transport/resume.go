@@ -211,10 +211,7 @@ func decodeU64(p []byte, what string) (uint64, error) {
 // finish acts on the end of st's session, once: its connections fail, or
 // wait for the next session (see endOf).
 func (st *state) finish() {
-	st.finishOnce.Do(func() {
-		st.finishNow()
-		close(st.finished)
-	})
+	st.finishOnce.Do(st.finishNow)
 }
 
 func (st *state) finishNow() {

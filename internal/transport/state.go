@@ -53,8 +53,7 @@ type state struct {
 
 	turns turns // writers waiting for credit in turns
 
-	finishOnce sync.Once     // the end of the session, acted on (resume.go)
-	finished   chan struct{} // closed once finish has acted on it
+	finishOnce sync.Once // the end of the session, acted on (resume.go)
 }
 
 // ctlFrame is a frame waiting for room in its ring.
