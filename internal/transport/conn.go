@@ -209,7 +209,19 @@ func (c *Conn) failure() error {
 
 // Close closes the connection: blocked calls return net.ErrClosed, the
 // peer's reads end with io.EOF and its writes fail.
-func (c *Conn) Close() error {
+func (c *Conn) Close() error { return c.closeWith(nil) }
+
+// Abort closes the connection as a TCP reset does: once it has read what
+// came before, the peer's calls fail with an error matching
+// syscall.ECONNRESET instead of reading io.EOF. It says the stream ends
+// short: ntproxy aborts an application's connection whose far end went
+// without closing it.
+func (c *Conn) Abort() error { return c.closeWith(closeAbort) }
+
+// closeAbort is the body of an aborting CLOSE.
+var closeAbort = []byte{1}
+
+func (c *Conn) closeWith(body []byte) error {
 	c.mu.Lock()
 	if c.localClosed {
 		c.mu.Unlock()
@@ -221,7 +233,7 @@ func (c *Conn) Close() error {
 	signal(c.rnotify) // for calls parked on notify alone (see park)
 	signal(c.wnotify)
 	if c.err == nil {
-		c.sendLocked(kindClose, nil)
+		c.sendLocked(kindClose, body)
 	}
 	free := c.freeLocked()
 	c.mu.Unlock()
@@ -362,14 +374,21 @@ func (c *Conn) peerFin() {
 	c.wake(c.rnotify)
 }
 
-func (c *Conn) peerClose() {
+func (c *Conn) peerClose(abort bool) {
 	c.mu.Lock()
 	c.closeRecv = true
+	if abort && c.err == nil {
+		c.err = errPeerAborted
+	}
 	c.endedLocked()
 	c.sendLocked(kindClose, nil) // our answer, unless we closed first
 	free := c.freeLocked()
 	c.mu.Unlock()
-	c.flags.Or(fEOF | fPeerGone)
+	if abort {
+		c.flags.Or(fFailed | fPeerGone)
+	} else {
+		c.flags.Or(fEOF | fPeerGone)
+	}
 	if free {
 		c.releaseLocal()
 	}

@@ -21,7 +21,8 @@ import (
 //	REFUSE  code u32                                no listener / backlog full
 //	DATA    bytes                                   stream bytes, at most the sender's credit
 //	FIN     -                                       no more DATA from me (CloseWrite)
-//	CLOSE   -                                       no more frames of any kind from me
+//	CLOSE   - or abort u8 (1)                       no more frames of any kind from me; with abort
+//	                                                (Abort) my stream ends short: fail, as at a reset
 //	CREDIT  consumed u64, gen u32, floor u32        you may have window bytes beyond consumed in flight;
 //	                                                once I have read all you sent, at least floor of
 //	                                                them will be free (wait for that, not less)

@@ -331,7 +331,8 @@ func (c *Conn) actLocked(kind uint32, payload []byte) error {
 	case kindFin:
 		c.peerFin()
 	case kindClose:
-		c.peerClose()
+		// An aborting CLOSE has a body (Abort); an orderly one none.
+		c.peerClose(len(payload) > 0 && payload[0] == closeAbort[0])
 	case kindMove:
 		to, err := decodeU32(payload, "move")
 		if err != nil {

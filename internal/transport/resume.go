@@ -81,7 +81,11 @@ type connError struct {
 	errno syscall.Errno // ECONNRESET or ETIMEDOUT
 	why   string
 	cause error // the session's end, if any
+	alive bool  // the link is fine: the peer aborted the connection
 }
+
+// errPeerAborted is the error of a connection the peer aborted (Abort).
+var errPeerAborted = &connError{errno: syscall.ECONNRESET, why: "the peer aborted the connection: its far end went without closing it, and the stream may end short", alive: true}
 
 func (e *connError) Error() string {
 	if e.cause != nil {
@@ -91,6 +95,9 @@ func (e *connError) Error() string {
 }
 
 func (e *connError) Unwrap() []error {
+	if e.alive {
+		return []error{e.errno}
+	}
 	if e.cause != nil {
 		return []error{e.errno, ErrLinkDown, e.cause}
 	}
@@ -488,7 +495,7 @@ func (st *state) reset(id uint32, payload []byte) error {
 		c.resuming = false
 		c.smu.Unlock()
 		c.pausedAt.Store(0)
-		c.peerClose()
+		c.peerClose(false)
 		return nil
 	}
 	c.fail(resetErr("peer has no such connection", nil))
