@@ -140,7 +140,7 @@ type leg struct {
 	rxBusy      bool       // a receive loop reads into rx's free room (outside dmu)
 	delivering  bool       // a goroutine writes rx's bytes to the application (outside dmu)
 	rxBurst     burstMeter // small frames received (deliverInlineLocked)
-	discard     bool       // shared-pool mode: the application closed; drop what arrives
+	discard     bool       // the application closed: drop what arrives (appStoppedLocked, poolIn)
 
 	mu sync.Mutex
 	// mu protects the following fields.
@@ -567,28 +567,45 @@ func (l *leg) runDeliver() {
 		p := l.rx.span(l.rx.base, legIOMax)
 		n := len(p)
 		fin := n == 0
+		discard := l.discard
 		l.delivering = true
 		l.dmu.Unlock()
 		var err error
-		if fin {
+		switch {
+		case discard: // see appStopped
+		case fin:
 			cw, ok := l.app.(interface{ CloseWrite() error })
 			if !ok || cw.CloseWrite() != nil {
 				err = errors.New("half close failed")
 			}
-		} else {
+		default:
 			_, err = l.app.Write(p)
 		}
 		l.dmu.Lock()
 		l.delivering = false
 		if err != nil {
+			l.appStoppedLocked()
 			l.dmu.Unlock()
-			l.close(fmt.Errorf("application: %w", err))
-			return
+			l.maybeDone()
+			continue
 		}
 		ack := l.deliveredLocked(l.rx.base+uint64(n), fin)
 		l.dmu.Unlock()
 		l.wantAck(ack, fin)
 	}
+}
+
+// appStoppedLocked: a write to the application failed (dmu held). Its
+// end has closed, or failed. Either way the pump decides the leg's fate:
+// a closed end's last bytes, and its CLOSE after them, are still to be
+// read (they came before the write could fail), and the leg must carry
+// them to the peer in full; a failed one's Read fails too, and the pump
+// ends the leg. Until then, what arrives is dropped, as a closed socket
+// drops it, and acknowledged, so the peer's sender does not stall.
+func (l *leg) appStoppedLocked() {
+	l.discard = true
+	l.dropLocked()
+	l.dcond.Broadcast()
 }
 
 // roomer is an application connection that says how many bytes a Write
@@ -608,7 +625,7 @@ type roomer interface{ WriteRoom() int64 }
 // delivered (the deliverer has then nothing to do for these bytes).
 func (l *leg) deliverInlineLocked() bool {
 	r, ok := l.app.(roomer)
-	if !ok || l.rxBurst.burst(time.Now().UnixNano()) || l.slot != nil || l.delivering || l.dclosed || l.rx.n > legInline || r.WriteRoom() < int64(l.rx.n) {
+	if !ok || l.rxBurst.burst(time.Now().UnixNano()) || l.slot != nil || l.discard || l.delivering || l.dclosed || l.rx.n > legInline || r.WriteRoom() < int64(l.rx.n) {
 		return false
 	}
 	p := l.rx.span(l.rx.base, l.rx.n)
@@ -621,10 +638,7 @@ func (l *leg) deliverInlineLocked() bool {
 	l.dmu.Lock()
 	l.delivering = false
 	if err != nil {
-		l.dmu.Unlock()
-		l.close(fmt.Errorf("application: %w", err))
-		l.dmu.Lock()
-		return true
+		return false // runDeliver meets the error again and acts on it
 	}
 	ack := l.deliveredLocked(l.rx.base+uint64(len(p)), false)
 	if l.rx.n > 0 || l.finAt >= 0 {
@@ -725,13 +739,17 @@ func (l *leg) finished(gen, seq uint64) error {
 }
 
 // maybeDone ends the leg once both directions are finished and
-// acknowledged.
+// acknowledged — or, once the application has closed (discard), once its
+// own stream is: what the peer still writes would only be dropped, and
+// the peer's writes then fail, as TCP's do after the reset a closed
+// socket answers with.
 func (l *leg) maybeDone() {
 	l.dmu.Lock()
-	finDone := l.finDone
+	finDone, discard := l.finDone, l.discard
 	l.dmu.Unlock()
 	l.mu.Lock()
-	done := finDone && l.finSent && l.tx.n == 0 && l.ackWanted == l.ackSent
+	sent := l.finSent && l.tx.n == 0
+	done := sent && (discard || finDone && l.ackWanted == l.ackSent)
 	l.mu.Unlock()
 	if done {
 		l.close(nil)
@@ -739,7 +757,8 @@ func (l *leg) maybeDone() {
 }
 
 // close ends the leg: both ends are closed, the peer's leg sees its
-// transport end and, with nothing to resume, ends too.
+// transport end and, with nothing to resume, ends too. An application
+// whose incoming stream did not end in full sees a reset.
 func (l *leg) close(cause error) {
 	l.mu.Lock()
 	if l.closed {
@@ -757,6 +776,9 @@ func (l *leg) close(cause error) {
 	l.dmu.Lock()
 	l.dclosed = true
 	l.dcond.Broadcast()
+	// What the application reads ended in full: a reader that has all
+	// of it sees io.EOF, even if the leg ends before the FIN is passed on.
+	whole := l.finDone || (l.finAt >= 0 && l.rxDelivered == uint64(l.finAt))
 	if l.slot != nil {
 		if !sentAll || !l.finDone {
 			l.slot.SetFlags(pool.Proxy, pool.FlagReset)
@@ -773,7 +795,13 @@ func (l *leg) close(cause error) {
 		c.Write(putLegHdr(frame[:], legReset, 0, 0))
 		c.Close()
 	}
-	l.app.Close()
+	// A stream cut short reads as a reset at the application's end, as
+	// TCP's does, not as a clean io.EOF.
+	if a, ok := l.app.(interface{ Abort() error }); ok && !whole {
+		a.Abort()
+	} else {
+		l.app.Close()
+	}
 	if cause != nil {
 		l.s.logf("leg %s/%d: closed: %v", l.key.from, l.key.token, cause)
 	}

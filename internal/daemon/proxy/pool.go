@@ -179,20 +179,26 @@ func (l *leg) ackEvery() uint64 { return uint64(min(legAckEvery, l.rx.max/4)) }
 // the application closed they are dropped as they come.
 func (l *leg) rxAddedLocked() {
 	l.dcond.Broadcast()
-	if l.slot == nil {
+	if l.discard {
+		l.dropLocked()
 		return
 	}
-	if l.discard { // counted as received: the application had them, and closed
-		if ack := l.deliveredLocked(l.rx.end(), false); ack > 0 {
-			l.mu.Lock() // after dmu, as generation() takes it
-			l.ackWanted = max(l.ackWanted, ack)
-			l.cond.Broadcast()
-			l.mu.Unlock()
-		}
+	if l.slot == nil {
 		return
 	}
 	l.slot.SetInHead(l.rxSeq)
 	l.slot.Notify(pool.App)
+}
+
+// dropLocked counts what rx holds as delivered and has it acknowledged
+// (dmu held): the application closed, and what comes is dropped.
+func (l *leg) dropLocked() {
+	if ack := l.deliveredLocked(l.rx.end(), false); ack > 0 {
+		l.mu.Lock() // after dmu, as generation() takes it
+		l.ackWanted = max(l.ackWanted, ack)
+		l.cond.Broadcast()
+		l.mu.Unlock()
+	}
 }
 
 // runPool is runPump and runDeliver of shared-pool mode. The application
@@ -265,8 +271,12 @@ func (l *leg) poolIn(af uint32, tail uint64) error {
 	fin := l.finAt >= 0 && tail == l.rx.end() && !l.finDone
 	ack := l.deliveredLocked(tail, fin)
 	l.setInWantLocked()
+	discard := l.discard
 	l.dmu.Unlock()
 	l.wantAck(ack, fin)
+	if discard {
+		l.maybeDone()
+	}
 	return nil
 }
 

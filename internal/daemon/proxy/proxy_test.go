@@ -197,6 +197,68 @@ func TestRackAndSameHost(t *testing.T) {
 	require.ErrorIs(t, err, syscall.EADDRINUSE)
 }
 
+// An application that closes its connection right after its last Write,
+// while its peer still writes to it: the peer reads everything it wrote,
+// then EOF, and its own writes then fail, as over TCP. (In proxy mode the leg's write to the closed end
+// fails once the end's CLOSE has come; that ended the leg, and with it
+// the last bytes the pump had still to read, and the peer read a short
+// stream and EOF.)
+func TestClosedEndDeliversItsBytes(t *testing.T) {
+	r := newRack(t, "")
+	srv := attach(t, r.cb)
+	client := attach(t, r.ca)
+	want := make([]byte, 4<<20)
+	rng := rand.New(rand.NewPCG(7, 1))
+	for i := range want {
+		want[i] = byte(rng.Uint32())
+	}
+	for _, pool := range []bool{false, true} {
+		ln, err := (&socklike.ListenConfig{Proxy: srv, Pool: pool}).Listen(context.Background(), "tcp", ":0")
+		require.NoError(t, err)
+		addr := fmt.Sprintf("b:%d", ln.Addr().(socklike.Addr).Port)
+		for round := range 4 {
+			accepted := make(chan net.Conn, 1)
+			go func() {
+				if c, err := ln.Accept(); err == nil {
+					accepted <- c
+				}
+			}()
+			c, err := (&socklike.Dialer{Proxy: client, Pool: pool}).Dial("tcp", addr)
+			require.NoError(t, err)
+			peer := <-accepted
+			stopped := make(chan error, 1)
+			go func() {
+				b := make([]byte, 4096)
+				for {
+					if _, err := peer.Write(b); err != nil {
+						stopped <- err
+						return
+					}
+				}
+			}()
+			werr := make(chan error, 1)
+			go func() {
+				_, err := c.Write(want)
+				c.Close()
+				werr <- err
+			}()
+			got, err := io.ReadAll(peer)
+			require.NoError(t, err, "pool %v, round %d", pool, round)
+			require.NoError(t, <-werr)
+			require.Equal(t, len(want), len(got), "pool %v, round %d: bytes read", pool, round)
+			require.True(t, bytes.Equal(want, got), "pool %v, round %d: the bytes differ", pool, round)
+			select { // its leg ends, as a closed socket's reset ends TCP's
+			case err := <-stopped:
+				require.Error(t, err)
+			case <-time.After(30 * time.Second):
+				t.Fatalf("pool %v, round %d: the peer's writes to the closed end still succeed", pool, round)
+			}
+			peer.Close()
+		}
+		ln.Close()
+	}
+}
+
 func TestACL(t *testing.T) {
 	r := newRack(t, `
 [[acl]]
@@ -253,6 +315,43 @@ func TestDetachReclaims(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond)
 	require.NoError(t, ln.Close())
 	require.Eventually(t, func() bool { return len(r.b.Snapshot().Listeners) == 0 }, 5*time.Second, 10*time.Millisecond)
+}
+
+// A peer application that goes without closing its connections (a crash,
+// or a detach with connections open): a Read blocked at the other end
+// fails with an error matching syscall.ECONNRESET, as TCP's does after a
+// reset, not with a clean io.EOF — its stream may lack bytes — in proxy
+// and in shared-pool mode.
+func TestPeerGoneResets(t *testing.T) {
+	r := newRack(t, "")
+	client := attach(t, r.ca)
+	for _, pool := range []bool{false, true} {
+		srv, err := socklike.AttachProxy(r.cb.Path(config.ProxySocket), socklike.Config{})
+		require.NoError(t, err)
+		ln, err := (&socklike.ListenConfig{Proxy: srv, Pool: pool}).Listen(context.Background(), "tcp", ":0")
+		require.NoError(t, err)
+		accepted := make(chan net.Conn, 1)
+		go func() {
+			if c, err := ln.Accept(); err == nil {
+				accepted <- c
+			}
+		}()
+		c, err := (&socklike.Dialer{Proxy: client, Pool: pool}).Dial("tcp", fmt.Sprintf("b:%d", ln.Addr().(socklike.Addr).Port))
+		require.NoError(t, err)
+		peer := <-accepted
+		_, err = peer.Write([]byte("x"))
+		require.NoError(t, err)
+		got := make([]byte, 1)
+		_, err = io.ReadFull(c, got)
+		require.NoError(t, err)
+		read := make(chan error, 1)
+		go func() { _, err := c.Read(got); read <- err }()
+		require.NoError(t, srv.Close()) // peer is never closed
+		err = <-read
+		require.ErrorIs(t, err, syscall.ECONNRESET, "pool %v: a Read after the peer went: %v", pool, err)
+		c.Close()
+		ln.Close()
+	}
 }
 
 // Malformed and wrong-version hellos get an answer and a closed socket; the
