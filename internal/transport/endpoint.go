@@ -244,6 +244,7 @@ func (ep *Endpoint) install(s *partition.Session) {
 		headWait: make([]int64, len(s.Partitions())),
 		headOff:  make([]int, len(s.Partitions())),
 		refs:     make([]ringRefs, len(s.Partitions())),
+		finished: make(chan struct{}),
 	}
 	st.nextID = 1
 	if ep.byRef {
@@ -344,11 +345,20 @@ func (ep *Endpoint) session(ctx context.Context) (*state, error) {
 }
 
 // sessionDone is closed when c's session ends; for a connection waiting to
-// resume, when the next session is installed or the endpoint closes.
+// resume, when the next session is installed or the endpoint closes. Once
+// the session has ended, and until its end has been acted on (finish: c
+// pauses or fails, and its notify channels are signalled), it is closed
+// only when that is done: a parked call that woke at the end of the
+// session before then would find nothing changed, park again at once and
+// spin, and with one P keep the poller that calls finish from running
+// until the scheduler preempts it, 10 ms later.
 func (c *Conn) sessionDone() <-chan struct{} {
 	st := c.st()
-	if st.sess.Err() == nil || c.pausedAt.Load() == 0 {
+	if st.sess.Err() == nil {
 		return st.sess.Done()
+	}
+	if c.pausedAt.Load() == 0 {
+		return st.finished
 	}
 	ep := c.ep
 	ep.mu.Lock()

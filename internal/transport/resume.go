@@ -218,7 +218,10 @@ func decodeU64(p []byte, what string) (uint64, error) {
 // finish acts on the end of st's session, once: its connections fail, or
 // wait for the next session (see endOf).
 func (st *state) finish() {
-	st.finishOnce.Do(st.finishNow)
+	st.finishOnce.Do(func() {
+		st.finishNow()
+		close(st.finished)
+	})
 }
 
 func (st *state) finishNow() {

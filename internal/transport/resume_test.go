@@ -195,6 +195,49 @@ func restart(ep *Endpoint) {
 	}
 }
 
+// A call parked with a deadline when its session ends sleeps until the
+// end has been acted on (the connection paused), rather than find its
+// session's channel closed at every park and spin meanwhile; then it
+// resumes on the next session and reads what comes there.
+func TestParkedReadWaitsForSessionFinish(t *testing.T) {
+	a, b := endpoints(t, "ntbtest", Config{})
+	c1, c2 := connPair(t, a, b, 9)
+	defer c1.Close()
+	defer c2.Close()
+	st := c2.st()
+	st.turns.mu.Lock() // finish takes it first: it waits until the check below
+	locked := true
+	defer func() {
+		if locked {
+			st.turns.mu.Unlock()
+		}
+	}()
+	require.NoError(t, c2.SetReadDeadline(time.Now().Add(time.Minute)))
+	got := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 1)
+		_, err := io.ReadFull(c2, buf)
+		if err == nil && buf[0] != 'x' {
+			err = fmt.Errorf("read %q, want x", buf)
+		}
+		got <- err
+	}()
+	require.Eventually(t, func() bool { return c2.sleepers.Load() > 0 }, 30*time.Second, time.Millisecond, "the Read parked")
+	st.sess.Fail(fmt.Errorf("test: %w", partition.ErrPeerRestarted))
+	<-st.sess.Done()
+	select {
+	case <-c2.sessionDone():
+		t.Fatal("a parked call's session channel is closed before the session's end was acted on")
+	default:
+	}
+	st.turns.mu.Unlock()
+	locked = false
+	<-st.finished
+	_, err := c1.Write([]byte("x"))
+	require.NoError(t, err)
+	require.NoError(t, <-got)
+}
+
 // A session restarted twice mid-stream: 1.5 MiB each way over four
 // connections arrives byte-exact on the same Conns.
 func TestResumeSessionRestart(t *testing.T) {

@@ -53,7 +53,8 @@ type state struct {
 
 	turns turns // writers waiting for credit in turns
 
-	finishOnce sync.Once // the end of the session, acted on (resume.go)
+	finishOnce sync.Once     // the end of the session, acted on (resume.go)
+	finished   chan struct{} // closed once finish has acted on it
 }
 
 // ctlFrame is a frame waiting for room in its ring.
