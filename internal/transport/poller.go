@@ -146,6 +146,7 @@ func (st *state) runPoller() {
 	var idleSince time.Time
 	var calls uint64
 	for ctx.Err() == nil {
+		ep.counters.pollerRounds.Add(1)
 		if ep.cfg.Rebalance && time.Now().After(nextBalance) {
 			st.rebalance(txBytes)
 			nextBalance = time.Now().Add(rebalanceEvery)
@@ -163,7 +164,7 @@ func (st *state) runPoller() {
 			}
 			continue
 		}
-		st.serveUnits()
+		served := st.serveUnits()
 		if ctlDone {
 			// Somebody polls, or calls keep coming: nothing to do.
 			if c := ep.calls.Load(); ep.callersRun() || (c != calls && ep.parked.Load() == 0) {
@@ -208,18 +209,30 @@ func (st *state) runPoller() {
 			runtime.Gosched()
 			continue
 		}
-		st.serveUnits()
+		served = st.serveUnits() || served
 		room := false
 		for _, u := range st.units {
 			if u.queued.Load() > 0 && u.armSpace() {
 				room = true
 			}
 		}
-		if room {
-			continue // serve at the top
+		if !ctlDone && st.armCtl() {
+			room = true // flush at the top
 		}
-		if !ctlDone && st.control.ArmSpace(64) {
-			continue // room appeared: flush at the top
+		if room {
+			// Serve at the top. A writer queued on a ring with room
+			// need not be one this loop can serve: another goroutine
+			// holds the unit's serve lock (a Close or an accept serving
+			// it, stopped in its pass), a token bucket holds it back, or
+			// a writer of the unit waits on a full partition beside one
+			// with room. Then the loop would go round without moving
+			// anything, and with one P the goroutine it waits for would
+			// run only when the scheduler preempted it, 10 ms later: a
+			// round that sent nothing yields first.
+			if !served {
+				runtime.Gosched()
+			}
+			continue
 		}
 		// The doorbell wait is a blocking system call during which this
 		// thread keeps its P until sysmon takes it back — up to 10 ms in a

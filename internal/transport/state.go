@@ -196,11 +196,32 @@ func (st *state) flushCtl() bool {
 }
 
 // serveUnits serves every unit that has queued connections and nobody
-// serving it (CoreInline: whoever passes by sends for everyone).
-func (st *state) serveUnits() {
+// serving it (CoreInline: whoever passes by sends for everyone). It
+// reports whether it sent anything.
+func (st *state) serveUnits() bool {
+	progress := false
 	for _, u := range st.units {
-		u.tryServe(nil)
+		if p, _, _ := u.tryServe(nil); p {
+			progress = true
+		}
 	}
+	return progress
+}
+
+// armCtl arms the space doorbell of the ring the first queued loose frame
+// waits for and reports whether room for it appeared meanwhile. Loose
+// frames go on the control ring (CREDIT, WANT) and on data partitions
+// (CLOSE, REFUSE, RESET), sent in order (flushCtl), so the head's ring is
+// the one that holds the queue up: the control ring's room says nothing
+// of a full data partition's.
+func (st *state) armCtl() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.ctlq) == 0 {
+		return true // flushed meanwhile
+	}
+	f := &st.ctlq[0]
+	return f.part.ArmSpace(max(f.n, 64))
 }
 
 // dispatchControl acts on one frame of the control ring.
