@@ -572,7 +572,7 @@ func (l *leg) runDeliver() {
 		l.dmu.Unlock()
 		var err error
 		switch {
-		case discard: // see appStopped
+		case discard: // see appStoppedLocked
 		case fin:
 			cw, ok := l.app.(interface{ CloseWrite() error })
 			if !ok || cw.CloseWrite() != nil {
@@ -796,8 +796,8 @@ func (l *leg) close(cause error) {
 		c.Close()
 	}
 	// A stream cut short reads as a reset at the application's end, as
-	// TCP's does, not as a clean io.EOF.
-	if a, ok := l.app.(interface{ Abort() error }); ok && !whole {
+	// TCP's does, not as a clean io.EOF (shared-pool mode: FlagReset).
+	if a, ok := l.app.(interface{ Abort() error }); ok && l.slot == nil && !whole {
 		a.Abort()
 	} else {
 		l.app.Close()
