@@ -292,3 +292,35 @@ func TestSporadicWaitsSpinShort(t *testing.T) {
 	require.Equal(t, int64(b.cfg.SpinBudget), sp.budget, "its next wait spins SpinBudget, not busySpin")
 	sp.stop()
 }
+
+// Abort: the peer reads what came before, then an error matching
+// syscall.ECONNRESET (not io.EOF, and not a link failure: the link
+// serves on); its writes fail; both ends free the connection.
+func TestAbortReadsAsReset(t *testing.T) {
+	a, b := endpoints(t, "ntbtest", Config{})
+	c1, c2 := connPair(t, a, b, 9)
+	_, err := c1.Write([]byte("abc"))
+	require.NoError(t, err)
+	require.NoError(t, c1.Abort())
+	require.ErrorIs(t, c1.Abort(), net.ErrClosed)
+	got := make([]byte, 3)
+	_, err = io.ReadFull(c2, got)
+	require.NoError(t, err)
+	require.Equal(t, "abc", string(got))
+	_, err = c2.Read(got)
+	require.ErrorIs(t, err, syscall.ECONNRESET)
+	require.NotErrorIs(t, err, ErrLinkDown)
+	require.Contains(t, err.Error(), "aborted")
+	_, err = c2.Write([]byte("x"))
+	require.Error(t, err)
+	require.NoError(t, c2.Close())
+	require.Eventually(t, func() bool { return a.Conns() == 0 && b.Conns() == 0 }, 30*time.Second, time.Millisecond, "the aborted connection is freed at both ends")
+	// The link is fine: a new pair talks over it.
+	d1, d2 := connPair(t, a, b, 9)
+	defer d1.Close()
+	defer d2.Close()
+	_, err = d1.Write([]byte("y"))
+	require.NoError(t, err)
+	_, err = io.ReadFull(d2, got[:1])
+	require.NoError(t, err)
+}
