@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -70,6 +71,7 @@ type directLink struct {
 	ep      *transport.Endpoint
 	ln0     *transport.Listener // side 1, opened behind its first connection: the listener on DirectPort
 	openErr error
+	wasUp   atomic.Bool // ep's link has been seen up (mayBeUp, runWatch)
 
 	mu sync.Mutex
 	// mu protects the following fields.
@@ -142,14 +144,29 @@ func (l *directLink) endpoint(ctx context.Context) (*transport.Endpoint, error) 
 	return l.ep, nil
 }
 
-// mayBeUp reports whether the link is up or still opening.
+// mayBeUp reports whether the link is up or still opening. Its open ends
+// when the link first comes up: after this end's endpoint has opened, the
+// far end's attach and the session are still to come, and a link between
+// those is as good for a later dial as one whose files are being made.
+// Down after it was up (its NTB link pulled, its peer gone), it is not:
+// the device then says why (a cause; a down link's cause is none only
+// before its first up), and wasUp covers a device that could not tell.
 func (l *directLink) mayBeUp() bool {
 	select {
 	case <-l.ready:
-		return l.ep != nil && l.ep.Device().Link() == ntb.LinkUp
 	default:
 		return true
 	}
+	if l.ep == nil {
+		return false
+	}
+	dev := l.ep.Device()
+	if dev.Link() == ntb.LinkUp {
+		l.wasUp.Store(true)
+		return true
+	}
+	lv, ok := dev.(ntb.Liveness)
+	return ok && !l.wasUp.Load() && lv.LinkCause() == ntb.CauseNone
 }
 
 // endpointNow is the link's endpoint; nil while it opens, or if it did not.
@@ -363,7 +380,9 @@ func (l *directLink) runWatch() {
 	}
 	for {
 		ch := w.LinkChanged()
-		if dev.Link() != ntb.LinkUp {
+		if dev.Link() == ntb.LinkUp {
+			l.wasUp.Store(true)
+		} else {
 			switch lv.LinkCause() {
 			case ntb.CauseClosed, ntb.CauseGone, ntb.CauseSilent:
 				l.retire()

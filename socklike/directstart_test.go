@@ -48,6 +48,11 @@ func newStartRig(t *testing.T) *startRig {
 	t.Cleanup(func() {
 		for _, p := range r.ps {
 			for _, l := range p.allLinks() {
+				select {
+				case <-l.ready:
+				default: // a test that failed before it opened this end
+					l.opened(nil, nil, errors.New("the test ended"))
+				}
 				l.close()
 			}
 		}
@@ -67,30 +72,27 @@ func newStartRig(t *testing.T) *startRig {
 
 // open opens both ends of the link, as openEnd and acceptStart's open do.
 func (r *startRig) open() {
+	r.openSide(1)
+	r.openSide(0)
+}
+
+// openSide opens side's end of the link (side 1's with its listener on
+// DirectPort) and returns its endpoint.
+func (r *startRig) openSide(side int) *transport.Endpoint {
 	t := r.t
-	var eps [2]*transport.Endpoint
-	for side := range 2 {
-		ep, err := r.ps[side].openEnd(r.dl, side)
-		require.NoError(t, err)
-		eps[side] = ep
-	}
-	t.Cleanup(func() {
-		for _, ep := range eps {
-			ep.Close()
-		}
-		waitfor.True(t, "the direct link closed", func() bool {
-			for _, ep := range eps {
-				if ep.Device().(*shm.Device).LinkCause() != ntb.CauseLocal {
-					return false
-				}
-			}
-			return true
-		})
-	})
-	ln, err := eps[1].Listen(appproto.DirectPort)
+	ep, err := r.ps[side].openEnd(r.dl, side)
 	require.NoError(t, err)
-	r.ls[1].opened(eps[1], ln, nil)
-	r.ls[0].opened(eps[0], nil, nil)
+	t.Cleanup(func() {
+		ep.Close()
+		waitfor.True(t, "the direct link closed", func() bool { return ep.Device().(*shm.Device).LinkCause() == ntb.CauseLocal })
+	})
+	var ln *transport.Listener
+	if side == 1 {
+		ln, err = ep.Listen(appproto.DirectPort)
+		require.NoError(t, err)
+	}
+	r.ls[side].opened(ep, ln, nil)
+	return ep
 }
 
 // starting reports whether side's end is on the proxied path it began on.
@@ -221,7 +223,8 @@ func TestDirectStartLinkFails(t *testing.T) {
 
 // A first direct connection closed before its link is up leaves the link
 // to open, and the dialing side keeps it for a later dial, which takes it
-// even while it is still opening.
+// even while it is still opening: before either end has opened, and once
+// the dialing end has and the far end's attach is still to come.
 func TestDirectStartClosedEarly(t *testing.T) {
 	r := newStartRig(t)
 	past, wait := streamAll(t, []*directStream{&r.directStream}, 64<<10)
@@ -233,9 +236,13 @@ func TestDirectStartClosedEarly(t *testing.T) {
 	l, k := r.ps[0].reuse("b:1")
 	require.Same(t, r.ls[0], l, "a later dial takes the link still opening")
 	require.Equal(t, 1, k)
-	r.open()
-	ep, err := l.endpoint(t.Context())
-	require.NoError(t, err)
+	l.drop() // that dial gave up; the next takes the link again
+	ep := r.openSide(0)
+	require.NotEqual(t, ntb.LinkUp, ep.Device().Link(), "the far end has not opened")
+	l, k = r.ps[0].reuse("b:1")
+	require.Same(t, r.ls[0], l, "a later dial takes the link whose far end is still to open")
+	require.Equal(t, 2, k)
+	r.openSide(1)
 	waitfor.True(t, "the link up", func() bool { return ep.Device().Link() == ntb.LinkUp })
 	// The closed connection's move gives up once the link is up, and
 	// leaves the link, which the later dial has taken, open.
