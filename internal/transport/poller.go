@@ -146,7 +146,6 @@ func (st *state) runPoller() {
 	var idleSince time.Time
 	var calls uint64
 	for ctx.Err() == nil {
-		ep.counters.pollerRounds.Add(1)
 		if ep.cfg.Rebalance && time.Now().After(nextBalance) {
 			st.rebalance(txBytes)
 			nextBalance = time.Now().Add(rebalanceEvery)
@@ -229,6 +228,7 @@ func (st *state) runPoller() {
 			// anything, and with one P the goroutine it waits for would
 			// run only when the scheduler preempted it, 10 ms later: a
 			// round that sent nothing yields first.
+			ep.counters.pollerRounds.Add(1)
 			if !served {
 				runtime.Gosched()
 			}

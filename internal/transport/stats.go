@@ -38,8 +38,9 @@ func (ep *Endpoint) Conns() int {
 
 // counters backs Stats.
 type counters struct {
-	// pollerRounds counts the rounds of the CoreInline poller's loop (not
-	// in Stats): a test's view of whether it goes round without yielding.
+	// pollerRounds counts the CoreInline poller's rounds that go back to
+	// serve at once, with writers queued on rings with room (not in
+	// Stats): a test's view of whether it goes round without yielding.
 	pollerRounds atomic.Int64
 
 	parks, pollerSleeps, ringFull, creditWaits, credits, turns, turnsExpired, migrations, staleFrames, dataRecords, queuedRecords, takenAhead, resumptions, resets atomic.Int64
