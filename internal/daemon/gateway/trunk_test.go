@@ -128,7 +128,8 @@ func TestTrunkACL(t *testing.T) {
 }
 
 // Each end lists its trunk with the connections it carries, for ntmon
-// status and the metrics; a trunk that ends is listed as ended.
+// status and the metrics (which ntproxy reads from the gateway process:
+// ServeStats); a trunk that ends is listed as ended.
 func TestTrunkStats(t *testing.T) {
 	a, b := newRack(t, config.GatewayTrunk, echoServer(t))
 	c, err := net.Dial("tcp", a.gw.Stats()[0].Listen)
@@ -152,6 +153,8 @@ func TestTrunkStats(t *testing.T) {
 		require.Equal(t, 1, st.Conns, "the one carried connection")
 		require.Equal(t, opened[0].Link, st.Link)
 	}
+	require.Equal(t, opened, statsOverPipe(t, a.gw).TrunkStats(), "as ntproxy reads them from the gateway process")
+	require.Equal(t, a.gw.Stats(), statsOverPipe(t, a.gw).Stats())
 
 	c.Close()
 	waitfor.True(t, "the closed connection off both ends", func() bool {
