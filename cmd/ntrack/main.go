@@ -21,7 +21,7 @@
 // TCP, and beside them two plain TCP relays (ntrack relay) in place of the
 // gateways, the ceiling of two user-space hops (-gateway: that table
 // alone); then it tears the rack down. relay copies each connection to LISTEN to a new one to TO, both
-// ways, with two Ps as an ntproxy whose gateway serves.
+// ways, with two Ps as ntproxy's gateway process.
 package main
 
 import (
@@ -178,7 +178,7 @@ func down(args []string, out, stderr io.Writer) error {
 // LISTEN address to its TO address (rackdemo.RelayMain).
 func relay(args []string, out, stderr io.Writer) error {
 	fs := cli.FlagSet("ntrack relay", relaySynopsis, stderr)
-	procs := fs.Int("procs", 2, "Go scheduler Ps (GOMAXPROCS), as many as an ntproxy whose gateway serves; 0 keeps the runtime's choice")
+	procs := fs.Int("procs", 2, "Go scheduler Ps (GOMAXPROCS), as many as ntproxy's gateway process; 0 keeps the runtime's choice")
 	if done, err := parse(fs, args, out); done {
 		return err
 	}
@@ -238,7 +238,7 @@ func demo(args []string, out, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "relay: two plain Go TCP relays (ntrack relay, two Ps as ntproxy with a gateway) in place of the gateways, a loopback hop on each host: the ceiling of two user-space hops\n\n")
+	fmt.Fprintf(out, "relay: two plain Go TCP relays (ntrack relay, two Ps as the gateway process) in place of the gateways, a loopback hop on each host: the ceiling of two user-space hops\n\n")
 	rows, err := rackdemo.RunGateway(ctx, r, rackdemo.GatewayOptions{Client: "a", Server: "b", Clients: 50, OneClient: true, BesideBulk: true, WrkTime: *per, RelayCmd: []string{self, "relay"}})
 	rackdemo.PrintGateway(out, rows)
 	return err

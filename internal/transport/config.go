@@ -129,7 +129,7 @@ type Config struct {
 	SilentTimeout time.Duration
 	// Sockets says the process also waits on sockets (its goroutines read
 	// TCP or Unix sockets through the runtime's poller, as ntproxy's
-	// gateway and fallback legs do). It applies process-wide from the first
+	// gateway process and ntproxy's TCP fallback legs do). It applies process-wide from the first
 	// Attach that sets it: from then on at most GOMAXPROCS−1 goroutines
 	// spin, so a P stays free to see a socket become ready; with one P
 	// nobody spins (DESIGN.md invariant 11). In a process that waits only

@@ -46,8 +46,9 @@ var (
 )
 
 // Sockets declares that this process also waits on sockets; it cannot be
-// undone. ntproxy calls it (its gateway, fallback legs and control
-// sockets wait in the runtime's poller).
+// undone. ntproxy calls it when a TCP fallback leg opens (the leg's data
+// then waits in the runtime's poller); ntproxy's gateway process, whose
+// connections are TCP, declares it as it attaches (socklike.Config.Sockets).
 func Sockets() {
 	sockets.Store(true)
 	Refresh()

@@ -145,6 +145,7 @@ func RunGateway(ctx context.Context, r *rack.Rack, o GatewayOptions) (rows []Gat
 		pids              []int // the path's own processes
 	}
 	tcpAddr := func(port int) string { return net.JoinHostPort(srv.IP.String(), strconv.Itoa(port)) }
+	// Each ntproxy's gateway process is its child: cpuOf counts it.
 	paths := []path{{"gateway", RedisForward, HTTPForward, []int{r.Pid(o.Client, "ntproxy"), r.Pid(o.Server, "ntproxy")}}}
 	if o.RelayCmd != nil {
 		stopRelays, pids, err := startRelays(ctx, r, o, srv.IP.String())

@@ -19,7 +19,7 @@ import (
 // network, which dials the server on that host's loopback — the gateway
 // path's shape (two user-space hops, each a loopback socket pair plus the
 // rack between them) with TCP instead of the fabric between the hops. Each
-// relay is a process of two Ps, like an ntproxy whose gateway serves.
+// relay is a process of two Ps, like ntproxy's gateway process.
 
 // relayPorts are the relays' listening ports: the client host's relay
 // listens on 127.0.0.1 at the first, the server host's on its rack address
