@@ -183,16 +183,16 @@ func setProcs(n, def int) {
 // ntproxy, once its socket answers, and reports to ntproxy over the stats
 // socket until SIGINT or SIGTERM, or until ntproxy closes that socket.
 func runGateway(cfgPath string, quiet bool, procs int) error {
+	stats, err := gateway.StatsConn() // first: nothing has opened descriptor 3 yet
+	if err != nil {
+		return err
+	}
+	defer stats.Close()
 	cfg, err := config.Load(cfgPath)
 	if err != nil {
 		return err
 	}
 	setProcs(procs, 2)
-	stats, err := gateway.StatsConn()
-	if err != nil {
-		return err
-	}
-	defer stats.Close()
 	logf := log.Printf
 	if quiet {
 		logf = nil
@@ -204,7 +204,11 @@ func runGateway(cfgPath string, quiet bool, procs int) error {
 		if p, err = socklike.AttachProxy(cfg.Path(config.ProxySocket), socklike.Config{SpinBudget: cfg.Proxy.SpinBudget.Duration, Sockets: true}); err == nil {
 			break
 		}
-		time.Sleep(20 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return nil // stopped before it served
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("gateway: %w", err)

@@ -102,13 +102,19 @@ func ServeStats(c io.ReadWriter, r Reporter) error {
 }
 
 // StatsConn returns the stats socket ntproxy passed the gateway process
-// (descriptor StatsFD).
+// (descriptor StatsFD). A process that ntproxy did not start fails here,
+// and the descriptor, which may then be one of the runtime's own, is left
+// open.
 func StatsConn() (net.Conn, error) {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(StatsFD, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFSOCK {
+		return nil, fmt.Errorf("descriptor %d is not the gateway stats socket that ntproxy passes the gateway process it starts", StatsFD)
+	}
 	f := os.NewFile(StatsFD, "gateway stats")
 	defer f.Close()
 	c, err := net.FileConn(f)
 	if err != nil {
-		return nil, fmt.Errorf("gateway stats socket (descriptor %d, which ntproxy passes when it starts the gateway): %w", StatsFD, err)
+		return nil, fmt.Errorf("gateway stats socket (descriptor %d): %w", StatsFD, err)
 	}
 	return c, nil
 }
