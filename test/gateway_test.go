@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 	"github.com/ntstack/ntstack/internal/tools/rack"
 	"github.com/ntstack/ntstack/internal/tools/rackdemo"
 )
@@ -92,6 +93,60 @@ func TestRackGateway(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestRackGatewayProcess: ntproxy serves its gateway from a child process
+// that lives and dies with it. a's ntproxy killed alone (not its process
+// group) takes its gateway process along; b's gateway process killed ends
+// b's ntproxy, with the gateway process's status in its log.
+func TestRackGatewayProcess(t *testing.T) {
+	r := startRack(t, rack.Spec{Hosts: []string{"a", "b"}, Configure: rackdemo.GatewayConfigure("a", "b", "")})
+	gwA, gwB := gatewayProcess(t, r, "a"), gatewayProcess(t, r, "b")
+
+	require.NoError(t, syscall.Kill(r.Pid("a", "ntproxy"), syscall.SIGKILL))
+	waitfor.True(t, "a's gateway process gone with a's ntproxy", func() bool { return exited(gwA) })
+
+	require.NoError(t, syscall.Kill(gwB, syscall.SIGKILL))
+	waitfor.True(t, "b's ntproxy ended with its gateway process", func() bool { return r.Pid("b", "ntproxy") == 0 })
+	log, err := os.ReadFile(r.Host("b").LogPath("ntproxy"))
+	require.NoError(t, err)
+	t.Logf("b's ntproxy log ends:\n%s", lastLines(string(log), 4))
+	require.Regexp(t, fmt.Sprintf(`ntproxy: gateway process \(pid %d\): signal: killed`, gwB), string(log))
+}
+
+// gatewayProcess returns the pid of the gateway process of host's ntproxy:
+// its one child, `ntproxy -gateway`.
+func gatewayProcess(t *testing.T, r *rack.Rack, host string) int {
+	t.Helper()
+	pid := r.Pid(host, "ntproxy")
+	require.NotZero(t, pid, "%s's ntproxy runs", host)
+	var kids []string
+	waitfor.True(t, host+"'s gateway process started", func() bool {
+		kids = nil
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		for _, task := range tasks {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, task.Name()))
+			kids = append(kids, strings.Fields(string(b))...)
+		}
+		return len(kids) > 0
+	})
+	require.Len(t, kids, 1, "%s's ntproxy's children", host)
+	kid, err := strconv.Atoi(kids[0])
+	require.NoError(t, err)
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", kid))
+	require.NoError(t, err)
+	require.Contains(t, strings.Split(string(cmdline), "\x00"), "-gateway", "%s's ntproxy's child %d", host, kid)
+	return kid
+}
+
+// exited reports whether pid has exited (gone, or a zombie not yet reaped).
+func exited(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	return i < 0 || strings.HasPrefix(strings.TrimSpace(string(b[i+1:])), "Z")
 }
 
 // newCgroup creates a cgroup2 directory for the test's redirected clients

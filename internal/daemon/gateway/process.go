@@ -190,7 +190,9 @@ func (p *Process) runChild(started chan<- error) {
 		p.err = fmt.Errorf("gateway process (pid %d) did not stop within %v of SIGTERM: %w", p.cmd.Process.Pid, stopGrace, err)
 	case err != nil:
 		p.err = fmt.Errorf("gateway process (pid %d): %w", p.cmd.Process.Pid, err)
-		if last := p.tail.lastLine(); last != "" {
+		// A process that exits says why last; one a signal killed
+		// had no word.
+		if last := p.tail.lastLine(); last != "" && p.cmd.ProcessState.Exited() {
 			p.err = fmt.Errorf("%w; its stderr ends: %s", p.err, last)
 		}
 	}
@@ -203,9 +205,10 @@ func (p *Process) Pid() int { return p.cmd.Process.Pid }
 // Done is closed once the child has exited and been reaped.
 func (p *Process) Done() <-chan struct{} { return p.done }
 
-// Err returns, once Done is closed, why the child ended: nil if it exited
-// with status 0 (it serves until SIGTERM or SIGINT, or until its stats
-// socket closes), otherwise its exit status with its last line of stderr.
+// Err waits until Done is closed and returns why the child ended: nil if
+// it exited with status 0 (it serves until SIGTERM or SIGINT, or until its
+// stats socket closes), otherwise its exit status — with its last line of
+// stderr if it exited — or the signal that killed it.
 func (p *Process) Err() error {
 	<-p.done
 	return p.err
