@@ -15,7 +15,9 @@
 //
 // The gateway is an application of its own ntproxy (socklike attached
 // mode): routing, access control, ports and reclaim are ntproxy's, and its
-// connections show in `ntmon status` like any other. In trunk mode (the
+// connections show in `ntmon status` like any other. ntproxy serves it from
+// a child process, so that its TCP sockets stay out of ntproxy
+// (process.go: Process, ServeStats). In trunk mode (the
 // default; trunk.go) the gateways of two hosts share one link of their
 // own and every connection a forward carries between them is a
 // connection on it, the proxies off the data path; `ntmon status` shows
