@@ -13,7 +13,7 @@
 //     choice) driven through github.com/redis/go-redis/v9 against any
 //     RESP2 server, verifying every value it reads;
 //   - FileServer and RunHTTP, net/http serving and fetching deterministic
-//     pseudorandom files, verifying each body's length and SHA-256;
+//     pseudorandom files, comparing each body with the file's bytes;
 //   - Recorder, the bounded latency histogram they all report with.
 //
 // Concurrency contract: KV and FileServer are safe for concurrent use; Serve

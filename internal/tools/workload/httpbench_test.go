@@ -15,7 +15,7 @@ import (
 // BenchmarkHTTPFile serves files with net/http over a socklike embedded
 // link of 4 MiB (the engine and window of a direct-mode connection) and
 // over TCP loopback, both in this process, with the rack demo's workload:
-// two clients, each checking its body's SHA-256. Beside MB/s it reports the
+// two clients, each comparing its body with the file. Beside MB/s it reports the
 // process's CPU time per MB, which a loaded machine moves much less.
 //
 //	go test -run '^$' -bench HTTPFile -benchtime 100x ./internal/tools/workload/

@@ -134,8 +134,8 @@ const defaultHTTPTimeout = 60 * time.Second
 // RunHTTP fetches cfg.BaseURL/file/<cfg.Size> with cfg.Concurrency clients
 // until cfg.Requests requests or cfg.Duration, whichever comes first (at
 // least one must be set), or ctx ends, over an http.Transport that dials
-// with cfg.Dial (keep-alives on, compression off). Every body's length and
-// SHA-256 are checked against FileContent(cfg.Size, cfg.Seed).
+// with cfg.Dial (keep-alives on, compression off). Every body is compared,
+// byte for byte, with FileContent(cfg.Size, cfg.Seed).
 //
 // The result is filled in whenever the run started. The error is non-nil
 // if the configuration is invalid, ctx ended, or any request failed
@@ -154,7 +154,7 @@ func RunHTTP(ctx context.Context, cfg HTTPConfig) (HTTPResult, error) {
 		return res, fmt.Errorf("http run: base URL %q: want http://host:port", cfg.BaseURL)
 	}
 	url := strings.TrimSuffix(cfg.BaseURL, "/") + FileURLPath(cfg.Size)
-	want := sha256.Sum256(FileContent(cfg.Size, cfg.Seed))
+	want := FileContent(cfg.Size, cfg.Seed)
 	dial := cfg.Dial
 	if dial == nil {
 		dial = (&net.Dialer{}).DialContext
@@ -193,7 +193,7 @@ func RunHTTP(ctx context.Context, cfg HTTPConfig) (HTTPResult, error) {
 	}
 	for i := range workers {
 		w := &workers[i]
-		wg.Go(func() { w.run(ctx, b, client, url, int64(cfg.Size), want, &fails) })
+		wg.Go(func() { w.run(ctx, b, client, url, want, &fails) })
 	}
 	wg.Wait()
 	res.Elapsed = time.Since(start)
@@ -228,11 +228,11 @@ type httpWorker struct {
 // httpCopyBuf is each worker's body read size.
 const httpCopyBuf = 256 << 10
 
-func (w *httpWorker) run(ctx context.Context, b *budget, client *http.Client, url string, size int64, want [sha256.Size]byte, fails *failures) {
+func (w *httpWorker) run(ctx context.Context, b *budget, client *http.Client, url string, want []byte, fails *failures) {
 	buf := make([]byte, httpCopyBuf)
 	for b.take() {
 		start := time.Now()
-		n, sum, err := fetch(ctx, client, url, buf)
+		n, at, err := fetch(ctx, client, url, buf, want)
 		w.lat.Record(time.Since(start))
 		w.bytes += uint64(n)
 		switch {
@@ -242,36 +242,72 @@ func (w *httpWorker) run(ctx context.Context, b *budget, client *http.Client, ur
 			}
 			w.errors++
 			fails.op(fmt.Errorf("get %s: %w", url, err))
-		case n != size:
+		case at >= 0:
 			w.verifyErrors++
-			fails.verify(fmt.Errorf("get %s: body is %d bytes, want %d: %w", url, n, size, ErrVerify))
-		case sum != want:
+			fails.verify(fmt.Errorf("get %s: body differs from the file at byte %d: %w", url, at, ErrVerify))
+		case n != int64(len(want)):
 			w.verifyErrors++
-			fails.verify(fmt.Errorf("get %s: body SHA-256 %x, want %x: %w", url, sum, want, ErrVerify))
+			fails.verify(fmt.Errorf("get %s: body is %d bytes, want %d: %w", url, n, len(want), ErrVerify))
 		}
 	}
 }
 
-// fetch GETs url and returns the body's length and SHA-256.
-func fetch(ctx context.Context, client *http.Client, url string, buf []byte) (int64, [sha256.Size]byte, error) {
-	var sum [sha256.Size]byte
+// fetch GETs url and compares its body with want as it arrives. It returns
+// the body's length and the offset of its first byte that differs from
+// want (a byte beyond want counts), or -1 if none does.
+//
+// The check is a comparison with the expected bytes, not a hash of the
+// body: SHA-256 is slower than the transports it would check, so hashing
+// would take most of a large-file run's CPU and measure the hash more
+// than the transport (docs/perf-log.md, 2026-12-02); a comparison runs at
+// memory speed and tells where a body went wrong.
+func fetch(ctx context.Context, client *http.Client, url string, buf, want []byte) (n, at int64, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return 0, sum, err
+		return 0, -1, err
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return 0, sum, err
+		return 0, -1, err
 	}
 	defer resp.Body.Close()
-	h := sha256.New()
-	n, err := io.CopyBuffer(h, resp.Body, buf)
+	c := compareWriter{want: want, at: -1}
+	n, err = io.CopyBuffer(&c, resp.Body, buf)
 	if err != nil {
-		return n, sum, fmt.Errorf("read body: %w", err)
+		return n, c.at, fmt.Errorf("read body: %w", err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return n, sum, fmt.Errorf("status %s", resp.Status)
+		return n, c.at, fmt.Errorf("status %s", resp.Status)
 	}
-	h.Sum(sum[:0])
-	return n, sum, nil
+	return n, c.at, nil
 }
+
+// compareWriter compares what is written to it with want, in order,
+// recording the offset of the first byte that differs (or lies beyond
+// want) in at; it never fails a write.
+type compareWriter struct {
+	want []byte
+	off  int64 // bytes written so far
+	at   int64 // first differing offset, or -1
+}
+
+func (c *compareWriter) Write(p []byte) (int, error) {
+	if c.at < 0 {
+		rest := c.want[min(c.off, int64(len(c.want))):]
+		m := min(len(p), len(rest))
+		if !bytes.Equal(p[:m], rest[:m]) {
+			for i := range m {
+				if p[i] != rest[i] {
+					c.at = c.off + int64(i)
+					break
+				}
+			}
+		} else if m < len(p) {
+			c.at = c.off + int64(m)
+		}
+	}
+	c.off += int64(len(p))
+	return len(p), nil
+}
+
+var _ io.Writer = (*compareWriter)(nil)

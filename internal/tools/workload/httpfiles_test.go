@@ -97,3 +97,33 @@ func TestHTTPDuration(t *testing.T) {
 		require.Error(t, err)
 	}
 }
+
+func TestCompareWriter(t *testing.T) {
+	want := []byte("0123456789")
+	for _, tc := range []struct {
+		name   string
+		writes []string
+		at     int64
+	}{
+		{"equal", []string{"0123", "456789"}, -1},
+		{"short", []string{"01234"}, -1}, // the length check is the caller's
+		{"differs", []string{"0123", "45X789"}, 6},
+		{"first byte", []string{"X"}, 0},
+		{"longer", []string{"0123456789", "A"}, 10},
+		{"longer in one write", []string{"0123456789AB"}, 10},
+		{"first difference kept", []string{"0X2", "3Y"}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := compareWriter{want: want, at: -1}
+			var n int64
+			for _, w := range tc.writes {
+				m, err := c.Write([]byte(w))
+				require.NoError(t, err)
+				require.Equal(t, len(w), m)
+				n += int64(m)
+			}
+			require.Equal(t, tc.at, c.at)
+			require.Equal(t, n, c.off)
+		})
+	}
+}
