@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -31,7 +30,6 @@ type sharedPool struct {
 	mem   []byte
 	ring  int
 	slots int
-	gate  *pool.Gate // at most GOMAXPROCS of its connections' waits spin
 
 	mu sync.Mutex
 	// mu protects the following fields.
@@ -52,8 +50,13 @@ func mapPool(f *os.File, slots, ring int) (*sharedPool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shared pool: %w", err)
 	}
-	return &sharedPool{mem: mem, ring: ring, slots: slots, gate: pool.NewGate(max(1, runtime.GOMAXPROCS(0))), refs: 1, conns: map[*poolConn]struct{}{}}, nil
+	return &sharedPool{mem: mem, ring: ring, slots: slots, refs: 1, conns: map[*poolConn]struct{}{}}, nil
 }
+
+// poolPoller spins for the waits of all this process's shared-pool
+// connections, every attachment's: one goroutine polls them all while
+// they stay parked, holding no P and no thread (pool.Poller).
+var poolPoller = pool.NewPoller()
 
 // open returns the connection of slot i.
 func (sp *sharedPool) open(i int, spin time.Duration, local, remote Addr) (*poolConn, error) {
@@ -65,7 +68,7 @@ func (sp *sharedPool) open(i int, spin time.Duration, local, remote Addr) (*pool
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrProxy, err)
 	}
-	s.Share(sp.gate)
+	s.Poll(poolPoller)
 	c := &poolConn{slot: s, sp: sp, spin: spin, local: local, remote: remote}
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
@@ -113,9 +116,9 @@ func (sp *sharedPool) failAll(err error) {
 // and no memory link or socklike worker in between.
 //
 // Concurrency: as net.Conn, one Read and one Write may run at once with
-// any other method. A call that waits spins for Config.SpinBudget (if
-// fewer than GOMAXPROCS of the attachment's connections spin: its pool's
-// gate), then sleeps on a futex in the slot, holding its thread.
+// any other method. A call that waits is spun for, Config.SpinBudget,
+// by the process's pool poller while it stays parked, then sleeps on a
+// futex in the slot, holding its thread.
 type poolConn struct {
 	slot          *pool.Slot
 	sp            *sharedPool

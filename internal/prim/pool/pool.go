@@ -62,7 +62,6 @@ package pool
 import (
 	"fmt"
 	"runtime"
-	"sync/atomic"
 	"time"
 
 	"github.com/ntstack/ntstack/internal/prim/proc"
@@ -151,34 +150,8 @@ func CheckGeometry(slots, ring int) error {
 type Slot struct {
 	hdr     shmem.Mem
 	Out, In []byte
-	gate    *Gate // bounds this side's spinners over the slots sharing it (nil: none)
+	poller  *Poller // spins for this side's waits, with other slots' (nil: each wait spins itself)
 }
-
-// Gate bounds how many waits spin at once over the slots that share it:
-// an application's connections in shared-pool mode share one, as the
-// connections of a transport endpoint share its bound of GOMAXPROCS
-// spinners. Waits beyond the bound sleep at once, and leave the CPU to
-// the spinners and to the processes the bytes come from.
-type Gate struct {
-	spinning atomic.Int32
-	max      int32
-}
-
-// NewGate returns a gate that lets max waits spin at once.
-func NewGate(max int) *Gate { return &Gate{max: int32(max)} }
-
-func (g *Gate) enter() bool {
-	if g.spinning.Add(1) > g.max {
-		g.spinning.Add(-1)
-		return false
-	}
-	return true
-}
-
-func (g *Gate) leave() { g.spinning.Add(-1) }
-
-// Share has s's waits count against g (before any wait).
-func (s *Slot) Share(g *Gate) { s.gate = g }
 
 // NewSlot returns the slot of rings of ring bytes (a power of two from
 // MinRing to MaxRing, so that SlotSize cannot overflow) at the start of
@@ -282,6 +255,8 @@ func (s *Slot) spin(ready func() bool, ev int, seen uint32, start time.Time, spi
 // notified, or deadline passes (the zero time: no deadline); the caller
 // then checks its state again. It spins for up to spin first, giving up
 // the CPU between checks (a peer sharing it runs at once), then sleeps.
+// On a slot that polls with a Poller the poller spins for it meanwhile,
+// and the caller stays parked.
 //
 // The sleep is a futex wait in the calling goroutine, and a blocking
 // system call keeps its thread's P until sysmon takes it back (20 µs to
@@ -298,16 +273,15 @@ func (s *Slot) Wait(side Side, ready func() bool, spin time.Duration, deadline t
 	ev, sleep := evOffs(side)
 	seen := s.hdr.Load32(ev)
 	start := time.Now()
-	// The spin counts among the spinners of the slot's gate and of the
-	// process (spingate); either may refuse it.
-	if spin > 0 && (s.gate == nil || s.gate.enter()) {
-		done := s.spin(ready, ev, seen, start, spin)
-		if s.gate != nil {
-			s.gate.leave()
-		}
-		if done {
+	switch {
+	case spin <= 0:
+	case s.poller != nil:
+		// The poller spins for this wait beside its others.
+		if s.poller.wait(&pollWait{s: s, ev: ev, seen: seen, ready: ready, until: start.Add(spin), done: make(chan bool, 1)}) {
 			return false
 		}
+	case s.spin(ready, ev, seen, start, spin):
+		return false
 	}
 	// The futex sleep is a blocking system call during which this thread
 	// keeps its P until sysmon takes it back (up to 10 ms in a quiet

@@ -125,36 +125,86 @@ func TestSporadicWaitKeepsShortSpin(t *testing.T) {
 	require.False(t, s.Wait(App, func() bool { return false }, spin, time.Now().Add(-time.Second)), "deadline passed: no sleep")
 }
 
-// Waits on slots that share a gate of one spin one at a time: a second
-// wait sleeps at once (its sleeping word is set long before its hour of
-// spin), while the first spins; both end at their Notify.
-func TestGateBoundsSpinners(t *testing.T) {
-	g := NewGate(1)
-	var slots [2]*Slot
+// newTestSlots returns n slots of the smallest rings that poll with p.
+func newTestSlots(t *testing.T, p *Poller, n int) []*Slot {
+	slots := make([]*Slot, n)
 	for i := range slots {
 		s, err := NewSlot(unsafeBytes(make([]uint64, SlotSize(MinRing)/8)), MinRing)
 		require.NoError(t, err)
-		s.Share(g)
+		s.Poll(p)
 		slots[i] = s
 	}
-	done := make(chan int, 2)
+	return slots
+}
+
+// waiting is how many waits p spins for.
+func (p *Poller) waiting() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.waits)
+}
+
+// One poller spins for the waits of several slots at once, none of them
+// asleep, and hands each back as its own slot moves, in any order; with
+// none left it stops (idle costs nothing).
+func TestPollerServesEveryWait(t *testing.T) {
+	p := NewPoller()
+	slots := newTestSlots(t, p, 3)
+	done := make(chan int, len(slots))
 	for i, s := range slots {
 		go func() {
 			s.Wait(App, func() bool { return s.InHead() != 0 }, time.Hour, time.Time{})
 			done <- i
 		}()
-		if i == 0 {
-			waitfor.True(t, "the first wait spinning", func() bool { return g.spinning.Load() == 1 })
+	}
+	waitfor.True(t, "all three waits with the poller", func() bool { return p.waiting() == 3 })
+	_, sleep := evOffs(App)
+	for _, i := range []int{1, 2, 0} {
+		slots[i].SetInHead(1)
+		require.Equal(t, i, <-done)
+		for _, s := range slots {
+			require.Zero(t, s.hdr.Load32(sleep), "no wait slept")
 		}
 	}
+	waitfor.True(t, "the poller stopped", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return !p.running
+	})
+	require.Zero(t, p.waiting())
+}
+
+// A kick ends a wait the poller spins for, as it ends a spin of its own.
+func TestPollerWaitEndsAtKick(t *testing.T) {
+	p := NewPoller()
+	s := newTestSlots(t, p, 1)[0]
+	done := make(chan bool)
+	go func() { done <- s.Wait(App, func() bool { return false }, time.Hour, time.Time{}) }()
+	waitfor.True(t, "the wait with the poller", func() bool { return p.waiting() == 1 })
+	s.Kick(App)
+	require.False(t, <-done, "served while spinning: not a long wait")
+}
+
+// A wait whose spin runs out with the poller sleeps on its slot, while
+// the poller goes on spinning for another; a Notify wakes it.
+func TestPollerSpinRunsOut(t *testing.T) {
+	p := NewPoller()
+	slots := newTestSlots(t, p, 2)
+	done := make(chan int, 2)
+	spins := []time.Duration{time.Hour, time.Nanosecond}
+	for i, s := range slots {
+		go func() {
+			s.Wait(App, func() bool { return s.InHead() != 0 }, spins[i], time.Time{})
+			done <- i
+		}()
+	}
 	_, sleep := evOffs(App)
-	waitfor.True(t, "the second wait asleep", func() bool { return slots[1].hdr.Load32(sleep) == 1 })
-	require.Equal(t, int32(1), g.spinning.Load(), "the first wait still spins")
-	require.Zero(t, slots[0].hdr.Load32(sleep), "the spinner has not slept")
+	waitfor.True(t, "the short spin asleep", func() bool { return slots[1].hdr.Load32(sleep) == 1 })
+	waitfor.True(t, "the long spin still with the poller", func() bool { return p.waiting() == 1 })
 	slots[1].SetInHead(1)
 	slots[1].Notify(App)
 	require.Equal(t, 1, <-done)
 	slots[0].SetInHead(1)
 	require.Equal(t, 0, <-done)
-	require.Zero(t, g.spinning.Load())
+	require.Zero(t, slots[0].hdr.Load32(sleep), "the long spin never slept")
 }
