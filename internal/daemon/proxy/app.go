@@ -158,7 +158,7 @@ func (s *Server) attach(c *net.UnixConn) (_ *app, err error) {
 	files := []*os.File{a.memfd, bellRead}
 	w := appproto.Welcome{Version: appproto.Version, AppID: a.id, Window: uint32(s.cfg.Proxy.AppWindow)}
 	if s.cfg.Proxy.PoolSlots > 0 {
-		if a.pool, err = newAppPool(fmt.Sprintf("app-%d-pool", a.id), s.cfg.Proxy.PoolSlots, s.cfg.Proxy.PoolRing); err != nil {
+		if a.pool, err = newAppPool(fmt.Sprintf("app-%d-pool", a.id), s.cfg.Proxy.PoolSlots, s.cfg.Proxy.PoolRing, s.poolPoller); err != nil {
 			return nil, refuse(ctlapi.CodeInternal, "%v", err)
 		}
 		files = append(files, a.pool.f)

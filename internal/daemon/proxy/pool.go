@@ -20,10 +20,15 @@ import (
 // slot takes memory only once its rings are written, and gives it back
 // when its connection ends (the slot is discarded before its reuse), so
 // the application's memory returns to its baseline with its connections.
+//
+// The waits on its slots in this process (each leg's runPool) spin
+// through the server's poller, with every other application's: one
+// goroutine polls them all while they stay parked (pool.Poller).
 type appPool struct {
-	f    *os.File
-	mem  []byte
-	ring int
+	f      *os.File
+	mem    []byte
+	ring   int
+	poller *pool.Poller // spins for the waits on its slots (nil: each spins itself)
 
 	mu sync.Mutex
 	// mu protects the following fields.
@@ -31,12 +36,12 @@ type appPool struct {
 	used int
 }
 
-func newAppPool(name string, slots, ring int) (_ *appPool, err error) {
+func newAppPool(name string, slots, ring int, poller *pool.Poller) (_ *appPool, err error) {
 	if err := pool.CheckGeometry(slots, ring); err != nil {
 		return nil, err
 	}
 	size := slots * pool.SlotSize(ring)
-	p := &appPool{ring: ring}
+	p := &appPool{ring: ring, poller: poller}
 	if p.f, err = proc.NewMemfd(name, int64(size)); err != nil {
 		return nil, err
 	}
@@ -68,6 +73,7 @@ func (p *appPool) get() (int, *pool.Slot, error) {
 		p.used--
 		return 0, nil, err
 	}
+	s.Poll(p.poller)
 	return i, s, nil
 }
 

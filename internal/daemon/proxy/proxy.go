@@ -36,6 +36,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/prim/accept"
+	"github.com/ntstack/ntstack/internal/prim/pool"
 	"github.com/ntstack/ntstack/internal/prim/proc"
 	"github.com/ntstack/ntstack/internal/transport"
 	"github.com/ntstack/ntstack/internal/wire/ctlapi"
@@ -90,10 +91,13 @@ type Server struct {
 	auth   *hostauth.Auth // nil: auth.insecure, peers not authenticated
 	appCfg transport.Config
 	links  map[string]*rackLink // by peer host; fixed after New
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	nextID atomic.Uint64
+	// poolPoller spins for the shared-pool legs' waits, all
+	// applications' at once (see appPool).
+	poolPoller *pool.Poller
+	ctx        context.Context
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
+	nextID     atomic.Uint64
 	// pathSwitches counts legs' transport changes.
 	pathSwitches atomic.Uint64
 
@@ -132,17 +136,18 @@ const rackUserTimeout = 20 * time.Millisecond
 // until Serve.
 func New(cfg *config.Config, o Options) (_ *Server, err error) {
 	s := &Server{
-		cfg:       cfg,
-		ctl:       o.Control,
-		logf:      o.Logf,
-		gwStat:    o.Gateway,
-		trunks:    o.Trunks,
-		rdma:      o.RDMA,
-		links:     map[string]*rackLink{},
-		apps:      map[uint64]*app{},
-		listeners: map[int]*listener{},
-		conns:     map[uint64]*pconn{},
-		legs:      map[legKey]*leg{},
+		cfg:        cfg,
+		ctl:        o.Control,
+		logf:       o.Logf,
+		gwStat:     o.Gateway,
+		trunks:     o.Trunks,
+		rdma:       o.RDMA,
+		links:      map[string]*rackLink{},
+		apps:       map[uint64]*app{},
+		listeners:  map[int]*listener{},
+		conns:      map[uint64]*pconn{},
+		legs:       map[legKey]*leg{},
+		poolPoller: pool.NewPoller(),
 	}
 	if s.ctl == nil {
 		s.ctl = &StaticControl{Config: cfg}
