@@ -277,7 +277,7 @@ func (s *Slot) Wait(side Side, ready func() bool, spin time.Duration, deadline t
 	case spin <= 0:
 	case s.poller != nil:
 		// The poller spins for this wait beside its others.
-		if s.poller.wait(&pollWait{s: s, ev: ev, seen: seen, ready: ready, until: start.Add(spin), done: make(chan bool, 1)}) {
+		if s.poller.wait(&pollWait{s: s, ev: ev, seen: seen, ready: ready, until: start.Add(spin), done: make(chan pollEnd, 1)}) {
 			return false
 		}
 	case s.spin(ready, ev, seen, start, spin):

@@ -145,8 +145,9 @@ func (p *Poller) waiting() int {
 }
 
 // One poller spins for the waits of several slots at once, none of them
-// asleep, and hands each back as its own slot moves, in any order; with
-// none left it stops (idle costs nothing).
+// asleep, and hands each back as its own slot moves, in any order (the
+// polling wait's first: it hands the polling on); with none left nobody
+// polls (idle costs nothing).
 func TestPollerServesEveryWait(t *testing.T) {
 	p := NewPoller()
 	slots := newTestSlots(t, p, 3)
@@ -156,10 +157,10 @@ func TestPollerServesEveryWait(t *testing.T) {
 			s.Wait(App, func() bool { return s.InHead() != 0 }, time.Hour, time.Time{})
 			done <- i
 		}()
+		waitfor.True(t, "the wait with the poller", func() bool { return p.waiting() == i+1 })
 	}
-	waitfor.True(t, "all three waits with the poller", func() bool { return p.waiting() == 3 })
 	_, sleep := evOffs(App)
-	for _, i := range []int{1, 2, 0} {
+	for _, i := range []int{0, 2, 1} { // 0 polls, then hands the polling on
 		slots[i].SetInHead(1)
 		require.Equal(t, i, <-done)
 		for _, s := range slots {
@@ -169,7 +170,7 @@ func TestPollerServesEveryWait(t *testing.T) {
 	waitfor.True(t, "the poller stopped", func() bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		return !p.running
+		return !p.polling
 	})
 	require.Zero(t, p.waiting())
 }
