@@ -9,37 +9,39 @@ import (
 	"github.com/ntstack/ntstack/internal/prim/spingate"
 )
 
-// Poller spins for the waits of many slots at once: one goroutine polls
-// every wait registered with it and hands each back as it is served, as a
-// transport endpoint's spinner serves all its units, while the other
-// waiting goroutines stay parked and hold no P. The polling goroutine is
-// a waiter itself — the first to come while nobody polls — so a lone wait
-// spins as it would on its own; served, it hands the polling on to a wait
-// still registered. ntproxy's shared-pool legs each wait on their own
-// slot; spinning each on its own they took turns on ntproxy's P, one poll
-// round apiece, and each round gave the CPU away (proc.Yield) once per
-// waiter, so a leg whose bytes had come waited for every other leg's
-// turn. A wait whose spin runs out unserved sleeps on its slot's futex as
-// before; with no wait left nobody polls, so an idle process spins no
-// longer than its waits' budgets (invariant 6).
+// Poller spins for the waits of many slots at once: up to GOMAXPROCS of
+// the waits registered with it poll all of them, and hand each of the
+// others back as it is served, as a transport endpoint's spinners serve
+// all its units, while the rest stay parked and hold no P. A polling wait
+// is one that came while fewer polled, so waits as few as the Ps spin as
+// each would on its own; served, a polling wait hands the polling on to
+// a parked one. ntproxy's shared-pool legs each wait on their own slot;
+// spinning each on its own they took turns on ntproxy's P, one poll round
+// apiece, and each round gave the CPU away (proc.Yield) once per waiter,
+// so a leg whose bytes had come waited for every other leg's turn. A wait
+// whose spin runs out unserved sleeps on its slot's futex as before; with
+// no wait left nobody polls, so an idle process spins no longer than its
+// waits' budgets (invariant 6).
 //
-// The polling counts as one spinner of the process (spingate), asked
-// again every few rounds: refused, it ends every wait's spin.
+// Each polling wait counts as a spinner of the process (spingate), asked
+// again every few rounds; refused, it stops polling, and the last to stop
+// ends the parked waits' spins.
 type Poller struct {
 	mu sync.Mutex
-	// mu protects the following fields.
+	// mu protects the following fields, and pollWait.polling.
 	waits   []*pollWait
-	polling bool // a waiter runs poll
+	polling int // waits that run poll
 }
 
 // pollWait is one Wait's spin through a Poller.
 type pollWait struct {
-	s     *Slot
-	ev    int
-	seen  uint32
-	ready func() bool
-	until time.Time
-	done  chan pollEnd // receives once: how the wait ended, or that it polls now
+	s       *Slot
+	ev      int
+	seen    uint32
+	ready   func() bool
+	until   time.Time
+	done    chan pollEnd // receives once: how the wait ended, or that it polls now
+	polling bool         // it runs poll, and ends its wait itself
 }
 
 type pollEnd int8
@@ -56,7 +58,7 @@ func NewPoller() *Poller { return &Poller{} }
 // Poll has s's waits spin through p (before any wait).
 func (s *Slot) Poll(p *Poller) { s.poller = p }
 
-// pollYield is how many rounds the poller polls between yields: the
+// pollYield is how many rounds a polling wait polls between yields: the
 // spin of a lone Wait polls 16 times between them.
 const pollYield = 16
 
@@ -65,10 +67,12 @@ const pollYield = 16
 func (p *Poller) wait(w *pollWait) bool {
 	p.mu.Lock()
 	p.waits = append(p.waits, w)
-	end := ranOut
-	if !p.polling {
-		p.polling = true
-		end = takeOver
+	end := takeOver
+	if p.polling == 0 || p.polling < runtime.GOMAXPROCS(0) {
+		p.polling++
+		w.polling = true
+	} else {
+		end = ranOut // until told
 	}
 	p.mu.Unlock()
 	if end != takeOver {
@@ -80,9 +84,16 @@ func (p *Poller) wait(w *pollWait) bool {
 	return end == served
 }
 
-// poll polls the registered waits, among them self's, until self's ends;
-// it then hands the polling on to a wait left, if any, and reports
-// whether self was served.
+// remove drops waits[i] (mu held).
+func (p *Poller) remove(i int) {
+	last := len(p.waits) - 1
+	p.waits[i], p.waits[last] = p.waits[last], nil
+	p.waits = p.waits[:last]
+}
+
+// poll polls the registered waits, self's and the parked ones, until
+// self's ends; it then hands the polling on to a parked wait, if any, and
+// reports whether self was served.
 func (p *Poller) poll(self *pollWait) bool {
 	granted := spingate.Enter(time.Nanosecond) > 0 // any grant: poll asks again every pollYield rounds
 	for round := 1; ; round++ {
@@ -92,11 +103,18 @@ func (p *Poller) poll(self *pollWait) bool {
 			now = time.Now()
 		}
 		p.mu.Lock()
-		mine, others := ranOut, false
+		// Refused, the last polling wait ends every parked wait's spin.
+		dropAll := !granted && p.polling == 1
+		mine, ended, others := ranOut, false, false
 		for i := 0; i < len(p.waits); {
 			w := p.waits[i]
+			if w.polling && w != self {
+				i++ // its own poll ends it
+				continue
+			}
 			ok := granted && (w.ready() || w.s.hdr.Load32(w.ev) != w.seen)
-			if !ok && granted && (!check || !now.After(w.until)) {
+			expired := check && now.After(w.until) || !granted && (w == self || dropAll)
+			if !ok && !expired {
 				i++
 				continue
 			}
@@ -104,24 +122,23 @@ func (p *Poller) poll(self *pollWait) bool {
 			if ok {
 				end = served
 			}
+			p.remove(i)
 			if w == self {
-				mine = end
+				mine, ended = end, true
 			} else {
 				w.done <- end
 				others = others || ok
 			}
-			last := len(p.waits) - 1
-			p.waits[i], p.waits[last] = p.waits[last], nil
-			p.waits = p.waits[:last]
-			if w == self {
-				self = nil // ended: not in the list any more
-			}
 		}
-		if self == nil {
-			if len(p.waits) > 0 {
-				p.waits[0].done <- takeOver
-			} else {
-				p.polling = false
+		if ended {
+			p.polling--
+			for _, w := range p.waits {
+				if !w.polling {
+					w.polling = true
+					p.polling++
+					w.done <- takeOver
+					break
+				}
 			}
 			p.mu.Unlock()
 			if granted {

@@ -3,6 +3,7 @@ package pool
 import (
 	"bytes"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 	"time"
 
@@ -144,10 +145,10 @@ func (p *Poller) waiting() int {
 	return len(p.waits)
 }
 
-// One poller spins for the waits of several slots at once, none of them
-// asleep, and hands each back as its own slot moves, in any order (the
-// polling wait's first: it hands the polling on); with none left nobody
-// polls (idle costs nothing).
+// One poller spins for the waits of several slots at once, up to
+// GOMAXPROCS of them polling, none asleep, and hands each back as its own
+// slot moves, in any order (a polling wait's first: it hands the polling
+// on to a parked one); with none left nobody polls (idle costs nothing).
 func TestPollerServesEveryWait(t *testing.T) {
 	p := NewPoller()
 	slots := newTestSlots(t, p, 3)
@@ -159,6 +160,10 @@ func TestPollerServesEveryWait(t *testing.T) {
 		}()
 		waitfor.True(t, "the wait with the poller", func() bool { return p.waiting() == i+1 })
 	}
+	p.mu.Lock()
+	polling := p.polling
+	p.mu.Unlock()
+	require.Equal(t, min(3, runtime.GOMAXPROCS(0)), polling, "as many waits poll as there are Ps")
 	_, sleep := evOffs(App)
 	for _, i := range []int{0, 2, 1} { // 0 polls, then hands the polling on
 		slots[i].SetInHead(1)
@@ -170,7 +175,7 @@ func TestPollerServesEveryWait(t *testing.T) {
 	waitfor.True(t, "the poller stopped", func() bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		return !p.polling
+		return p.polling == 0
 	})
 	require.Zero(t, p.waiting())
 }
