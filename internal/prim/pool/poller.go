@@ -68,7 +68,7 @@ func (p *Poller) wait(w *pollWait) bool {
 	p.mu.Lock()
 	p.waits = append(p.waits, w)
 	end := takeOver
-	if p.polling == 0 || p.polling < runtime.GOMAXPROCS(0) {
+	if p.polling < spingate.Procs() { // GOMAXPROCS, cached
 		p.polling++
 		w.polling = true
 	} else {
@@ -133,7 +133,7 @@ func (p *Poller) poll(self *pollWait) bool {
 		if ended {
 			p.polling--
 			for _, w := range p.waits {
-				if !w.polling {
+				if granted && !w.polling { // refused, it leaves the parked waits to the others
 					w.polling = true
 					p.polling++
 					w.done <- takeOver

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ntstack/ntstack/internal/prim/spingate"
 	"github.com/ntstack/ntstack/internal/prim/waitfor"
 )
 
@@ -150,6 +151,7 @@ func (p *Poller) waiting() int {
 // slot moves, in any order (a polling wait's first: it hands the polling
 // on to a parked one); with none left nobody polls (idle costs nothing).
 func TestPollerServesEveryWait(t *testing.T) {
+	spingate.Refresh() // -cpu may have changed GOMAXPROCS
 	p := NewPoller()
 	slots := newTestSlots(t, p, 3)
 	done := make(chan int, len(slots))

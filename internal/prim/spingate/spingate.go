@@ -77,13 +77,19 @@ func HasSockets() bool { return sockets.Load() }
 // cached value: runtime.GOMAXPROCS takes the scheduler's lock.)
 func Refresh() { procs.Store(int32(max(1, runtime.GOMAXPROCS(0)))) }
 
-// Limit returns how many goroutines of the process may spin at once.
-func Limit() int {
+// Procs returns GOMAXPROCS as last read (Refresh).
+func Procs() int {
 	p := int(procs.Load())
 	if p == 0 {
 		Refresh()
 		p = int(procs.Load())
 	}
+	return p
+}
+
+// Limit returns how many goroutines of the process may spin at once.
+func Limit() int {
+	p := Procs()
 	if sockets.Load() || awaiting.Load() > 0 {
 		return p - 1
 	}
