@@ -54,8 +54,9 @@ func mapPool(f *os.File, slots, ring int) (*sharedPool, error) {
 }
 
 // poolPoller spins for the waits of all this process's shared-pool
-// connections, every attachment's: one goroutine polls them all while
-// they stay parked, holding no P and no thread (pool.Poller).
+// connections, every attachment's: up to GOMAXPROCS of the waits poll
+// them all while the others stay parked, holding no P and no thread
+// (pool.Poller).
 var poolPoller = pool.NewPoller()
 
 // open returns the connection of slot i.

@@ -22,8 +22,9 @@ import (
 // the application's memory returns to its baseline with its connections.
 //
 // The waits on its slots in this process (each leg's runPool) spin
-// through the server's poller, with every other application's: one
-// goroutine polls them all while they stay parked (pool.Poller).
+// through the server's poller, with every other application's: up to
+// GOMAXPROCS of them poll them all while the others stay parked
+// (pool.Poller).
 type appPool struct {
 	f      *os.File
 	mem    []byte

@@ -16,9 +16,10 @@ import (
 // is one that came while fewer polled, so waits as few as the Ps spin as
 // each would on its own; served, a polling wait hands the polling on to
 // a parked one. ntproxy's shared-pool legs each wait on their own slot;
-// spinning each on its own they took turns on ntproxy's P, one poll round
-// apiece, and each round gave the CPU away (proc.Yield) once per waiter,
-// so a leg whose bytes had come waited for every other leg's turn. A wait
+// spinning each on its own they would take turns on ntproxy's P, one poll
+// round apiece, each round giving the CPU away (proc.Yield) once per
+// waiter, so a leg whose bytes had come would wait for every other leg's
+// turn. A wait
 // whose spin runs out unserved sleeps on its slot's futex as before; with
 // no wait left nobody polls, so an idle process spins no longer than its
 // waits' budgets (invariant 6).
