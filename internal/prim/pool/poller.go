@@ -3,6 +3,7 @@ package pool
 import (
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ntstack/ntstack/internal/prim/proc"
@@ -28,6 +29,12 @@ import (
 // again every few rounds; refused, it stops polling, and the last to stop
 // ends the parked waits' spins.
 type Poller struct {
+	// solo counts waits that spin on their own slot: a wait that comes
+	// while no other wait of the poller spins or is registered spins
+	// alone, as it would without a poller, so that a lone connection's
+	// round trip pays no registration or hand-off.
+	solo atomic.Int32
+
 	mu sync.Mutex
 	// mu protects the following fields, and pollWait.polling.
 	waits   []*pollWait
@@ -58,6 +65,24 @@ func NewPoller() *Poller { return &Poller{} }
 
 // Poll has s's waits spin through p (before any wait).
 func (s *Slot) Poll(p *Poller) { s.poller = p }
+
+// trySolo reports whether the caller may spin alone (no other wait
+// spins or is registered); if so it must call endSolo when it stops.
+func (p *Poller) trySolo() bool {
+	if !p.solo.CompareAndSwap(0, 1) {
+		return false
+	}
+	p.mu.Lock()
+	busy := len(p.waits) > 0
+	p.mu.Unlock()
+	if busy {
+		p.solo.Store(0)
+		return false
+	}
+	return true
+}
+
+func (p *Poller) endSolo() { p.solo.Store(0) }
 
 // pollYield is how many rounds a polling wait polls between yields: the
 // spin of a lone Wait polls 16 times between them.

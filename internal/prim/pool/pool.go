@@ -275,6 +275,12 @@ func (s *Slot) Wait(side Side, ready func() bool, spin time.Duration, deadline t
 	start := time.Now()
 	switch {
 	case spin <= 0:
+	case s.poller != nil && s.poller.trySolo():
+		done := s.spin(ready, ev, seen, start, spin)
+		s.poller.endSolo()
+		if done {
+			return false
+		}
 	case s.poller != nil:
 		// The poller spins for this wait beside its others.
 		if s.poller.wait(&pollWait{s: s, ev: ev, seen: seen, ready: ready, until: start.Add(spin), done: make(chan pollEnd, 1)}) {

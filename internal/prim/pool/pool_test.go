@@ -153,6 +153,7 @@ func (p *Poller) waiting() int {
 func TestPollerServesEveryWait(t *testing.T) {
 	spingate.Refresh() // -cpu may have changed GOMAXPROCS
 	p := NewPoller()
+	p.solo.Store(1) // a lone wait's own spin is taken: every wait here goes through the poller
 	slots := newTestSlots(t, p, 3)
 	done := make(chan int, len(slots))
 	for i, s := range slots {
@@ -185,6 +186,7 @@ func TestPollerServesEveryWait(t *testing.T) {
 // A kick ends a wait the poller spins for, as it ends a spin of its own.
 func TestPollerWaitEndsAtKick(t *testing.T) {
 	p := NewPoller()
+	p.solo.Store(1) // through the poller, not a lone spin
 	s := newTestSlots(t, p, 1)[0]
 	done := make(chan bool)
 	go func() { done <- s.Wait(App, func() bool { return false }, time.Hour, time.Time{}) }()
@@ -197,6 +199,7 @@ func TestPollerWaitEndsAtKick(t *testing.T) {
 // the poller goes on spinning for another; a Notify wakes it.
 func TestPollerSpinRunsOut(t *testing.T) {
 	p := NewPoller()
+	p.solo.Store(1) // through the poller, not a lone spin
 	slots := newTestSlots(t, p, 2)
 	done := make(chan int, 2)
 	spins := []time.Duration{time.Hour, time.Nanosecond}
@@ -215,4 +218,35 @@ func TestPollerSpinRunsOut(t *testing.T) {
 	slots[0].SetInHead(1)
 	require.Equal(t, 0, <-done)
 	require.Zero(t, slots[0].hdr.Load32(sleep), "the long spin never slept")
+}
+
+// A wait that comes while no other wait of its poller spins spins on its
+// own slot, without registering; a second wait meanwhile goes through the
+// poller, and a wait after the lone one ended spins alone again.
+func TestPollerLoneWaitSpinsAlone(t *testing.T) {
+	p := NewPoller()
+	slots := newTestSlots(t, p, 2)
+	done := make(chan int, 2)
+	wait := func(i int) {
+		s := slots[i]
+		s.Wait(App, func() bool { return s.InHead() != 0 }, time.Hour, time.Time{})
+		done <- i
+	}
+	go wait(0)
+	waitfor.True(t, "the lone wait spinning", func() bool { return p.solo.Load() == 1 })
+	require.Zero(t, p.waiting(), "the lone wait is not registered")
+	go wait(1)
+	waitfor.True(t, "the second wait with the poller", func() bool { return p.waiting() == 1 })
+	slots[0].SetInHead(1)
+	require.Equal(t, 0, <-done)
+	require.Zero(t, p.solo.Load(), "the lone spin ended")
+	slots[1].SetInHead(1)
+	require.Equal(t, 1, <-done)
+	require.Zero(t, p.waiting())
+	slots[0].SetInHead(0)
+	go wait(0)
+	waitfor.True(t, "alone again", func() bool { return p.solo.Load() == 1 })
+	require.Zero(t, p.waiting())
+	slots[0].SetInHead(1)
+	require.Equal(t, 0, <-done)
 }
