@@ -227,7 +227,8 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 
 // ListenAndServe serves applications on cfg's proxy socket, the snapshot
 // API on its admin socket and, if configured, peers' proxies on its TCP
-// fallback address and its RDMA listener, until Close.
+// fallback address and its RDMA listener, until Close. It returns nil
+// when Close ends it, even a Close that comes before it serves.
 func (s *Server) ListenAndServe() error {
 	if err := os.MkdirAll(s.cfg.StateDir, 0o755); err != nil {
 		return fmt.Errorf("serve: %w", err)
@@ -266,7 +267,13 @@ func (s *Server) ListenAndServe() error {
 	}
 	errc := make(chan error, len(serve))
 	for _, f := range serve {
-		go func() { errc <- f() }()
+		go func() {
+			err := f()
+			if errors.Is(err, net.ErrClosed) && s.isClosed() {
+				err = nil // Close came before this goroutine began to serve
+			}
+			errc <- err
+		}()
 	}
 	err = <-errc
 	s.Close()
@@ -292,6 +299,12 @@ func listenUnix(path string, mode os.FileMode) (*net.UnixListener, error) {
 		return nil, err
 	}
 	return ln, nil
+}
+
+func (s *Server) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
 }
 
 // track registers a listener for Close; false if the Server is closed.

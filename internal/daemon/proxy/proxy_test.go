@@ -716,3 +716,14 @@ func streamThroughOutage(t *testing.T, r *rack, c net.Conn, total int, fallback 
 	require.GreaterOrEqual(t, r.a.Snapshot().PathSwitches, uint64(2), "to %s and back, counted", fallback)
 	require.Eventually(t, func() bool { return len(r.a.Snapshot().Conns) == 0 }, 5*time.Second, 10*time.Millisecond)
 }
+
+// A Close that comes before ListenAndServe serves ends it as a later
+// Close does: nil, not the error of a listener found closed.
+func TestListenAndServeAfterClose(t *testing.T) {
+	cfg, err := config.Parse(fmt.Appendf(nil, "host = \"a\"\nstate_dir = %q\n[auth]\ninsecure = true\n", t.TempDir()))
+	require.NoError(t, err)
+	s, err := New(cfg, Options{Logf: t.Logf})
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	require.NoError(t, s.ListenAndServe())
+}
