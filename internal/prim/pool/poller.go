@@ -20,10 +20,9 @@ import (
 // spinning each on its own they would take turns on ntproxy's P, one poll
 // round apiece, each round giving the CPU away (proc.Yield) once per
 // waiter, so a leg whose bytes had come would wait for every other leg's
-// turn. A wait
-// whose spin runs out unserved sleeps on its slot's futex as before; with
-// no wait left nobody polls, so an idle process spins no longer than its
-// waits' budgets (invariant 6).
+// turn. A wait whose spin runs out unserved sleeps on its slot's futex as
+// before; with no wait left nobody polls, so an idle process spins no
+// longer than its waits' budgets (invariant 6).
 //
 // Each polling wait counts as a spinner of the process (spingate), asked
 // again every few rounds; refused, it stops polling, and the last to stop
