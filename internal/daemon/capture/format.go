@@ -191,8 +191,9 @@ const (
 	legOffLen  = 9
 	// LegHeaderLen is the size of a leg frame's header.
 	LegHeaderLen = 13
-	// LegMaxPayload bounds a leg frame's payload.
-	LegMaxPayload = 64 << 10
+	// LegMaxPayload bounds a leg frame's payload (the proxies'
+	// legMaxPayload; a peer that did not say takes 64 KiB).
+	LegMaxPayload = 256 << 10
 
 	LegData  = 1
 	LegAck   = 2

@@ -336,7 +336,7 @@ func (s *Server) serveDial(a *app, c *transport.Conn) {
 	}
 	if pc.leggy() {
 		peer, _ := s.cfg.Peer(hostOf(pc.remote))
-		s.runLeg(a, s.newLeg(pc, c, peer, legKey{s.cfg.Host, pc.id}, true, other, pc.path, pc.peerWin))
+		s.runLeg(a, s.newLeg(pc, c, peer, legKey{s.cfg.Host, pc.id}, true, other, pc.path, pc.peerLim))
 		return
 	}
 	s.splice(a, pc, c, other)
@@ -423,7 +423,7 @@ func (s *Server) dial(ctx context.Context, a *app, req appproto.DialRequest) (_ 
 			return s.dialOffRackOpen(ctx, next, pc, req.Port)
 		}
 		pc.partition = fc.Partition()
-		if pc.peerWin, err = s.rackOpen(fc, route.Host, appproto.RackOpen{Port: req.Port, Token: pc.id, Window: pc.rxWindow(), Secret: pc.secret, Continue: pc.cont}); err != nil {
+		if pc.peerLim, err = s.rackOpen(fc, route.Host, pc.rackOpen(req.Port)); err != nil {
 			fc.Close()
 			return nil, nil, err
 		}
@@ -444,7 +444,7 @@ func (s *Server) dialOffRackOpen(ctx context.Context, route ctlapi.Route, pc *pc
 		return nil, nil, err
 	}
 	pc.local = c.LocalAddr().String()
-	if pc.peerWin, err = s.rackOpen(c, route.Host, appproto.RackOpen{Port: port, Token: pc.id, Window: pc.rxWindow(), Secret: pc.secret, Continue: pc.cont}); err != nil {
+	if pc.peerLim, err = s.rackOpen(c, route.Host, pc.rackOpen(port)); err != nil {
 		c.Close()
 		return nil, nil, err
 	}
@@ -513,17 +513,23 @@ func (s *Server) connect(ctx context.Context, host string, h ctlapi.Hop) (net.Co
 	return nil, fmt.Errorf("no transport %q", h.Path)
 }
 
+// rackOpen is the RackOpen of pc's leg to port: it takes frames up to
+// legMaxPayload.
+func (pc *pconn) rackOpen(port int) appproto.RackOpen {
+	return appproto.RackOpen{Port: port, Token: pc.id, Window: pc.rxWindow(), Frame: legMaxPayload, Secret: pc.secret, Continue: pc.cont}
+}
+
 // rackOpen introduces a connection (open, From filled in here) to the peer
-// proxy at its far end and waits for its verdict; it returns the peer's
-// receive window.
-func (s *Server) rackOpen(c net.Conn, host string, open appproto.RackOpen) (int, error) {
+// proxy at its far end and waits for its verdict; it returns what the
+// peer said of its leg's window and frames.
+func (s *Server) rackOpen(c net.Conn, host string, open appproto.RackOpen) (legLimits, error) {
 	return s.rackOpenThen(c, host, open, nil)
 }
 
 // rackOpenThen is rackOpen that calls sent, if set, once the open is on
 // its way: what it does overlaps the far side's work. Its error ends the
 // open.
-func (s *Server) rackOpenThen(c net.Conn, host string, open appproto.RackOpen, sent func() error) (int, error) {
+func (s *Server) rackOpenThen(c net.Conn, host string, open appproto.RackOpen, sent func() error) (legLimits, error) {
 	open.From = s.cfg.Host
 	port := open.Port
 	c.SetDeadline(time.Now().Add(requestTimeout))
@@ -531,7 +537,7 @@ func (s *Server) rackOpenThen(c net.Conn, host string, open appproto.RackOpen, s
 	err := appproto.WriteFrame(c, open)
 	if err == nil && sent != nil {
 		if err = sent(); err != nil {
-			return 0, err
+			return legLimits{}, err
 		}
 	}
 	if err == nil {
@@ -541,10 +547,10 @@ func (s *Server) rackOpenThen(c net.Conn, host string, open appproto.RackOpen, s
 		err = &ctlapi.Error{Code: reply.Code, Message: fmt.Sprintf("%s: %s", host, reply.Error)}
 	}
 	if err != nil {
-		return 0, fabricErr(host, port, err)
+		return legLimits{}, fabricErr(host, port, err)
 	}
 	c.SetDeadline(time.Time{})
-	return reply.Window, nil
+	return legLimits{reply.Window, reply.Frame}, nil
 }
 
 // fabricErr gives a failed connect over a rack link its code.

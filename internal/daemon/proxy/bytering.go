@@ -29,8 +29,10 @@ type byteRing struct {
 	max  int    // largest buffer, a power of two
 }
 
-// ringMinSize is the first buffer of a byteRing: one full leg frame.
-const ringMinSize = legMaxPayload
+// ringMinSize is the first buffer of a byteRing: a full frame of a peer
+// that did not say it takes larger ones (a leg's frames need no more room
+// than that: they are read and written in parts).
+const ringMinSize = legOldPayload
 
 func newByteRing(max int) byteRing { return byteRing{max: max} }
 

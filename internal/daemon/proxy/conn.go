@@ -34,7 +34,7 @@ type pconn struct {
 	cont      string       // a proxied connection carrying on direct link cont's (directfall.go)
 	leg       *leg         // the part between this proxy and a peer's, if any
 	slot      *poolUse     // shared-pool mode: its slot of the application's pool
-	peerWin   int          // the peer leg's receive window
+	peerLim   legLimits    // what the peer leg said of its window and frames
 	hops      []ctlapi.Hop // the transports its leg may move between (dialer side)
 	secret    []byte       // its leg's resume secret (legSecretLen bytes)
 

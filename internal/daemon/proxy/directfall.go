@@ -182,14 +182,14 @@ func (s *Server) serveContinue(fc net.Conn, open appproto.RackOpen, in inbound, 
 		return
 	}
 	fc.SetDeadline(time.Time{})
-	if err := appproto.WriteFrame(fc, appproto.DialReply{Local: pc.remote, Remote: pc.local, Path: pc.path, Window: pc.rxWindow()}); err != nil {
+	if err := appproto.WriteFrame(fc, appproto.DialReply{Local: pc.remote, Remote: pc.local, Path: pc.path, Window: pc.rxWindow(), Frame: legMaxPayload}); err != nil {
 		ac.Close()
 		fc.Close()
 		return
 	}
 	s.logf("connection %d: direct link %s continues through the proxies over %s", pc.id, pc.cont, pc.path)
 	peer, _ := s.cfg.Peer(open.From)
-	s.runLeg(a, s.newLeg(pc, ac, peer, legKey{open.From, open.Token}, false, fc, in.path, open.Window))
+	s.runLeg(a, s.newLeg(pc, ac, peer, legKey{open.From, open.Token}, false, fc, in.path, legLimits{open.Window, open.Frame}))
 }
 
 // continueReason is the reason of a proxied connection carrying on

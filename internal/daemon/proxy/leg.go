@@ -32,6 +32,7 @@ import (
 //	  1     8  seq: the first byte's number (data), the next byte expected
 //	           (ack), the stream's length (fin)
 //	  9     4  payload length (data; 0 otherwise), at most legMaxPayload
+//	           and what the peer said it takes (legLimits.frame)
 //	 13        payload
 //
 // Trust: a leg's token only names it. The dialing proxy picks a random
@@ -65,8 +66,15 @@ const (
 	legFin   byte = 3
 	legReset byte = 4 // the sender's end is closed: nothing will be resumed
 
-	legHdr        = 13
-	legMaxPayload = 64 << 10
+	legHdr = 13
+	// legMaxPayload is the largest data payload a proxy takes in a frame,
+	// and sends to a peer that takes as much: a leg frame is one record
+	// on the rack link (its MTU), and a 64 KiB record, the transport's
+	// default, cost each proxy a wake-up and a hand-off per 64 KiB, a
+	// quarter more CPU a byte of a large file (docs/perf-log.md,
+	// 2026-12-03). legOldPayload is what a peer that does not say takes.
+	legMaxPayload = 256 << 10
+	legOldPayload = 64 << 10
 	legMaxUnacked = 8 << 20 // a power of two: the size of a full byteRing
 	legAckEvery   = 256 << 10
 	legInline     = 8 << 10 // larger payloads are not copied into a frame
@@ -106,6 +114,14 @@ func (l *leg) resumes(host string, secret []byte) bool {
 		len(l.secret) == legSecretLen && subtle.ConstantTimeCompare(l.secret, secret) == 1
 }
 
+// legLimits is what a leg's peer said, opening it (appproto.RackOpen,
+// DialReply): its receive buffer (0: legMaxUnacked, a peer that did not
+// say) and the largest data payload it takes in a frame (0:
+// legOldPayload).
+type legLimits struct {
+	window, frame int
+}
+
 // legKey names a leg at both proxies: the dialing host and its token.
 type legKey struct {
 	from  string
@@ -113,17 +129,18 @@ type legKey struct {
 }
 
 type leg struct {
-	s       *Server
-	pc      *pconn
-	app     net.Conn // the application's end (shared-pool mode: only closed)
-	peer    config.Peer
-	key     legKey
-	secret  []byte     // the resume secret (legSecretLen bytes; see resumes)
-	dialer  bool       // this side reconnects
-	slot    *pool.Slot // shared-pool mode: the application's rings, else nil
-	peerWin uint64     // the peer's receive buffer: the most in flight unacknowledged
-	ended   atomic.Bool
-	busy    sync.WaitGroup // goroutines that may touch the rings
+	s         *Server
+	pc        *pconn
+	app       net.Conn // the application's end (shared-pool mode: only closed)
+	peer      config.Peer
+	key       legKey
+	secret    []byte     // the resume secret (legSecretLen bytes; see resumes)
+	dialer    bool       // this side reconnects
+	slot      *pool.Slot // shared-pool mode: the application's rings, else nil
+	peerWin   uint64     // the peer's receive buffer: the most in flight unacknowledged
+	peerFrame int        // the largest data payload the peer takes
+	ended     atomic.Bool
+	busy      sync.WaitGroup // goroutines that may touch the rings
 
 	dmu sync.Mutex
 	// dmu protects the following fields. The receive loop only queues
@@ -163,13 +180,16 @@ type leg struct {
 }
 
 // newLeg starts a leg over its first transport c; in shared-pool mode
-// (pc.slot set) its queues are the slot's rings. peerWin is the peer's
-// receive buffer (0: legMaxUnacked, a peer that did not say).
-func (s *Server) newLeg(pc *pconn, app net.Conn, peer config.Peer, key legKey, dialer bool, c net.Conn, path string, peerWin int) *leg {
+// (pc.slot set) its queues are the slot's rings. lim is what the peer
+// said of its receive buffer and frames (legLimits).
+func (s *Server) newLeg(pc *pconn, app net.Conn, peer config.Peer, key legKey, dialer bool, c net.Conn, path string, lim legLimits) *leg {
 	l := &leg{s: s, pc: pc, app: app, peer: peer, key: key, secret: pc.secret, dialer: dialer, finAt: -1,
-		rx: newByteRing(legMaxUnacked), tx: newByteRing(legMaxUnacked), peerWin: legMaxUnacked}
-	if peerWin > 0 {
-		l.peerWin = uint64(min(peerWin, legMaxUnacked))
+		rx: newByteRing(legMaxUnacked), tx: newByteRing(legMaxUnacked), peerWin: legMaxUnacked, peerFrame: legOldPayload}
+	if lim.window > 0 {
+		l.peerWin = uint64(min(lim.window, legMaxUnacked))
+	}
+	if lim.frame > 0 {
+		l.peerFrame = min(lim.frame, legMaxPayload)
 	}
 	if pc.slot != nil {
 		l.slot = pc.slot.Slot
@@ -233,7 +253,7 @@ func (l *leg) runPump() {
 		var room []byte
 		for !l.closed {
 			// Only the pump adds to tx: room stays ours while unlocked.
-			if room = l.tx.free(legMaxPayload, legIOMax); len(room) > 0 {
+			if room = l.tx.free(ringMinSize, legIOMax); len(room) > 0 {
 				break
 			}
 			l.cond.Wait()
@@ -328,7 +348,7 @@ func (l *leg) writeDueLocked(frame []byte) {
 			// only bytes it has received — from this write once it has
 			// copied them, or from an earlier transport, and then c has
 			// been replaced and the peer ignores what still arrives on it.
-			p := l.tx.span(seq, min(legMaxPayload, l.sendable()))
+			p := l.tx.span(seq, min(l.peerFrame, l.sendable()))
 			n = uint64(len(p))
 			b = putLegHdr(frame, legData, seq, len(p))
 			if len(p) <= legInline {

@@ -37,7 +37,7 @@ func FuzzLegRecv(f *testing.F) {
 		s := &Server{logf: func(string, ...any) {}, legs: map[legKey]*leg{}, conns: map[uint64]*pconn{}, apps: map[uint64]*app{}}
 		pc := &pconn{id: 1}
 		c := newMemConn(in, int(chunk))
-		l := s.newLeg(pc, newMemConn(nil, 0), config.Peer{Host: "b"}, legKey{"b", 1}, false, c, "ntb", 0)
+		l := s.newLeg(pc, newMemConn(nil, 0), config.Peer{Host: "b"}, legKey{"b", 1}, false, c, "ntb", legLimits{})
 		l.runRecv(c, 1)
 		l.dmu.Lock()
 		queued, received := l.rx.n, l.rxSeq

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ntstack/ntstack/internal/daemon/capture"
 	"github.com/ntstack/ntstack/internal/daemon/config"
 )
 
@@ -22,7 +23,7 @@ func TestLegRepeatsAckOnNewTransport(t *testing.T) {
 	defer appPeer.Close()
 	old, oldPeer := net.Pipe()
 	defer oldPeer.Close()
-	l := s.newLeg(&pconn{id: 1}, appEnd, config.Peer{Host: "b"}, legKey{"b", 1}, false, old, "ntb", 0)
+	l := s.newLeg(&pconn{id: 1}, appEnd, config.Peer{Host: "b"}, legKey{"b", 1}, false, old, "ntb", legLimits{})
 	const acked = 5 << 20
 	l.mu.Lock()
 	l.ackWanted, l.ackSent = acked, acked // written on old, then old failed
@@ -42,4 +43,57 @@ func TestLegRepeatsAckOnNewTransport(t *testing.T) {
 	require.Equal(t, legAck, hdr[0])
 	require.Equal(t, uint64(acked), binary.LittleEndian.Uint64(hdr[1:]))
 	go io.Copy(io.Discard, theirs) // the reset at close
+}
+
+// TestLegFrameSize: a leg sends data frames as large as its peer said it
+// takes (legLimits.frame), and legOldPayload to a peer that did not say.
+func TestLegFrameSize(t *testing.T) {
+	require.Equal(t, capture.LegMaxPayload, legMaxPayload, "the capture format reads the frames legs send")
+	for _, tc := range []struct {
+		name string
+		lim  legLimits
+		want int
+	}{
+		{"peer says nothing", legLimits{}, legOldPayload},
+		{"peer takes legMaxPayload", legLimits{frame: legMaxPayload}, legMaxPayload},
+		{"peer takes more", legLimits{frame: 4 * legMaxPayload}, legMaxPayload},
+		{"peer takes less", legLimits{frame: 16 << 10}, 16 << 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &Server{logf: t.Logf, legs: map[legKey]*leg{}, conns: map[uint64]*pconn{}, apps: map[uint64]*app{}}
+			appEnd, appPeer := net.Pipe()
+			defer appPeer.Close()
+			c, peer := net.Pipe()
+			defer peer.Close()
+			l := s.newLeg(&pconn{id: 1}, appEnd, config.Peer{Host: "b"}, legKey{"b", 1}, false, c, "ntb", tc.lim)
+			data := make([]byte, 2*legMaxPayload)
+			for i := range data {
+				data[i] = byte(i * 7)
+			}
+			l.mu.Lock()
+			require.True(t, l.tx.put(data))
+			l.mu.Unlock()
+			done := make(chan struct{})
+			go func() { defer close(done); l.runSend() }()
+			defer func() { l.close(nil); <-done }()
+
+			peer.SetReadDeadline(time.Now().Add(5 * time.Second))
+			var got []byte
+			for len(got) < len(data) {
+				hdr := make([]byte, legHdr)
+				_, err := io.ReadFull(peer, hdr)
+				require.NoError(t, err)
+				require.Equal(t, legData, hdr[0])
+				require.Equal(t, uint64(len(got)), binary.LittleEndian.Uint64(hdr[1:]))
+				n := int(binary.LittleEndian.Uint32(hdr[9:]))
+				require.Equal(t, min(tc.want, len(data)-len(got)), n, "frame at %d", len(got))
+				p := make([]byte, n)
+				_, err = io.ReadFull(peer, p)
+				require.NoError(t, err)
+				got = append(got, p...)
+			}
+			require.Equal(t, data, got)
+			go io.Copy(io.Discard, peer) // the reset at close
+		})
+	}
 }

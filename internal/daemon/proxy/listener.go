@@ -313,14 +313,14 @@ func (s *Server) serveInbound(fc net.Conn, in inbound) {
 		return
 	}
 	fc.SetDeadline(time.Time{})
-	if err := appproto.WriteFrame(fc, appproto.DialReply{Local: pc.remote, Remote: pc.local, Path: pc.path, Window: pc.rxWindow()}); err != nil {
+	if err := appproto.WriteFrame(fc, appproto.DialReply{Local: pc.remote, Remote: pc.local, Path: pc.path, Window: pc.rxWindow(), Frame: legMaxPayload}); err != nil {
 		pc.abandonSlot(s, l.app)
 		ac.Close()
 		fc.Close()
 		return
 	}
 	peer, _ := s.cfg.Peer(open.From)
-	s.runLeg(l.app, s.newLeg(pc, ac, peer, legKey{open.From, open.Token}, false, fc, in.path, open.Window))
+	s.runLeg(l.app, s.newLeg(pc, ac, peer, legKey{open.From, open.Token}, false, fc, in.path, legLimits{open.Window, open.Frame}))
 }
 
 // authenticate runs the server side of the TLS handshake on a connection

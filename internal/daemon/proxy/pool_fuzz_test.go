@@ -70,7 +70,7 @@ func FuzzPoolSlot(f *testing.F) {
 		s := &Server{logf: func(string, ...any) {}, legs: map[legKey]*leg{}, conns: map[uint64]*pconn{}, apps: map[uint64]*app{}}
 		pc := &pconn{id: 1, slot: &poolUse{Slot: slot}}
 		c := newMemConn(nil, 0)
-		l := s.newLeg(pc, newMemConn(nil, 0), config.Peer{Host: "b"}, legKey{"b", 1}, false, c, "ntb", 0)
+		l := s.newLeg(pc, newMemConn(nil, 0), config.Peer{Host: "b"}, legKey{"b", 1}, false, c, "ntb", legLimits{})
 		data := make([]byte, ring)
 		for k := 0; len(in) >= 9 && k < poolMaxSteps; in, k = in[9:], k+1 {
 			op, v := int(in[0])%poolOps, binary.LittleEndian.Uint64(in[1:])

@@ -186,7 +186,7 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 			SpinBudget: cfg.Proxy.SpinBudget.Duration,
 			SpinYield:  forwarderSpinYield,
 			HandOff:    true,
-			MTU:        transport.DefaultMTU + legHdr, // a leg frame of a full record is one record
+			MTU:        legMaxPayload + legHdr, // a full leg frame is one record
 			Partitions: cfg.Proxy.Partitions,
 			// A leg moves to the next path itself (leg.go): its transport
 			// connection waits for the link only through a session

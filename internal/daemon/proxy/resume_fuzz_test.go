@@ -57,7 +57,7 @@ func FuzzResumeAccept(f *testing.F) {
 			legs: map[legKey]*leg{}, conns: map[uint64]*pconn{}, apps: map[uint64]*app{}, listeners: map[int]*listener{}}
 		old := newMemConn(nil, 0)
 		key := legKey{"a", 7}
-		l := s.newLeg(&pconn{id: 1, secret: secret}, newMemConn(nil, 0), config.Peer{Host: "a"}, key, false, old, ctlapi.PathNTB, 0)
+		l := s.newLeg(&pconn{id: 1, secret: secret}, newMemConn(nil, 0), config.Peer{Host: "a"}, key, false, old, ctlapi.PathNTB, legLimits{})
 		l.tx.base = base
 		if held > 0 {
 			l.tx.commit(len(l.tx.free(int(held), int(held))))

@@ -284,7 +284,9 @@ type PoolGrant struct {
 //
 // Between two proxies (the answer to a RackOpen) Window is the answering
 // leg's receive buffer: the opener never has more unacknowledged bytes
-// than that in flight. RackOpen.Window says the same the other way.
+// than that in flight, and Frame the largest data payload the answering
+// leg takes in one frame (0: 64 KiB, what proxies took before they said).
+// RackOpen.Window and RackOpen.Frame say the same the other way.
 type DialReply struct {
 	Code   errcode.Code `json:"code"`
 	Error  string       `json:"error,omitempty"`
@@ -301,6 +303,7 @@ type DialReply struct {
 	Pool    *PoolGrant `json:"pool,omitempty"`
 	RxSeq   uint64     `json:"rx_seq,omitempty"` // answer to a resume
 	Window  int        `json:"window,omitempty"`
+	Frame   int        `json:"frame,omitempty"`
 }
 
 // ListenRequest asks the proxy to accept connections to Port (0: any free
@@ -403,6 +406,7 @@ type RackOpen struct {
 	Resume uint64 `json:"resume,omitempty"`
 	RxSeq  uint64 `json:"rx_seq,omitempty"`
 	Window int    `json:"window,omitempty"` // the opener's receive buffer (see DialReply)
+	Frame  int    `json:"frame,omitempty"`  // the opener's largest data payload (see DialReply)
 	Secret []byte `json:"secret,omitempty"`
 
 	// DirectWindow is the direct link's window per side, which the opener
