@@ -2,6 +2,7 @@ package socklike
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"os"
 	"strings"
@@ -38,6 +39,12 @@ func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 			return wt.WriteTo(writerOnly{c})
 		}
 	}
+	// net/http's response body is an io.LimitedReader over the content:
+	// bytes in memory are written straight from it too, not copied
+	// through the buffer first.
+	if lr, ok := r.(*io.LimitedReader); ok && inMemory(lr.R) {
+		return writeLimited(writerOnly{c}, lr)
+	}
 	bp := readFromPool.Get().(*[]byte)
 	defer readFromPool.Put(bp)
 	return io.CopyBuffer(writerOnly{c}, r, *bp)
@@ -60,6 +67,46 @@ func readsAtOnce(r io.Reader) bool {
 		return err == nil && fi.Mode().IsRegular()
 	}
 	return false
+}
+
+// inMemory reports whether r is bytes in memory whose WriteTo writes them
+// all in one Write.
+func inMemory(r io.Reader) bool {
+	switch r.(type) {
+	case *bytes.Reader, *strings.Reader:
+		return true
+	}
+	return false
+}
+
+// writeLimited writes lr's bytes to w through lr.R's WriteTo (one Write of
+// what is left, inMemory), cut to lr.N, and takes them off lr.N.
+func writeLimited(w io.Writer, lr *io.LimitedReader) (int64, error) {
+	if lr.N <= 0 {
+		return 0, nil
+	}
+	lw := &limitedWriter{w: w, n: lr.N}
+	n, err := lr.R.(io.WriterTo).WriteTo(lw)
+	lr.N -= n
+	if errors.Is(err, io.ErrShortWrite) && lw.n == 0 {
+		err = nil // the source holds more than the limit
+	}
+	return n, err
+}
+
+// limitedWriter writes at most n bytes to w.
+type limitedWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (l *limitedWriter) Write(p []byte) (int, error) {
+	k, err := l.w.Write(p[:min(int64(len(p)), l.n)])
+	l.n -= int64(k)
+	if err == nil && k < len(p) {
+		err = io.ErrShortWrite
+	}
+	return k, err
 }
 
 // writerOnly hides Conn's ReadFrom from io.CopyBuffer, which would call it.

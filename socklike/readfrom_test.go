@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -98,4 +99,40 @@ func TestReadFromWriterTo(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(len(data)), n)
 	require.NoError(t, <-done)
+}
+
+// TestReadFromLimitedInMemory: net/http's response body, an
+// io.LimitedReader over bytes in memory, is written straight from the
+// bytes: the peer reads exactly the limit's bytes, the limit drops to 0,
+// and the source is left just past them.
+func TestReadFromLimitedInMemory(t *testing.T) {
+	a, b := endpoints(t, Config{})
+	c1, c2 := pair(t, a, b, "83")
+	defer c1.Close()
+	defer c2.Close()
+	data := make([]byte, 2<<20)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	const limit = 1<<20 + 4321
+	for _, src := range []io.Reader{bytes.NewReader(data), strings.NewReader(string(data))} {
+		done := make(chan error, 1)
+		go func() {
+			got := make([]byte, limit)
+			_, err := io.ReadFull(c2, got)
+			if err == nil && !bytes.Equal(got, data[:limit]) {
+				err = errors.New("bytes differ")
+			}
+			done <- err
+		}()
+		lr := &io.LimitedReader{R: src, N: limit}
+		n, err := c1.(*Conn).ReadFrom(lr)
+		require.NoError(t, err)
+		require.Equal(t, int64(limit), n)
+		require.Zero(t, lr.N)
+		require.NoError(t, <-done)
+		rest, err := io.ReadAll(src)
+		require.NoError(t, err)
+		require.Equal(t, data[limit:], rest, "%T left just past the limit", src)
+	}
 }
