@@ -231,7 +231,7 @@ type options struct {
 	sharedWin  int           // ntb: receive window of bulk connections beside small-message ones
 	priority   int           // ntb: class of the bulk flows (mixed) or of every connection
 	cpuprofile string        // CPU profile of the client; each server's gets ".server.<transport>.<mode>.<n>c.r<round>", proxy daemons the server's and ".proxy-a"/".proxy-b"
-	trace      string        // execution trace of the client; each server's named as its CPU profile
+	trace      string        // execution trace of the client; each server's and ntproxy's named as its CPU profile
 	stats      bool          // ntb: print the engine's event counters
 	svg        string        // draw the results as an SVG chart into this file
 	plot       string        // draw the chart from these JSON lines instead of measuring
@@ -337,7 +337,7 @@ Flags:
 	fs.IntVar(&o.priority, "priority", 0, "ntb: priority class 0-7 of the bulk flows in mixed mode, of every connection otherwise")
 	fs.BoolVar(&o.stats, "stats", false, "ntb: print both endpoints' event counters (parks, poller sleeps, ring full, credit waits) to stderr")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write the client's CPU profile to `file`, each server's (one a transport, mode, connection count and round) to file.server.<transport>.<mode>.<n>c.r<round> (proxy transports: each ntproxy's to the server's name .proxy-a, .proxy-b)")
-	fs.StringVar(&o.trace, "trace", "", "write the client's execution trace to `file`, each server's to a name as -cpuprofile's, for go tool trace: which goroutine ran when, and why it stopped")
+	fs.StringVar(&o.trace, "trace", "", "write the client's execution trace to `file`, each server's and each ntproxy's to a name as -cpuprofile's, for go tool trace: which goroutine ran when, and why it stopped")
 	fs.BoolVar(&o.verify, "verify", false, "send a seeded pattern and check every echo and streamed byte (slower)")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object per line instead of a table")
 	fs.BoolVar(&o.quiet, "q", false, "print only result rows: no banner, column header or comparison")

@@ -26,6 +26,9 @@ import (
 // code re-executes os.Executable, which under go test is this binary.
 func TestMain(m *testing.M) {
 	clitest.MaybeMain(main)
+	if cfg := os.Getenv(proxydEnv); cfg != "" {
+		os.Exit(runProxyd(cfg)) // a proxy transport's ntproxy child
+	}
 	if len(os.Args) > 1 && os.Args[1] == serverRole {
 		os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 	}
@@ -462,14 +465,18 @@ func TestTableRun(t *testing.T) {
 
 // TestTraceFiles checks that -trace leaves an execution trace of each
 // process: the client's at the path, each server's beside it under a name
-// of its own (one server no longer overwriting another's).
+// of its own (one server no longer overwriting another's), and each
+// ntproxy's beside its server's.
 func TestTraceFiles(t *testing.T) {
 	multiProcess(t)
 	path := filepath.Join(t.TempDir(), "run.trace")
-	runBench(t, "-json", "-transports=tcp,unix", "-modes=pingpong", "-size=64", "-count=50", "-warmup=5", "-rounds=2", "-pin="+testPin(t), "-trace="+path)
+	runBench(t, "-json", "-transports=tcp,unix,proxy", "-modes=pingpong", "-size=64", "-count=50", "-warmup=5", "-rounds=2", "-pin="+testPin(t), "-trace="+path)
 	want := []string{path}
-	for _, server := range []string{"tcp.pingpong.1c.r1", "unix.pingpong.1c.r1", "tcp.pingpong.1c.r2", "unix.pingpong.1c.r2"} {
+	for _, server := range []string{"tcp.pingpong.1c.r1", "unix.pingpong.1c.r1", "tcp.pingpong.1c.r2", "unix.pingpong.1c.r2", "proxy.pingpong.1c.r1"} {
 		want = append(want, path+".server."+server)
+	}
+	for _, host := range []string{"a", "b"} {
+		want = append(want, path+".server.proxy.pingpong.1c.r1.proxy-"+host)
 	}
 	for _, p := range want {
 		b, err := os.ReadFile(p)

@@ -88,6 +88,7 @@ const (
 	proxydEnv     = "NTBENCH_PROXYD"         // its configuration file
 	proxydCPUEnv  = "NTBENCH_PROXYD_CPU"     // the CPU to pin it to, or -1
 	proxydProfEnv = "NTBENCH_PROXYD_PROFILE" // its CPU profile, if set
+	proxydTrace   = "NTBENCH_PROXYD_TRACE"   // its execution trace, if set
 )
 
 // appConfig is socklike's configuration for an application's memory link:
@@ -175,6 +176,9 @@ func listenRack(o *options, pool bool) (_ net.Listener, _ string, err error) {
 		cmd.Env = append(os.Environ(), proxydEnv+"="+path, proxydCPUEnv+"="+strconv.Itoa([]int{cpuA, cpuB}[i]))
 		if o.cpuprofile != "" {
 			cmd.Env = append(cmd.Env, proxydProfEnv+"="+o.cpuprofile+".proxy-"+host)
+		}
+		if o.trace != "" {
+			cmd.Env = append(cmd.Env, proxydTrace+"="+o.trace+".proxy-"+host)
 		}
 		cmd.Stderr = os.Stderr
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -277,7 +281,7 @@ func runProxyd(cfgPath string) int {
 			return 1
 		}
 	}
-	stop, err := startCapture(os.Getenv(proxydProfEnv), "")
+	stop, err := startCapture(os.Getenv(proxydProfEnv), os.Getenv(proxydTrace))
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "ntbench proxyd: %v\n", err)
 		return 1
