@@ -259,3 +259,9 @@ func TestTshark(t *testing.T) {
 	}
 	require.Equal(t, want, lines)
 }
+
+// TestDissectorLegBound: the Lua dissector bounds a leg frame's payload
+// where the gopacket layer does (LegMaxPayload).
+func TestDissectorLegBound(t *testing.T) {
+	require.Contains(t, string(Dissector), fmt.Sprintf("\nlocal LEG_MAX = %d ", LegMaxPayload))
+}

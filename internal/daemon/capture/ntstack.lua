@@ -14,7 +14,7 @@
 
 local HDR = 24
 local LEG_HDR = 13
-local LEG_MAX = 65536
+local LEG_MAX = 262144 -- capture.LegMaxPayload
 
 local p = Proto("ntstack", "ntstack frame")
 
