@@ -69,10 +69,11 @@ const (
 	legHdr = 13
 	// legMaxPayload is the largest data payload a proxy takes in a frame,
 	// and sends to a peer that takes as much: a leg frame is one record
-	// on the rack link (its MTU), and a 64 KiB record, the transport's
-	// default, cost each proxy a wake-up and a hand-off per 64 KiB, a
-	// quarter more CPU a byte of a large file (docs/perf-log.md,
-	// 2026-12-03). legOldPayload is what a peer that does not say takes.
+	// on the rack link (its MTU), and with 64 KiB records, the
+	// transport's default, the wake-ups and hand-offs a record cost the
+	// ntproxys a tenth to a fifth more CPU a byte of a large file
+	// (docs/perf-log.md, 2026-12-03). legOldPayload is what a peer that
+	// does not say takes.
 	legMaxPayload = 256 << 10
 	legOldPayload = 64 << 10
 	legMaxUnacked = 8 << 20 // a power of two: the size of a full byteRing

@@ -186,7 +186,13 @@ func New(cfg *config.Config, o Options) (_ *Server, err error) {
 			SpinBudget: cfg.Proxy.SpinBudget.Duration,
 			SpinYield:  forwarderSpinYield,
 			HandOff:    true,
-			MTU:        legMaxPayload + legHdr, // a full leg frame is one record
+			// A full leg frame is one record. The MTU is above
+			// DefaultMTU, so the link cuts no bulk record into pieces
+			// beside small messages (transport.Config.MTU): with pieces
+			// a lone large file ran 25-35 % slower, its partition taken
+			// for one that carries small messages (docs/perf-log.md,
+			// 2026-12-03).
+			MTU:        legMaxPayload + legHdr,
 			Partitions: cfg.Proxy.Partitions,
 			// A leg moves to the next path itself (leg.go): its transport
 			// connection waits for the link only through a session
