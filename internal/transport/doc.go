@@ -52,7 +52,9 @@
 // parked and no other caller runs (a doorbell wait keeps the process's P,
 // so it must not starve a runnable caller), or once no Read or Write has
 // come for a couple of milliseconds (so frames nobody waits for, like an
-// OPEN, are still answered). So a busy pair never takes a doorbell and an
+// OPEN, are still answered); a new session's poller starts once the last
+// session's has returned, so that only one takes the doorbells
+// (state.awaitPrev). So a busy pair never takes a doorbell and an
 // idle pair costs next to nothing.
 //
 // Flow control is by credit: a connection's sender never has more than

@@ -245,6 +245,7 @@ func (ep *Endpoint) install(s *partition.Session) {
 		headOff:  make([]int, len(s.Partitions())),
 		refs:     make([]ringRefs, len(s.Partitions())),
 		finished: make(chan struct{}),
+		stopped:  make(chan struct{}),
 	}
 	st.nextID = 1
 	if ep.byRef {
@@ -286,6 +287,9 @@ func (ep *Endpoint) install(s *partition.Session) {
 		ep.mu.Unlock()
 		return
 	}
+	if ep.last != nil {
+		st.prevStopped = ep.last.stopped // see awaitPrev
+	}
 	ep.last = st
 	if old = ep.orphan; old != nil {
 		ep.orphan = nil
@@ -309,6 +313,7 @@ func (ep *Endpoint) install(s *partition.Session) {
 	case CoreSplit:
 		st.workers = 2 * len(st.units)
 	}
+	st.waiters.Store(int32(1 + st.workers)) // the poller and the workers
 	for _, u := range st.units {
 		switch ep.cfg.CoreModel {
 		case CoreShared:

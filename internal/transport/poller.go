@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"sync/atomic"
 	"time"
 
 	"github.com/ntstack/ntstack/partition"
@@ -112,6 +113,11 @@ func (st *state) acceptPause(ctx context.Context, d time.Duration) error {
 	return err
 }
 
+// pollerWoke, if set, runs when the poller's doorbell wait returns, before
+// it takes the bits that rang: tests use it to hold there the poller of a
+// session that has just ended.
+var pollerWoke atomic.Pointer[func(*state)]
+
 // runPoller keeps loose frames moving and rebalances units; in CoreInline
 // it also sleeps on the doorbells while nobody else watches the rings. It
 // ends with the session, acting on its end (state.finish).
@@ -122,6 +128,8 @@ func (st *state) runPoller() {
 	defer cancel()
 	defer ep.pollers.Done()
 	defer st.finish()
+	defer st.waiterDone() // first: the next session's waiters need not wait for finish
+	st.awaitPrev()
 	timer := time.NewTimer(idleGrace)
 	defer timer.Stop()
 	pause := func(d time.Duration) { // d 0: until kicked
@@ -252,6 +260,9 @@ func (st *state) runPoller() {
 		st.announceIdle()
 		_, err := ep.dev.WaitDoorbell(ctx, bits)
 		ep.busy()
+		if h := pollerWoke.Load(); h != nil {
+			(*h)(st)
+		}
 		if err != nil && ctx.Err() == nil {
 			st.sess.Fail(fmt.Errorf("wait for doorbell: %w", err))
 			return

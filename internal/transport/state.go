@@ -55,6 +55,37 @@ type state struct {
 
 	finishOnce sync.Once     // the end of the session, acted on (resume.go)
 	finished   chan struct{} // closed once finish has acted on it
+
+	// The doorbells are the device's, not a session's, and whoever waits
+	// on them clears the bits it finds. The poller (or a worker) of a
+	// session that has ended runs on until it sees the end; one that
+	// cleared a bit rung for the next session's records would leave that
+	// session's poller asleep, armed and already drained, with an OPEN or
+	// a RESUME in its rings and nothing to ring again. So a session's
+	// doorbell waiters start only once the previous session's have
+	// returned (awaitPrev): everything rung before then is in the rings
+	// when the new ones first drain them, and after it nobody else
+	// clears a bit.
+	prevStopped <-chan struct{} // the previous session's stopped, or nil for the first
+	waiters     atomic.Int32    // the poller and workers that have not returned
+	stopped     chan struct{}   // closed once waiters reaches 0
+}
+
+// awaitPrev waits until the previous session's poller and workers have
+// returned (see prevStopped). They return as soon as they see their
+// session's end, which came before this session began.
+func (st *state) awaitPrev() {
+	if st.prevStopped != nil {
+		<-st.prevStopped
+	}
+}
+
+// waiterDone records that the poller or a worker has returned: it waits
+// on the device's doorbells no more.
+func (st *state) waiterDone() {
+	if st.waiters.Add(-1) == 0 {
+		close(st.stopped)
+	}
 }
 
 // ctlFrame is a frame waiting for room in its ring.

@@ -211,6 +211,8 @@ func (u *unit) armSpace() bool {
 func (u *unit) runWorker(tx, rx bool, cpu int) {
 	st := u.st
 	defer st.ep.pollers.Done()
+	defer st.waiterDone()
+	st.awaitPrev()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	if cpu >= 0 {
