@@ -34,6 +34,7 @@ type Endpoint struct {
 	maxSpinners int            // GOMAXPROCS at Attach
 	counters    counters
 	handoffs    atomic.Uint64 // wake-ups of parked goroutines, for spinners
+	nextGen     atomic.Uint32 // connection incarnations, over every session: a late frame of an earlier one never matches
 	active      atomic.Int32  // goroutines spin-polling
 	parked      atomic.Int32  // goroutines parked, waiting for the poller
 	writersOut  atomic.Int32  // of those, writers with bytes left to send (see busy)

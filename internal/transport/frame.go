@@ -46,7 +46,11 @@ import (
 // gen is the sender's incarnation number of the connection (OPEN, ACCEPT)
 // and, in CREDIT, the receiver's: credits travel on their own ring and may
 // arrive after the CLOSE that freed the id, even after the id was reused;
-// a CREDIT whose gen does not match is stale and ignored.
+// a CREDIT whose gen does not match is stale and ignored. Incarnations
+// count over the endpoint's life, not a session's: a connection resumed
+// on a new session by one side only (the other forgot it) sends with the
+// old gen until the RESET reaches it, and a new connection given the same
+// id must not take that for its own.
 //
 // Each side sends exactly one CLOSE per connection (on Close, or in answer
 // to the peer's), and frees the id once it has both sent and received one:

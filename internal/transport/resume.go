@@ -314,7 +314,6 @@ func (st *state) adopt(old *state) {
 		}
 	}
 	old.mu.Unlock()
-	st.nextGen.Store(old.nextGen.Load())
 	st.live.Store(int32(len(cs)))
 	// What the connections retain by reference lies in the old rings,
 	// which the first frame any of them sends on st overwrites (a RESUME

@@ -627,3 +627,31 @@ func TestResumeLostCloseEndsOrderly(t *testing.T) {
 	_, err = ca.Read(make([]byte, 1))
 	require.ErrorIs(t, err, net.ErrClosed, "a closed connection reads net.ErrClosed, as ever")
 }
+
+// A CREDIT of an earlier session's connection is stale for a new
+// connection given the same id on a new session: incarnations do not
+// restart with a session. Here a's session fails on a protocol violation,
+// so a's connections fail while b, told only that a started a new
+// session, resumes its own and may send CREDIT for it until a's RESET
+// arrives. (CI once saw "credit 420444 outside [0, 0]" on a new dial.)
+func TestStaleCreditAcrossSessions(t *testing.T) {
+	da, db := livePair(t)
+	a, b := attachPair(t, da, db, Config{})
+	c1, _ := connPair(t, a, b, 610)
+	id, gen := c1.id, c1.gen
+	first := epoch(a)
+	a.mu.Lock()
+	st := a.cur
+	a.mu.Unlock()
+	st.sess.Fail(errors.New("test: protocol violation from peer"))
+	newEpoch(t, a, first)
+	c3, c4 := connPair(t, a, b, 611)
+	require.Equal(t, id, c3.id, "the new session hands out the same id")
+	require.NotEqual(t, gen, c3.gen)
+	a.mu.Lock()
+	st = a.cur
+	a.mu.Unlock()
+	stale := creditMsg{consumed: 420444, gen: gen, floor: DefaultMTU}
+	require.NoError(t, st.dispatchControl(kindCredit, id, stale.encode(nil)))
+	require.NoError(t, transfer(c3, c4, 1<<20, 1), "the new connection carries on")
+}

@@ -21,7 +21,6 @@ type state struct {
 	conns   []atomic.Pointer[Conn] // by local id; nil = free
 
 	nextUnit atomic.Uint32 // round-robin placement
-	nextGen  atomic.Uint32 // connection incarnations
 	live     atomic.Int32  // connections holding an id
 	bulk     periodCount   // connections that received bulk records lately (see share)
 	bulkLast atomic.Int64  // the last period bulk counts a connection in
@@ -117,7 +116,7 @@ func (st *state) newConn(c *Conn) error {
 	}
 	c.id = id
 	c.stp.Store(st)
-	c.gen = st.nextGen.Add(1)
+	c.gen = st.ep.nextGen.Add(1)
 	st.conns[id].Store(c)
 	st.live.Add(1)
 	return nil
