@@ -167,6 +167,7 @@ func (r *runner) runMode(t transport, m mode, emit func(result)) error {
 	if err != nil {
 		return err
 	}
+	defer closeClients() // after srv.stop: see closeClients
 	for _, size := range r.o.sizes {
 		res, err := r.measure(t, m, srv, size)
 		if err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/prim/proc"
 	"github.com/ntstack/ntstack/internal/tools/cli/clitest"
+	"github.com/ntstack/ntstack/ntb/shm"
 )
 
 // TestMain lets the test binary serve as the server process: the client
@@ -194,9 +195,15 @@ func TestCopyBound(t *testing.T) {
 
 // TestIdleConns measures beside idle connections (-idle): every mode's
 // server ends them cleanly (mixed's reads their first byte first), the
-// ring baseline opens links for them too, and the rows say how many.
+// ring baseline opens links for them too, and the rows say how many. The
+// links' files under /dev/shm go with their rounds.
 func TestIdleConns(t *testing.T) {
 	multiProcess(t)
+	links := func() []string {
+		m, _ := filepath.Glob(filepath.Join(shm.DefaultDir, "ntbench-*"))
+		return m
+	}
+	before := links()
 	out := runBench(t, "-json", "-transports=ntb,ring", "-modes=stream,mixed", "-size=65536",
 		"-duration=50ms", "-warmup=10", "-conns=2", "-idle=3", "-verify", "-pin="+testPin(t))
 	rows := jsonRows(t, out)
@@ -207,6 +214,11 @@ func TestIdleConns(t *testing.T) {
 	}
 	if len(rows) != 6 { // stream, mixed-rr and mixed-bulk of each
 		t.Errorf("%d rows, want 6:\n%s", len(rows), out)
+	}
+	for _, f := range links() {
+		if !slices.Contains(before, f) {
+			t.Errorf("%s left behind", f)
+		}
 	}
 }
 

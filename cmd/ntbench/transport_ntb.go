@@ -71,8 +71,8 @@ func (l *endpointListener) Close() error {
 	return err
 }
 
-// The client process keeps one endpoint per link for all its connections;
-// it lives until the process exits.
+// The client process keeps one endpoint per link for all its connections,
+// until the server it dials stops (closeClients).
 var (
 	clientMu   sync.Mutex
 	clientEps  = map[string]*engine.Endpoint{}
@@ -94,4 +94,19 @@ func clientEndpoint(link string, o *options) (*engine.Endpoint, error) {
 		statsHooks = append(statsHooks, func() { fmt.Fprintf(os.Stderr, "ntb client %s: %+v\n", link, ep.Stats()) })
 	}
 	return ep, nil
+}
+
+// closeClients closes the client's endpoints once their servers have
+// stopped, and removes what of their links' files they put back after the
+// server removed them (an attached end restores its socket and the lock
+// file): a run of many rounds would otherwise keep an endpoint a round
+// and leave its files under /dev/shm.
+func closeClients() {
+	clientMu.Lock()
+	defer clientMu.Unlock()
+	for link, ep := range clientEps {
+		ep.Close()
+		shm.Remove("", link)
+		delete(clientEps, link)
+	}
 }
