@@ -107,6 +107,25 @@ func (c *carried) close() {
 	})
 }
 
+// abort ends the connection as a TCP reset does, for a side that failed
+// rather than finished (reset by its peer, a link lost): the TCP peer gets
+// RST, and a fabric connection that can abort (a trunk's) makes its peer's
+// calls fail with ECONNRESET, so the far gateway resets its TCP side too.
+// Elsewhere on the fabric the far side reads io.EOF.
+func (c *carried) abort() {
+	c.once.Do(func() {
+		if t, ok := c.tcp.(*net.TCPConn); ok {
+			t.SetLinger(0)
+		}
+		c.tcp.Close()
+		if a, ok := c.fabric.(interface{ Abort() error }); ok {
+			a.Abort()
+		} else {
+			c.fabric.Close()
+		}
+	})
+}
+
 // New prepares the gateway of cfg's host, whose connections go through p.
 // logf receives events (nil: none).
 func New(cfg *config.Config, p *socklike.Proxy, logf func(string, ...any)) (*Gateway, error) {
@@ -370,21 +389,25 @@ func (g *Gateway) dial(ctx context.Context, svc *service) (net.Conn, error) {
 }
 
 // pipe copies src to dst until src ends; it passes EOF on as a half close
-// and any error as a close of the whole connection.
+// and any other end (a reset, a failed write) as a reset of the whole
+// connection (abort).
 func pipe(cc *carried, dst, src net.Conn, n *atomic.Uint64) {
 	buf := make([]byte, copyBuf)
 	for {
 		k, err := src.Read(buf)
 		if k > 0 {
 			if _, werr := dst.Write(buf[:k]); werr != nil {
-				cc.close()
+				cc.abort()
 				return
 			}
 			n.Add(uint64(k))
 		}
 		if err != nil {
 			cw, ok := dst.(interface{ CloseWrite() error })
-			if !errors.Is(err, io.EOF) || !ok || cw.CloseWrite() != nil {
+			switch {
+			case !errors.Is(err, io.EOF):
+				cc.abort()
+			case !ok || cw.CloseWrite() != nil:
 				cc.close()
 			}
 			return

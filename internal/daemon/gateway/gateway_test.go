@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -179,4 +180,49 @@ func TestTargetDown(t *testing.T) {
 	st := b.gw.Stats()[0]
 	require.Equal(t, int64(1), st.Failed)
 	require.Contains(t, st.LastError, "connection refused")
+}
+
+// A reset on either side of a trunk's carried connection reaches the
+// other side as a reset, not as an orderly end: a server that aborts its
+// connection makes the client's read fail with ECONNRESET, and a client
+// that aborts makes the server's.
+func TestResetCarried(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	a, _ := newRack(t, config.GatewayTrunk, ln.Addr().String())
+	fwd := a.gw.Stats()[0].Listen
+	reset := func(c net.Conn) {
+		c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+	}
+	readErr := func(c net.Conn) error {
+		c.SetReadDeadline(time.Now().Add(30 * time.Second)) // a failure guard only
+		_, err := io.ReadAll(c)
+		return err
+	}
+	accept := func() net.Conn {
+		s, err := ln.Accept()
+		require.NoError(t, err)
+		_, err = io.ReadFull(s, make([]byte, 1)) // the connection has crossed the trunk
+		require.NoError(t, err)
+		return s
+	}
+
+	c, err := net.Dial("tcp", fwd)
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = c.Write([]byte{1})
+	require.NoError(t, err)
+	reset(accept())
+	require.ErrorIs(t, readErr(c), syscall.ECONNRESET, "the server's reset reaches the client")
+
+	c, err = net.Dial("tcp", fwd)
+	require.NoError(t, err)
+	_, err = c.Write([]byte{1})
+	require.NoError(t, err)
+	s := accept()
+	defer s.Close()
+	reset(c)
+	require.ErrorIs(t, readErr(s), syscall.ECONNRESET, "the client's reset reaches the server")
 }
