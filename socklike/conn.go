@@ -112,6 +112,21 @@ func (c *Conn) Close() error {
 	return nil
 }
 
+// Abort closes the connection as a TCP reset does (SetLinger(0), then
+// Close): the peer's calls fail with an error matching
+// syscall.ECONNRESET once it has read what came before, rather than
+// reading io.EOF. It says the stream ends short, as a relay does that
+// lost its other side. In shared-pool and direct mode it is Close.
+func (c *Conn) Abort() error {
+	if c.c == nil {
+		return c.Close()
+	}
+	if err := c.c.Abort(); err != nil {
+		return c.opErr(err)
+	}
+	return nil
+}
+
 // CloseWrite shuts down the writing side: the peer reads io.EOF once it
 // has read everything written before.
 func (c *Conn) CloseWrite() error {

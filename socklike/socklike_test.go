@@ -175,6 +175,27 @@ func TestNoProxy(t *testing.T) {
 	require.ErrorContains(t, err, EnvProxy)
 }
 
+// Abort resets the connection: the peer reads what came before, then
+// fails with ECONNRESET in a *net.OpError, not io.EOF.
+func TestAbortResets(t *testing.T) {
+	da, db := ntbtest.NewPair(1 << 20)
+	a, err := Attach(da, Config{Logf: t.Logf})
+	require.NoError(t, err)
+	b, err := Attach(db, Config{Logf: t.Logf})
+	require.NoError(t, err)
+	t.Cleanup(func() { a.Close(); b.Close(); da.Close(); db.Close() })
+	c1, c2 := pair(t, a, b, "7101")
+	defer c1.Close()
+	_, err = c2.Write([]byte("hi"))
+	require.NoError(t, err)
+	require.NoError(t, c2.(*Conn).Abort())
+	got, err := io.ReadAll(c1)
+	require.Equal(t, "hi", string(got))
+	var oe *net.OpError
+	require.ErrorAs(t, err, &oe)
+	require.ErrorIs(t, err, syscall.ECONNRESET)
+}
+
 // A peer that closes its end of the link, or dies, resets the connection
 // as TCP would: ECONNRESET in a *net.OpError, the message saying which.
 func TestPeerGoneResets(t *testing.T) {

@@ -109,9 +109,10 @@ func (c *carried) close() {
 
 // abort ends the connection as a TCP reset does, for a side that failed
 // rather than finished (reset by its peer, a link lost): the TCP peer gets
-// RST, and a fabric connection that can abort (a trunk's) makes its peer's
-// calls fail with ECONNRESET, so the far gateway resets its TCP side too.
-// Elsewhere on the fabric the far side reads io.EOF.
+// RST, and the fabric connection is aborted (socklike's Abort, the
+// engine's on a trunk): the far gateway's calls fail with ECONNRESET, and
+// it resets its TCP side too. In direct mode Abort is a close, and the far
+// side reads io.EOF.
 func (c *carried) abort() {
 	c.once.Do(func() {
 		if t, ok := c.tcp.(*net.TCPConn); ok {

@@ -187,10 +187,16 @@ func TestTargetDown(t *testing.T) {
 // connection makes the client's read fail with ECONNRESET, and a client
 // that aborts makes the server's.
 func TestResetCarried(t *testing.T) {
+	for _, mode := range []string{config.GatewayTrunk, config.GatewayProxy} {
+		t.Run(mode, func(t *testing.T) { testResetCarried(t, mode) })
+	}
+}
+
+func testResetCarried(t *testing.T, mode string) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { ln.Close() })
-	a, _ := newRack(t, config.GatewayTrunk, ln.Addr().String())
+	a, _ := newRack(t, mode, ln.Addr().String())
 	fwd := a.gw.Stats()[0].Listen
 	reset := func(c net.Conn) {
 		c.(*net.TCPConn).SetLinger(0)
