@@ -281,11 +281,22 @@ func (d *Device) closeServer() {
 }
 
 // checkPaths puts back the files of the meeting point removed or replaced
-// under a running link, and says so. Monitor goroutine only.
+// under a running link, and says so. Monitor goroutine only. A directory
+// removed whole is left so: the fabric was taken down (a rack's teardown,
+// an operator's rm -r), and putting the files back would create it again
+// and leave it behind once this end closes.
 func (d *Device) checkPaths() {
 	if d.path == "" {
 		return
 	}
+	if _, err := os.Stat(filepath.Dir(d.path)); err != nil {
+		if !d.dirGone {
+			d.logf("%s: link directory %s removed; its files are not put back (the link memory is a sealed memfd and did not move)", d.Name(), filepath.Dir(d.path))
+		}
+		d.dirGone = true
+		return
+	}
+	d.dirGone = false
 	var st unix.Stat_t
 	if err := unix.Stat(d.path, &st); err != nil || d.lockDev != st.Dev || d.lockIno != st.Ino {
 		why := "replaced"

@@ -96,6 +96,34 @@ func TestTruncateRefused(t *testing.T) {
 	require.Equal(t, ntb.LinkUp, b.Link())
 }
 
+// A link's directory removed whole under a running pair (a rack torn down
+// while an end lingers) is not made again: the link stays up, and once
+// both ends have closed nothing is left behind.
+func TestRemovedDirStaysRemoved(t *testing.T) {
+	dir := testDir(t)
+	var logA, logB logBuf
+	o := Options{Dir: dir, WindowSize: 64 << 10}
+	oa, ob := o, o
+	oa.Logf, ob.Logf = logA.logf, logB.logf
+	a, err := Open("l", oa)
+	require.NoError(t, err)
+	b, err := Open("l", ob)
+	require.NoError(t, err)
+	ntbtest.WaitLink(t, a, ntb.LinkUp, ntbtest.LivenessTimeout)
+
+	require.NoError(t, os.RemoveAll(dir))
+	a.checkNow()
+	b.checkNow()
+	waitfor.True(t, "both ends' log of the removal", func() bool {
+		return logA.has("link directory") && logB.has("link directory")
+	})
+	require.Equal(t, ntb.LinkUp, a.Link(), "removing the directory does not touch the link")
+	require.NoError(t, a.Close())
+	require.NoError(t, b.Close())
+	_, err = os.Stat(dir)
+	require.ErrorIs(t, err, os.ErrNotExist, "the directory was made again")
+}
+
 // A link's files removed under a running pair are put back and logged; an
 // end that restarts then finds the other's memory, and the link comes up.
 func TestRemovedFilesPutBack(t *testing.T) {

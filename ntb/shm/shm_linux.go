@@ -131,6 +131,7 @@ type Device struct {
 	path             string
 	lockFile         *os.File
 	lockDev, lockIno uint64
+	dirGone          bool // checkPaths found the meeting point's directory removed, and said so
 	srv              *server
 
 	local  shmem.Mem // our registers (written by the peer)
