@@ -54,7 +54,11 @@ func TestMain(m *testing.M) {
 	if role := os.Getenv(roleEnv); role != "" {
 		os.Exit(runChild(role))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir) // the daemons built for the racks (daemons)
+	}
+	os.Exit(code)
 }
 
 // childParams are a child's parameters, shared by every role.
