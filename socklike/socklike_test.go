@@ -178,15 +178,10 @@ func TestNoProxy(t *testing.T) {
 // Abort resets the connection: the peer reads what came before, then
 // fails with ECONNRESET in a *net.OpError, not io.EOF.
 func TestAbortResets(t *testing.T) {
-	da, db := ntbtest.NewPair(1 << 20)
-	a, err := Attach(da, Config{Logf: t.Logf})
-	require.NoError(t, err)
-	b, err := Attach(db, Config{Logf: t.Logf})
-	require.NoError(t, err)
-	t.Cleanup(func() { a.Close(); b.Close(); da.Close(); db.Close() })
+	a, b := endpoints(t, Config{})
 	c1, c2 := pair(t, a, b, "7101")
 	defer c1.Close()
-	_, err = c2.Write([]byte("hi"))
+	_, err := c2.Write([]byte("hi"))
 	require.NoError(t, err)
 	require.NoError(t, c2.(*Conn).Abort())
 	got, err := io.ReadAll(c1)
