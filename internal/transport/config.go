@@ -34,6 +34,15 @@ type Config struct {
 	// keeps a round trip under a microsecond; parking costs a cross-process
 	// wake-up but no CPU. Negative: never spin.
 	SpinBudget time.Duration
+	// SpinConns, if positive, is the most connections the endpoint may
+	// have open for a blocked Read or Write to spin: with more, it parks
+	// at once and the poller serves them. A spinner serves every
+	// connection's records, so on a link that carries many (the TCP
+	// gateway's trunk) the goroutine of a small request that spins copies
+	// the others' bulk before its own reply, and a spin that ends with
+	// no record for its own flow holds a P that their goroutines wait
+	// for. 0: no bound.
+	SpinConns int
 	// Window is each connection's receive window in bytes (4 KiB..64 MiB;
 	// default DefaultWindow, 4 MiB). A connection announces no more than
 	// half a ring of the link, and is granted less while many share the

@@ -293,6 +293,23 @@ func TestSporadicWaitsSpinShort(t *testing.T) {
 	sp.stop()
 }
 
+// TestSpinConnsBound checks Config.SpinConns: a call spins while the
+// endpoint has at most that many connections open, and parks at once
+// beyond it; an endpoint without the bound spins with any number.
+func TestSpinConnsBound(t *testing.T) {
+	for _, bound := range []int{0, 1} {
+		a, b := endpoints(t, "ntbtest", Config{SpinConns: bound})
+		_, cb := connPair(t, a, b, 1)
+		sp := spinner{ep: b, c: cb}
+		require.True(t, sp.spin(), "one connection open, bound %d", bound)
+		sp.stop()
+		_, cb2 := connPair(t, a, b, 2)
+		sp = spinner{ep: b, c: cb2}
+		require.Equal(t, bound == 0, sp.spin(), "two connections open, bound %d", bound)
+		sp.stop()
+	}
+}
+
 // Abort: the peer reads what came before, then an error matching
 // syscall.ECONNRESET (not io.EOF, and not a link failure: the link
 // serves on); its writes fail; both ends free the connection.

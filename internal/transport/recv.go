@@ -74,7 +74,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 	defer c.ep.exitCall()
 	c.inRead.Store(true)
 	c.cut = false
-	sp := spinner{ep: c.ep, short: c.sporadic.Load()}
+	sp := spinner{ep: c.ep, c: c, short: c.sporadic.Load()}
 	defer sp.stop()
 	n, err := c.readLoop(b, &sp)
 	if m := c.unpost(); m > 0 { // delivered into b on the way out

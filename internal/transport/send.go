@@ -92,7 +92,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 	if len(b) <= smallWrite {
 		self = c
 	}
-	sp := spinner{ep: c.ep, short: c.sporadic.Load()}
+	sp := spinner{ep: c.ep, c: c, short: c.sporadic.Load()}
 	defer sp.stop()
 	for {
 		if c.wdone.Load() {

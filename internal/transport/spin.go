@@ -23,7 +23,8 @@ import (
 // neither it nor the endpoint has moved anything for the spin budget.
 type spinner struct {
 	ep       *Endpoint
-	short    bool // keep SpinBudget: the caller's last wait outlasted busySpin (Conn.sporadic)
+	c        *Conn // the connection whose call spins (nil: an Accept)
+	short    bool  // keep SpinBudget: the caller's last wait outlasted busySpin (Conn.sporadic)
 	spinning bool
 	start    int64 // ep.now() when spinning began
 	budget   int64
@@ -50,6 +51,9 @@ func (s *spinner) spin() bool {
 	ep := s.ep
 	if !s.spinning {
 		if ep.cfg.SpinBudget <= 0 || int(ep.active.Load()) >= ep.maxSpinners {
+			return false
+		}
+		if n := ep.cfg.SpinConns; n > 0 && s.c != nil && int(s.c.st().live.Load()) > n {
 			return false
 		}
 		start := ep.now()
