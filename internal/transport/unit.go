@@ -314,6 +314,17 @@ const (
 	workerRecheckMax = 1280 * time.Millisecond
 )
 
+// workerWoke, if set, runs when a worker's doorbell wait returns, before
+// it takes the bits that rang (bits: those it waited on); and while
+// workerNoLook is set, a sleeping worker does not look at its rings (see
+// workerRecheck), so only a doorbell, a kick or the session's end wakes
+// it. Tests use them to hold there a worker of a session that has just
+// ended, and to see a lost wake-up as a hang rather than a late look.
+var (
+	workerWoke   atomic.Pointer[func(st *state, bits uint64)]
+	workerNoLook atomic.Bool
+)
+
 // sleep waits for a doorbell in bits, or (kickable) a kick, or ctx, or a
 // look at the rings that finds pending true, the first after recheck (see
 // workerRecheck).
@@ -327,6 +338,10 @@ func (st *state) sleep(ctx context.Context, bits uint64, kick chan struct{}, kic
 		}
 		look := time.NewTimer(recheck)
 		defer look.Stop()
+		looks := look.C
+		if workerNoLook.Load() {
+			looks = nil
+		}
 		for {
 			select {
 			case <-kicked:
@@ -334,7 +349,7 @@ func (st *state) sleep(ctx context.Context, bits uint64, kick chan struct{}, kic
 				return
 			case <-wctx.Done():
 				return
-			case <-look.C:
+			case <-looks:
 				if pending() {
 					cancel()
 					return
@@ -350,6 +365,9 @@ func (st *state) sleep(ctx context.Context, bits uint64, kick chan struct{}, kic
 	_, _ = st.ep.dev.WaitDoorbell(wctx, bits)
 	st.asleep.Add(-1)
 	st.ep.busy()
+	if h := workerWoke.Load(); h != nil {
+		(*h)(st, bits)
+	}
 	rang := st.ep.dev.Doorbells() & bits
 	st.ep.dev.ClearDoorbells(rang)
 	for _, p := range st.sess.Partitions() {
