@@ -116,8 +116,14 @@ func (c *Conn) Close() error {
 // Close): the peer's calls fail with an error matching
 // syscall.ECONNRESET once it has read what came before, rather than
 // reading io.EOF. It says the stream ends short, as a relay does that
-// lost its other side. In shared-pool and direct mode it is Close.
+// lost its other side. In direct mode the reset follows the stream onto
+// whichever carrier it is on: its direct link, or the proxied path it
+// takes while that link is down or began on. In shared-pool mode it is
+// Close.
 func (c *Conn) Abort() error {
+	if c.d != nil {
+		return c.dErr("close", c.d.Abort())
+	}
 	if c.c == nil {
 		return c.Close()
 	}

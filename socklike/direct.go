@@ -49,6 +49,15 @@ import (
 // The fallback carries frames: a 4-byte little-endian length and that
 // many stream bytes; length fbBack is the back mark, fbFin the end of the
 // stream (CloseWrite).
+//
+// The end. Close closes every carrier; the peer reads on, past the back
+// marks, to the one this side wrote on last and the end there. Abort ends
+// that one with a reset instead (transport.Conn.Abort; through the
+// proxies each ntproxy's leg passes it on as one), and so does a move
+// that finds the connection closed once it has sent on its new carrier:
+// the peer's Reads fail with ECONNRESET once it has read what came
+// before. A reset lost with a link's session goes again when the
+// connection, lingering for the peer's end, resumes on the next.
 
 const (
 	fbBack  = 0
@@ -124,6 +133,7 @@ type directConn struct {
 	fallback *Route              // the route while on the fallback; nil on the direct link
 	starting bool                // the fallback is the proxied path the connection began on (directstart.go)
 	closed   bool
+	aborted  bool // closed by Abort: the stream's end goes to the peer as a reset (endOn)
 	wshut    bool
 	rdl, wdl time.Time
 	err      error     // the connection failed
@@ -421,13 +431,21 @@ func (d *directConn) CloseWrite() error {
 
 // Close closes the stream: its carriers, and once the peer has closed its
 // end (linger), its lease and its hold on the link.
-func (d *directConn) Close() error {
+func (d *directConn) Close() error { return d.close(false) }
+
+// Abort is Close with the stream's end a reset (see The end, above). The
+// carriers this side has left close in order, as in Close: each ends
+// with the back mark that sends the peer's reader on to the next, which
+// a reset could overtake through the proxies.
+func (d *directConn) Abort() error { return d.close(true) }
+
+func (d *directConn) close(abort bool) error {
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
 		return net.ErrClosed
 	}
-	d.closed = true
+	d.closed, d.aborted = true, abort
 	d.link.closedOne()
 	cur, ln := d.w, d.ln
 	all := append([]*carrier{cur}, d.reads...)
@@ -446,13 +464,29 @@ func (d *directConn) Close() error {
 	if ln != nil {
 		ln.Close()
 	}
-	cur.c.Close()
+	d.endOn(cur.c)
 	if cur.fb {
 		d.end()
 		return nil
 	}
 	go linger(cur.c, d.end)
 	return nil
+}
+
+// endOn ends c, a carrier the peer may read the stream's end from, as the
+// stream ended: with a reset if Abort closed the connection, else in
+// order (Close's, or a move's that failed). Close ends the carrier it
+// writes on so, and a move under way that finds the connection closed
+// ends so the carrier it has sent on (install, back).
+func (d *directConn) endOn(c *transport.Conn) {
+	d.mu.Lock()
+	abort := d.aborted
+	d.mu.Unlock()
+	if abort {
+		c.Abort()
+		return
+	}
+	c.Close()
 }
 
 // end returns the closed connection's stream to its link, and closes its
@@ -623,7 +657,7 @@ func (d *directConn) toFallback() {
 			err = d.install(cur, f, h, peer, route)
 		}
 		if err != nil {
-			f.Close()
+			d.endOn(f)
 			d.fail(cur, err)
 		}
 		return
@@ -658,7 +692,7 @@ func (d *directConn) fromFallback(f *transport.Conn, route Route) {
 		err = d.install(cur, f, h, peer, route)
 	}
 	if err != nil {
-		f.Close()
+		d.endOn(f)
 		d.fail(cur, err)
 	}
 }
@@ -775,7 +809,7 @@ func (d *directConn) back(nc *transport.Conn) bool {
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
-		nc.Close()
+		d.endOn(nc) // the peer reads on to it past the back mark
 		return true
 	}
 	nc.SetPriority(d.class)

@@ -473,6 +473,136 @@ func TestDirectPeerGoneResets(t *testing.T) {
 	}
 }
 
+// tell writes msg (appproto.LeaseLinkDown, LeaseLinkUp) on both leases of
+// the rig's first connection, as ntproxy does, without waiting for a move.
+func (r *directRig) tell(t *testing.T, msg byte) {
+	for _, p := range r.proxy {
+		_, err := p.Write([]byte{msg})
+		require.NoError(t, err)
+	}
+}
+
+// readsReset starts reading c to its end, the Read blocked before it
+// returns, and returns a check that c read want, then an error matching
+// ECONNRESET in a *net.OpError (not io.EOF), and that a later Read fails
+// so too.
+func readsReset(t *testing.T, c *Conn) (check func(want string)) {
+	type result struct {
+		got []byte
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		got, err := io.ReadAll(c)
+		done <- result{got, err}
+	}()
+	waitfor.Blocked(t, "(*directConn).Read")
+	return func(want string) {
+		t.Helper()
+		r := <-done
+		require.Equal(t, want, string(r.got), "read before the reset")
+		require.ErrorIs(t, r.err, syscall.ECONNRESET, "not io.EOF")
+		var oe *net.OpError
+		require.ErrorAs(t, r.err, &oe)
+		require.Equal(t, "read", oe.Op)
+		_, err := c.Read(make([]byte, 1))
+		require.ErrorIs(t, err, syscall.ECONNRESET, "a later Read")
+	}
+}
+
+// Abort in direct mode resets the connection, as TestAbortResets shows it
+// does in embedded mode, on whichever carrier the stream is on: the peer's
+// blocked and later Reads fail with ECONNRESET once it has read what came
+// before. Each end aborts in turn: on its direct link, on the fallback,
+// back on its link after the fallback, and when a move is under way.
+func TestDirectAbortResets(t *testing.T) {
+	const words = "last words"
+	for from := range 2 {
+		t.Run(fmt.Sprintf("side%d", from), func(t *testing.T) {
+			t.Run("link", func(t *testing.T) {
+				r := newDirectRig(t)
+				check := readsReset(t, r.c[1-from])
+				require.NoError(t, r.c[from].Abort())
+				check("")
+				require.ErrorIs(t, r.c[from].Abort(), net.ErrClosed)
+				require.NoError(t, r.c[1-from].Close())
+			})
+			for _, tc := range []struct {
+				name  string
+				pulls []bool // the link's moves before the abort
+			}{
+				{"fallback", []bool{true}},
+				{"back", []bool{true, false}},
+			} {
+				t.Run(tc.name, func(t *testing.T) {
+					r := newDirectRig(t)
+					for _, down := range tc.pulls {
+						r.pull(t, down)
+					}
+					check := readsReset(t, r.c[1-from])
+					_, err := r.c[from].Write([]byte(words))
+					require.NoError(t, err)
+					require.NoError(t, r.c[from].Abort())
+					check(words)
+					require.NoError(t, r.c[1-from].Close())
+				})
+			}
+		})
+	}
+	// The dialing side aborts while it moves the stream to the fallback,
+	// its direct connection paused: the move finds the connection closed
+	// once it has sent again on the fallback what the peer lacks, and
+	// ends the fallback as the stream ended.
+	t.Run("side0/moving", func(t *testing.T) {
+		r := newDirectRig(t)
+		d := r.c[0].d
+		d.moveMu.Lock() // toFallback reads the hook under it
+		dial := d.dialFallback
+		d.dialFallback = func(ctx context.Context) (*transport.Conn, Route, error) {
+			if err := r.c[0].Abort(); err != nil {
+				t.Errorf("abort: %v", err)
+			}
+			return dial(ctx)
+		}
+		d.moveMu.Unlock()
+		check := readsReset(t, r.c[1])
+		_, err := r.c[0].Write([]byte(words))
+		require.NoError(t, err)
+		r.tell(t, appproto.LeaseLinkDown)
+		check(words)
+		require.NoError(t, r.c[1].Close())
+	})
+	// The accepting side aborts while its direct connection is paused: the
+	// dialing side's moves find it closed, and the abort reaches the peer
+	// on the direct connection once the link is back (the connection
+	// lingers on it for the peer's end).
+	t.Run("side1/paused", func(t *testing.T) {
+		r := newDirectRig(t)
+		d := r.c[0].d
+		var once sync.Once
+		d.moveMu.Lock()
+		dial := d.dialFallback
+		d.dialFallback = func(ctx context.Context) (*transport.Conn, Route, error) {
+			once.Do(func() {
+				if err := r.c[1].Abort(); err != nil {
+					t.Errorf("abort: %v", err)
+				}
+			})
+			return dial(ctx)
+		}
+		d.moveMu.Unlock()
+		check := readsReset(t, r.c[0])
+		_, err := r.c[1].Write([]byte(words))
+		require.NoError(t, err)
+		r.tell(t, appproto.LeaseLinkDown)
+		waitfor.True(t, "side 0's moves refused", func() bool { return r.dialed.Load() == 3 })
+		r.tell(t, appproto.LeaseLinkUp)
+		check(words)
+		require.Zero(t, r.moved.Load(), "no move to the fallback")
+		require.NoError(t, r.c[0].Close())
+	})
+}
+
 // enginePair returns two engine endpoints over an in-memory link, closed
 // with the test: the rigs' stand-in for the memory links to ntproxy.
 func enginePair(t *testing.T) (ma, mb *transport.Endpoint) {

@@ -62,6 +62,7 @@ type Conn struct {
 	// mu protects the following fields.
 	state              connState
 	finSent, closeSent bool
+	closeAborts        bool // the CLOSE sent is Abort's (resume sends it again as one)
 	closeRecv, idFreed bool
 	quotaHeld          int64 // receive-window memory reserved (Config.MemoryQuota)
 	err                error // terminal: refused, session ended
@@ -273,7 +274,7 @@ func (c *Conn) sendLocked(kind uint32, body []byte) {
 		return
 	}
 	if kind == kindClose {
-		c.closeSent = true
+		c.closeSent, c.closeAborts = true, len(body) > 0
 	}
 	c.queueFrame(kind, body)
 }

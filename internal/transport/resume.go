@@ -359,7 +359,7 @@ func (st *state) takeOver(old *state, c *Conn) {
 	// was queued; data waits for the peer's RESUME.
 	u, slot, err := st.place(c.class())
 	c.mu.Lock()
-	finSent, closeSent := c.finSent, c.closeSent
+	finSent, closeSent, aborts := c.finSent, c.closeSent, c.closeAborts
 	c.mu.Unlock()
 	c.smu.Lock()
 	if err != nil {
@@ -378,9 +378,10 @@ func (st *state) takeOver(old *state, c *Conn) {
 		return false
 	}
 	// FIN and CLOSE already sent may have been lost: they follow the
-	// resent bytes again (both are idempotent at the receiver). A RESUME
-	// of an earlier take-over that never went out (its session ended
-	// first) is superseded by this one: the peer takes one a session.
+	// resent bytes again (both are idempotent at the receiver), an
+	// aborting CLOSE as an abort. A RESUME of an earlier take-over that
+	// never went out (its session ended first) is superseded by this
+	// one: the peer takes one a session.
 	after := slices.DeleteFunc(c.frames, func(f ctlFrame) bool {
 		k, _ := splitTag(f.tag)
 		return k == kindResume
@@ -389,7 +390,11 @@ func (st *state) takeOver(old *state, c *Conn) {
 		after = append(after, ctlFrame{tag: makeTag(kindFin, c.peerID)})
 	}
 	if closeSent && !pending(kindClose) {
-		after = append(after, ctlFrame{tag: makeTag(kindClose, c.peerID)})
+		cl := ctlFrame{tag: makeTag(kindClose, c.peerID)}
+		if aborts {
+			cl.n = copy(cl.body[:], closeAbort)
+		}
+		after = append(after, cl)
 	}
 	c.after = after
 	f := ctlFrame{tag: makeTag(kindResume, c.peerID), n: resumeSize}

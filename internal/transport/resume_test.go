@@ -628,6 +628,50 @@ func TestResumeLostCloseEndsOrderly(t *testing.T) {
 	require.ErrorIs(t, err, net.ErrClosed, "a closed connection reads net.ErrClosed, as ever")
 }
 
+// An aborted connection whose CLOSE is lost with the old rings sends it
+// again on the next session as the abort it was: the peer reads what
+// came before, then ECONNRESET, not io.EOF.
+func TestResumeLostAbortResets(t *testing.T) {
+	a, b := endpoints(t, "ntbtest", Config{})
+	ca, cb := connPair(t, a, b, 910)
+	// Nothing at b consumes a frame from the rings until its session has
+	// ended: a's bytes and its aborting CLOSE stay in them.
+	b.mu.Lock()
+	old := b.cur
+	b.mu.Unlock()
+	rings := append(old.parts[:len(old.parts):len(old.parts)], old.control)
+	for _, p := range rings {
+		p.LockRX()
+	}
+	locked := true
+	unlock := func() {
+		if locked {
+			for _, p := range rings {
+				p.UnlockRX()
+			}
+			locked = false
+		}
+	}
+	defer unlock()
+	_, err := ca.Write([]byte("last words"))
+	require.NoError(t, err)
+	require.NoError(t, ca.Abort())
+	require.Eventually(t, func() bool {
+		ca.smu.Lock()
+		defer ca.smu.Unlock()
+		return len(ca.frames) == 0 && len(ca.after) == 0
+	}, 30*time.Second, time.Millisecond, "a's CLOSE has gone into the rings")
+	restart(a)
+	require.Eventually(t, func() bool { return old.sess.Err() != nil }, 30*time.Second, time.Millisecond,
+		"b's session ends with a's restart")
+	unlock()
+	newEpoch(t, b, old.sess.Epoch)
+	got, err := io.ReadAll(cb)
+	require.Equal(t, "last words", string(got), "b reads a's bytes, sent again")
+	require.ErrorIs(t, err, syscall.ECONNRESET, "then the abort, sent again")
+	require.NoError(t, cb.Close())
+}
+
 // A CREDIT of an earlier session's connection is stale for a new
 // connection given the same id on a new session: incarnations do not
 // restart with a session. Here a's session fails on a protocol violation,

@@ -111,8 +111,7 @@ func (c *carried) close() {
 // rather than finished (reset by its peer, a link lost): the TCP peer gets
 // RST, and the fabric connection is aborted (socklike's Abort, the
 // engine's on a trunk): the far gateway's calls fail with ECONNRESET, and
-// it resets its TCP side too. In direct mode Abort is a close, and the far
-// side reads io.EOF.
+// it resets its TCP side too.
 func (c *carried) abort() {
 	c.once.Do(func() {
 		if t, ok := c.tcp.(*net.TCPConn); ok {

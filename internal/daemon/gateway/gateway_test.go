@@ -18,6 +18,7 @@ import (
 
 	"github.com/ntstack/ntstack/internal/daemon/config"
 	"github.com/ntstack/ntstack/internal/daemon/proxy"
+	"github.com/ntstack/ntstack/internal/prim/waitfor"
 	"github.com/ntstack/ntstack/internal/wire/hostauth/hostauthtest"
 	"github.com/ntstack/ntstack/socklike"
 )
@@ -182,21 +183,53 @@ func TestTargetDown(t *testing.T) {
 	require.Contains(t, st.LastError, "connection refused")
 }
 
-// A reset on either side of a trunk's carried connection reaches the
-// other side as a reset, not as an orderly end: a server that aborts its
-// connection makes the client's read fail with ECONNRESET, and a client
-// that aborts makes the server's.
+// A reset on either side of a carried connection reaches the other side
+// as a reset, not as an orderly end, in every mode: a server that aborts
+// its connection makes the client's read fail with ECONNRESET, and a
+// client that aborts makes the server's.
+//
+// A direct-mode connection begins on the proxied path and moves onto its
+// direct link once that is up; the reset is carried from either, and
+// direct-on-link resets only once both ends are on the link.
 func TestResetCarried(t *testing.T) {
-	for _, mode := range []string{config.GatewayTrunk, config.GatewayProxy} {
-		t.Run(mode, func(t *testing.T) { testResetCarried(t, mode) })
+	for _, mode := range []string{config.GatewayTrunk, config.GatewayDirect, config.GatewayProxy} {
+		t.Run(mode, func(t *testing.T) { testResetCarried(t, mode, false) })
 	}
+	t.Run(config.GatewayDirect+"-on-link", func(t *testing.T) { testResetCarried(t, config.GatewayDirect, true) })
 }
 
-func testResetCarried(t *testing.T, mode string) {
+// onLink waits until g carries one connection, on its direct link.
+func onLink(t *testing.T, g *Gateway) {
+	t.Helper()
+	waitfor.True(t, "one carried connection, on its direct link", func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if len(g.conns) != 1 {
+			return false // the one before is still ending
+		}
+		for cc := range g.conns {
+			c, ok := cc.fabric.(interface{ Route() socklike.Route })
+			if !ok {
+				return false
+			}
+			r := c.Route()
+			return r.Mode == "direct" && !strings.HasPrefix(r.Reason, "on the proxied path until")
+		}
+		return false
+	})
+}
+
+func testResetCarried(t *testing.T, mode string, link bool) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { ln.Close() })
-	a, _ := newRack(t, mode, ln.Addr().String())
+	a, b := newRack(t, mode, ln.Addr().String())
+	carriedOnLink := func() {
+		if link {
+			onLink(t, a.gw)
+			onLink(t, b.gw)
+		}
+	}
 	fwd := a.gw.Stats()[0].Listen
 	reset := func(c net.Conn) {
 		c.(*net.TCPConn).SetLinger(0)
@@ -210,7 +243,7 @@ func testResetCarried(t *testing.T, mode string) {
 	accept := func() net.Conn {
 		s, err := ln.Accept()
 		require.NoError(t, err)
-		_, err = io.ReadFull(s, make([]byte, 1)) // the connection has crossed the trunk
+		_, err = io.ReadFull(s, make([]byte, 1)) // the connection has crossed the fabric
 		require.NoError(t, err)
 		return s
 	}
@@ -220,15 +253,18 @@ func testResetCarried(t *testing.T, mode string) {
 	defer c.Close()
 	_, err = c.Write([]byte{1})
 	require.NoError(t, err)
-	reset(accept())
+	s := accept()
+	carriedOnLink()
+	reset(s)
 	require.ErrorIs(t, readErr(c), syscall.ECONNRESET, "the server's reset reaches the client")
 
 	c, err = net.Dial("tcp", fwd)
 	require.NoError(t, err)
 	_, err = c.Write([]byte{1})
 	require.NoError(t, err)
-	s := accept()
+	s = accept()
 	defer s.Close()
+	carriedOnLink()
 	reset(c)
 	require.ErrorIs(t, readErr(s), syscall.ECONNRESET, "the client's reset reaches the server")
 }
