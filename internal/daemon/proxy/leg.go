@@ -46,7 +46,8 @@ import (
 // direction; a writer beyond that waits (back-pressure, nothing dropped).
 // No more than the peer's receive buffer (its window, exchanged when the
 // leg opens) is in flight unacknowledged. The receiver acknowledges every
-// legAckEvery bytes (a quarter of its buffer, if less) and at a FIN.
+// legAckEvery bytes (a quarter of its buffer or the peer's, if less) and at
+// a FIN.
 //
 // Copies: both queues are byteRings. The pump reads the application's
 // bytes straight into the unacknowledged ring and the sender writes them

@@ -169,7 +169,9 @@ func (pc *pconn) dropSlot() {
 	}
 }
 
-// rxWindow is what this end of pc's leg can receive unacknowledged.
+// rxWindow is what this end of pc's leg can receive unacknowledged, and
+// also what it can send: its send buffer is as large (a slot's two rings,
+// or legMaxUnacked each way).
 func (pc *pconn) rxWindow() int {
 	if pc.slot != nil {
 		return pc.slot.Ring()
@@ -178,8 +180,13 @@ func (pc *pconn) rxWindow() int {
 }
 
 // ackEvery is how many delivered bytes the leg acknowledges at a time: a
-// quarter of its receive buffer, at most legAckEvery.
-func (l *leg) ackEvery() uint64 { return uint64(min(legAckEvery, l.rx.max/4)) }
+// quarter of its receive buffer or of the peer's, whichever is smaller,
+// at most legAckEvery. The peer's window is also its send buffer
+// (rxWindow), and what that holds unacknowledged is all the peer can
+// send: a shared-pool end's ring, against a proxy-mode end's 8 MiB, would
+// fill before a quarter of the larger buffer came, and the stream would
+// stop.
+func (l *leg) ackEvery() uint64 { return min(legAckEvery, uint64(l.rx.max/4), l.peerWin/4) }
 
 // rxAddedLocked: bytes were added to rx (dmu held). In shared-pool mode
 // they are the application's at once: the in ring's head moves. After
