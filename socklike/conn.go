@@ -116,8 +116,12 @@ func (c *Conn) Close() error {
 // Close): the peer's calls fail with an error matching
 // syscall.ECONNRESET once it has read what came before, rather than
 // reading io.EOF. It says the stream ends short, as a relay does that
-// lost its other side. In shared-pool and direct mode it is Close.
+// lost its other side. In shared-pool mode ntproxy ends the leg with a
+// reset once it has sent what was written. In direct mode it is Close.
 func (c *Conn) Abort() error {
+	if c.d == nil && c.pc != nil {
+		return c.pc.Abort()
+	}
 	if c.c == nil {
 		return c.Close()
 	}

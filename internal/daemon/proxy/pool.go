@@ -219,8 +219,8 @@ func (l *leg) dropLocked() {
 // writes into its slot's out ring and reads from the in ring itself;
 // runPool follows its indices: it queues what was written for runSend,
 // frees what was read and acknowledges it to the peer, and passes the
-// application's FIN on. It waits on the slot (spinning, then asleep)
-// while nothing moves, and returns when the leg ends.
+// application's FIN (or reset) on. It waits on the slot (spinning, then
+// asleep) while nothing moves, and returns when the leg ends.
 func (l *leg) runPool() {
 	s := l.slot
 	spin := cmp.Or(l.s.appCfg.SpinBudget, transport.DefaultSpinBudget)
@@ -247,7 +247,9 @@ func (l *leg) runPool() {
 	}
 }
 
-// poolOut takes what the application wrote up to head into tx.
+// poolOut takes what the application wrote up to head into tx, and
+// queues the end of its stream its flags say: a FIN, or a reset after an
+// Abort (FlagAbort).
 func (l *leg) poolOut(af uint32, head uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -260,6 +262,12 @@ func (l *leg) poolOut(af uint32, head uint64) error {
 		l.pc.inFlight[0].Store(int64(l.tx.n))
 		l.pc.bytesTX.Add(n)
 		l.pc.msgsTX.Add(1)
+		l.cond.Broadcast()
+	}
+	if af&pool.FlagAbort != 0 && !l.resetQueued {
+		// As endShort: a reset after the last byte, not a FIN (unless
+		// the FIN is written already).
+		l.finQueued, l.resetQueued = true, true
 		l.cond.Broadcast()
 	}
 	if af&(pool.FlagFin|pool.FlagClosed) != 0 && !l.finQueued {
