@@ -118,11 +118,14 @@ func (c *Conn) Close() error {
 // reading io.EOF. It says the stream ends short, as a relay does that
 // lost its other side. In direct mode the reset follows the stream onto
 // whichever carrier it is on: its direct link, or the proxied path it
-// takes while that link is down or began on. In shared-pool mode it is
-// Close.
+// takes while that link is down or began on. In shared-pool mode ntproxy
+// ends the leg with a reset once it has sent what was written.
 func (c *Conn) Abort() error {
 	if c.d != nil {
 		return c.dErr("close", c.d.Abort())
+	}
+	if c.c == nil && c.pc != nil {
+		return c.pc.Abort()
 	}
 	if c.c == nil {
 		return c.Close()

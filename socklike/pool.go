@@ -400,7 +400,18 @@ func (c *poolConn) CloseWrite() error {
 // Close closes the connection: what was written is still delivered (then
 // the peer reads io.EOF), what arrives from now on is dropped. Blocked
 // calls return net.ErrClosed.
-func (c *poolConn) Close() error {
+func (c *poolConn) Close() error { return c.close(0) }
+
+// Abort closes the connection as a reset: what was written is still
+// delivered, then the peer's calls fail with ECONNRESET instead of
+// reading io.EOF (ntproxy ends the leg with a reset after the last byte).
+// What arrives from now on is dropped; blocked calls return
+// net.ErrClosed.
+func (c *poolConn) Abort() error { return c.close(pool.FlagAbort) }
+
+// close closes the connection, setting the flags of a close and extra
+// with one store: ntproxy never sees the close without them.
+func (c *poolConn) close(extra uint32) error {
 	if c.closed.Swap(true) {
 		return c.opErr("close", net.ErrClosed)
 	}
@@ -410,7 +421,7 @@ func (c *poolConn) Close() error {
 	c.rmu.Lock()
 	c.wmu.Lock()
 	c.fmu.Lock()
-	c.slot.SetFlags(pool.App, pool.FlagFin|pool.FlagClosed)
+	c.slot.SetFlags(pool.App, pool.FlagFin|pool.FlagClosed|extra)
 	c.slot.Notify(pool.Proxy)
 	c.fmu.Unlock()
 	c.wmu.Unlock()

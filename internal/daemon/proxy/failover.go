@@ -27,13 +27,17 @@ func (l *leg) fail(gen uint64, err error) {
 		l.mu.Unlock()
 		return
 	}
-	c, path := l.cur, l.path
+	c, path, reset := l.cur, l.path, l.resetSent
 	l.cur = nil
 	l.gen++
 	l.down = time.Now()
 	l.cond.Broadcast()
 	l.mu.Unlock()
 	c.Close()
+	if reset && closedByPeer(err) {
+		l.close(nil) // the peer took the application's reset and ended the leg
+		return
+	}
 	if closedByPeer(err) {
 		// The peer's proxy closed the transport on purpose (its leg ended,
 		// or it exited): nothing will resume this leg. A failing link or
@@ -206,7 +210,8 @@ func (l *leg) install(c net.Conn, path string, peerRx uint64) error {
 		l.close(err)
 		return err
 	}
-	l.finSent = false // a FIN is sent again: it may have been lost with the old transport
+	l.finSent = false // a FIN (or reset) is sent again: it may have been lost with the old transport
+	l.resetSent = false
 	// So is the last acknowledgement. Lost with the old transport, it
 	// would not be repeated until another legAckEvery bytes were
 	// delivered — and with both directions' buffers full and each

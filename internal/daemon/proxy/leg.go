@@ -46,7 +46,8 @@ import (
 // direction; a writer beyond that waits (back-pressure, nothing dropped).
 // No more than the peer's receive buffer (its window, exchanged when the
 // leg opens) is in flight unacknowledged. The receiver acknowledges every
-// legAckEvery bytes (a quarter of its buffer, if less) and at a FIN.
+// legAckEvery bytes (a quarter of its buffer or the peer's, if less) and at
+// a FIN.
 //
 // Copies: both queues are byteRings. The pump reads the application's
 // bytes straight into the unacknowledged ring and the sender writes them
@@ -64,7 +65,7 @@ const (
 	legData  byte = 1
 	legAck   byte = 2
 	legFin   byte = 3
-	legReset byte = 4 // the sender's end is closed: nothing will be resumed
+	legReset byte = 4 // the sender's end is closed, its stream cut short after what it sent: nothing will be resumed
 
 	legHdr = 13
 	// legMaxPayload is the largest data payload a proxy takes in a frame,
@@ -154,6 +155,7 @@ type leg struct {
 	rxAcked     uint64   // rxDelivered last acknowledged
 	finAt       int64    // the peer's stream length once its FIN came, else -1
 	finDone     bool     // the FIN is passed on to the application
+	peerReset   bool     // the peer's leg ended short (resetByPeer): the leg ends once rx is delivered
 	dclosed     bool
 	rxBusy      bool       // a receive loop reads into rx's free room (outside dmu)
 	delivering  bool       // a goroutine writes rx's bytes to the application (outside dmu)
@@ -173,11 +175,15 @@ type leg struct {
 	writing   bool       // a goroutine holds the write turn (writeDueLocked)
 	txBurst   burstMeter // the application's writes queued (sendInline)
 	finQueued bool       // the application finished writing at tx.end()
-	finSent   bool
+	finSent   bool       // the FIN, or the reset that takes its place, is written
 	closed    bool
 	down      time.Time // when the current outage began
 	switches  int
 	lastPause time.Duration
+	// resetQueued: the application's stream ended short (endShort): a
+	// reset, not a FIN, follows its last byte.
+	resetQueued bool
+	resetSent   bool // that reset is written (see writeDueLocked)
 }
 
 // newLeg starts a leg over its first transport c; in shared-pool mode
@@ -282,10 +288,27 @@ func (l *leg) runPump() {
 			return
 		}
 		if err != nil {
-			l.close(fmt.Errorf("application: %w", err))
+			l.endShort(fmt.Errorf("application: %w", err))
 			return
 		}
 	}
+}
+
+// endShort: the application's stream ended short — it aborted its
+// connection, or its end failed (cause). What it wrote is still sent, in
+// order, and then a reset instead of a FIN (writeDueLocked), so that the
+// far application reads every byte, then ECONNRESET. A FIN already sent
+// stays: the far end has read io.EOF, and the leg ends as after a close.
+func (l *leg) endShort(cause error) {
+	l.mu.Lock()
+	if l.closed || l.resetQueued { // closed: the leg's own close ended the application's end
+		l.mu.Unlock()
+		return
+	}
+	l.finQueued, l.resetQueued = true, true
+	l.cond.Broadcast()
+	l.mu.Unlock()
+	l.s.logf("leg %s/%d: a reset follows the application's last byte: %v", l.key.from, l.key.token, cause)
 }
 
 // runSend writes on the current transport what nobody else writes: the
@@ -338,7 +361,7 @@ func (l *leg) writeDueLocked(frame []byte) {
 		c, gen, seq := l.cur, l.gen, l.sent
 		var b, payload []byte
 		var n uint64
-		ack, fin := false, false
+		ack, fin, reset := false, false, false
 		switch {
 		case l.ackWanted != l.ackSent:
 			ack, seq = true, l.ackWanted
@@ -357,6 +380,15 @@ func (l *leg) writeDueLocked(frame []byte) {
 			} else {
 				b, payload = b[:legHdr], p
 			}
+		case l.resetQueued:
+			// finDueLocked, the stream cut short. The transport stays
+			// open: the peer ends it once it has read the reset
+			// (resetByPeer, or close). Its writes must not fail sooner:
+			// a failed write ends its leg, and what it has yet to read
+			// would be lost. Lost with a failing transport, the reset is
+			// sent again after a resume, as a FIN is.
+			fin, reset = true, true
+			b = putLegHdr(frame, legReset, 0, 0)
 		default: // finDueLocked
 			fin = true
 			b = putLegHdr(frame, legFin, seq, 0)
@@ -372,7 +404,7 @@ func (l *leg) writeDueLocked(frame []byte) {
 			case ack:
 				l.ackSent = seq
 			case fin:
-				l.finSent = true
+				l.finSent, l.resetSent = true, reset
 			default:
 				l.sent = seq + n
 			}
@@ -456,7 +488,7 @@ func (l *leg) runRecv(c net.Conn, gen uint64) {
 		case legFin:
 			err = l.finished(gen, seq)
 		case legReset:
-			l.close(nil)
+			l.resetByPeer()
 			return
 		default:
 			err = fmt.Errorf("%w: frame type %d", errLegProtocol, typ)
@@ -577,11 +609,20 @@ func (l *leg) receiveRest(c net.Conn, gen uint64, skip, keep int, scratch []byte
 func (l *leg) runDeliver() {
 	for {
 		l.dmu.Lock()
-		for !l.dclosed && (l.delivering || (l.rx.n == 0 && !(l.finAt >= 0 && !l.finDone))) {
+		for !l.dclosed && (l.delivering || (l.rx.n == 0 && !(l.finAt >= 0 && !l.finDone) && !l.peerReset)) {
 			l.dcond.Wait()
 		}
 		if l.dclosed {
 			l.dmu.Unlock()
+			return
+		}
+		if l.rx.n == 0 && l.peerReset {
+			// All that came before the peer's reset is delivered (or
+			// dropped, the application having closed): end the leg,
+			// which aborts the application's end unless its stream
+			// ended in full.
+			l.dmu.Unlock()
+			l.close(nil)
 			return
 		}
 		// Only the turn's holder takes bytes off rx: p stays intact unlocked.
@@ -759,18 +800,48 @@ func (l *leg) finished(gen, seq uint64) error {
 	return nil
 }
 
+// resetByPeer: the peer's leg ended short (legReset): nothing will be
+// resumed, and no FIN will come, but what came before the reset is the
+// application's still, and it reads that before the reset (close aborts
+// its end). In shared-pool mode all of it is in the in ring: the leg ends
+// at once. Through the memory link the leg lets its transport go and the
+// deliverer writes out what rx holds, then ends the leg (runDeliver).
+func (l *leg) resetByPeer() {
+	if l.slot != nil {
+		l.close(nil)
+		return
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return
+	}
+	c := l.cur
+	l.cur = nil // nothing more to send: the peer has gone
+	l.gen++
+	l.cond.Broadcast()
+	l.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+	l.dmu.Lock()
+	l.peerReset = true
+	l.dcond.Broadcast()
+	l.dmu.Unlock()
+}
+
 // maybeDone ends the leg once both directions are finished and
-// acknowledged — or, once the application has closed (discard), once its
-// own stream is: what the peer still writes would only be dropped, and
-// the peer's writes then fail, as TCP's do after the reset a closed
-// socket answers with.
+// acknowledged — or, once the application has closed (discard) or its
+// stream ended with a reset, once its own stream is: what the peer still
+// writes would only be dropped, and the peer's writes then fail, as TCP's
+// do after the reset a closed socket answers with.
 func (l *leg) maybeDone() {
 	l.dmu.Lock()
 	finDone, discard := l.finDone, l.discard
 	l.dmu.Unlock()
 	l.mu.Lock()
 	sent := l.finSent && l.tx.n == 0
-	done := sent && (discard || finDone && l.ackWanted == l.ackSent)
+	done := sent && (discard || l.resetSent || finDone && l.ackWanted == l.ackSent)
 	l.mu.Unlock()
 	if done {
 		l.close(nil)
@@ -793,6 +864,7 @@ func (l *leg) close(cause error) {
 	l.gen++
 	l.cond.Broadcast()
 	sentAll := l.finSent && l.tx.n == 0
+	resetSent := l.resetSent
 	l.mu.Unlock()
 	l.dmu.Lock()
 	l.dclosed = true
@@ -810,10 +882,13 @@ func (l *leg) close(cause error) {
 	l.dmu.Unlock()
 	if c != nil {
 		// Tell the peer's leg not to wait for a resume (best effort: the
-		// transport may be why we close).
-		c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-		var frame [legHdr]byte
-		c.Write(putLegHdr(frame[:], legReset, 0, 0))
+		// transport may be why we close), unless the reset after the
+		// application's last byte has told it.
+		if !resetSent {
+			c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+			var frame [legHdr]byte
+			c.Write(putLegHdr(frame[:], legReset, 0, 0))
+		}
 		c.Close()
 	}
 	// A stream cut short reads as a reset at the application's end, as

@@ -45,6 +45,52 @@ func TestLegRepeatsAckOnNewTransport(t *testing.T) {
 	go io.Copy(io.Discard, theirs) // the reset at close
 }
 
+// TestLegResendsResetOnNewTransport: the reset that ends an application's
+// short stream, written on a transport that then failed, may never have
+// been read. After the resume the leg sends again what the peer lacks,
+// then the reset; it keeps the transport open for the peer's frames, and
+// ends (closing the application's end) once the peer ends the transport.
+func TestLegResendsResetOnNewTransport(t *testing.T) {
+	s := &Server{logf: t.Logf, legs: map[legKey]*leg{}, conns: map[uint64]*pconn{}, apps: map[uint64]*app{}}
+	appEnd, appPeer := net.Pipe()
+	defer appPeer.Close()
+	old, oldPeer := net.Pipe()
+	defer oldPeer.Close()
+	go io.Copy(io.Discard, oldPeer)
+	l := s.newLeg(&pconn{id: 1}, appEnd, config.Peer{Host: "b"}, legKey{"b", 1}, false, old, "ntb", legLimits{})
+	l.mu.Lock()
+	l.tx.commit(copy(l.tx.free(5, 5), "hello"))
+	// All of it and the reset written on old, then old failed.
+	l.sent, l.finQueued, l.resetQueued, l.finSent, l.resetSent = 5, true, true, true, true
+	l.mu.Unlock()
+	done := make(chan struct{})
+	go func() { defer close(done); l.runSend() }()
+	defer func() { l.close(nil); <-done }()
+
+	ours, theirs := net.Pipe()
+	defer theirs.Close()
+	require.NoError(t, l.install(ours, "tcp", 0))
+	theirs.SetDeadline(time.Now().Add(5 * time.Second)) // a failure guard only
+	frame := make([]byte, legHdr+5)
+	_, err := io.ReadFull(theirs, frame)
+	require.NoError(t, err, "no data frame on the new transport")
+	require.Equal(t, legData, frame[0])
+	require.Equal(t, uint64(0), binary.LittleEndian.Uint64(frame[1:]))
+	require.Equal(t, "hello", string(frame[legHdr:]))
+	_, err = io.ReadFull(theirs, frame[:legHdr])
+	require.NoError(t, err, "no reset after the data")
+	require.Equal(t, legReset, frame[0])
+
+	_, err = theirs.Write(putLegHdr(frame, legData, 0, 2)[:legHdr])
+	require.NoError(t, err)
+	_, err = theirs.Write([]byte("hi"))
+	require.NoError(t, err, "the transport stays open for the peer's frames")
+	require.NoError(t, theirs.Close())
+	appPeer.SetReadDeadline(time.Now().Add(5 * time.Second)) // a failure guard only
+	_, err = appPeer.Read(make([]byte, 1))
+	require.ErrorIs(t, err, io.EOF, "the leg ends once the peer ends the transport")
+}
+
 // TestLegFrameSize: a leg sends data frames as large as its peer said it
 // takes (legLimits.frame), and legOldPayload to a peer that did not say.
 func TestLegFrameSize(t *testing.T) {

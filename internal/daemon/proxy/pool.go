@@ -169,7 +169,9 @@ func (pc *pconn) dropSlot() {
 	}
 }
 
-// rxWindow is what this end of pc's leg can receive unacknowledged.
+// rxWindow is what this end of pc's leg can receive unacknowledged, and
+// also what it can send: its send buffer is as large (a slot's two rings,
+// or legMaxUnacked each way).
 func (pc *pconn) rxWindow() int {
 	if pc.slot != nil {
 		return pc.slot.Ring()
@@ -178,8 +180,13 @@ func (pc *pconn) rxWindow() int {
 }
 
 // ackEvery is how many delivered bytes the leg acknowledges at a time: a
-// quarter of its receive buffer, at most legAckEvery.
-func (l *leg) ackEvery() uint64 { return uint64(min(legAckEvery, l.rx.max/4)) }
+// quarter of its receive buffer or of the peer's, whichever is smaller,
+// at most legAckEvery. The peer's window is also its send buffer
+// (rxWindow), and what that holds unacknowledged is all the peer can
+// send: a shared-pool end's ring, against a proxy-mode end's 8 MiB, would
+// fill before a quarter of the larger buffer came, and the stream would
+// stop.
+func (l *leg) ackEvery() uint64 { return min(legAckEvery, uint64(l.rx.max/4), l.peerWin/4) }
 
 // rxAddedLocked: bytes were added to rx (dmu held). In shared-pool mode
 // they are the application's at once: the in ring's head moves. After
@@ -212,8 +219,8 @@ func (l *leg) dropLocked() {
 // writes into its slot's out ring and reads from the in ring itself;
 // runPool follows its indices: it queues what was written for runSend,
 // frees what was read and acknowledges it to the peer, and passes the
-// application's FIN on. It waits on the slot (spinning, then asleep)
-// while nothing moves, and returns when the leg ends.
+// application's FIN (or reset) on. It waits on the slot (spinning, then
+// asleep) while nothing moves, and returns when the leg ends.
 func (l *leg) runPool() {
 	s := l.slot
 	spin := cmp.Or(l.s.appCfg.SpinBudget, transport.DefaultSpinBudget)
@@ -240,7 +247,9 @@ func (l *leg) runPool() {
 	}
 }
 
-// poolOut takes what the application wrote up to head into tx.
+// poolOut takes what the application wrote up to head into tx, and
+// queues the end of its stream its flags say: a FIN, or a reset after an
+// Abort (FlagAbort).
 func (l *leg) poolOut(af uint32, head uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -253,6 +262,12 @@ func (l *leg) poolOut(af uint32, head uint64) error {
 		l.pc.inFlight[0].Store(int64(l.tx.n))
 		l.pc.bytesTX.Add(n)
 		l.pc.msgsTX.Add(1)
+		l.cond.Broadcast()
+	}
+	if af&pool.FlagAbort != 0 && !l.resetQueued {
+		// As endShort: a reset after the last byte, not a FIN (unless
+		// the FIN is written already).
+		l.finQueued, l.resetQueued = true, true
 		l.cond.Broadcast()
 	}
 	if af&(pool.FlagFin|pool.FlagClosed) != 0 && !l.finQueued {

@@ -38,8 +38,9 @@ func poolOp(op int, v uint64) []byte {
 // by one pass of runPool's loop (poolOut, poolIn). Whatever they write,
 // the leg must not panic; an index it accepts keeps its queues inside the
 // slot's rings (the out head at most a ring ahead of what the peer
-// acknowledged, the in tail between what was delivered and received);
-// one it refuses ends the connection with an error, as runPool would.
+// acknowledged, the in tail between what was delivered and received), and
+// FlagAbort in its flags queues a reset; one it refuses ends the
+// connection with an error, as runPool would.
 func FuzzPoolSlot(f *testing.F) {
 	cat := func(ops ...[]byte) []byte {
 		var b []byte
@@ -59,6 +60,8 @@ func FuzzPoolSlot(f *testing.F) {
 	f.Add(cat(poolOp(poolOpData, 9), poolOp(poolOpTail, 11)))                                 // tail past head
 	f.Add(cat(poolOp(poolOpHead, 10), poolOp(poolOpAck, 11)))                                 // ack past what was sent
 	f.Add(cat(poolOp(poolOpData, 9), poolOp(poolOpFlags, uint64(pool.FlagClosed)), poolOp(poolOpData, 5)))
+	f.Add(cat(poolOp(poolOpHead, 30), poolOp(poolOpFlags, uint64(pool.FlagFin)), poolOp(poolOpHead, 40),
+		poolOp(poolOpFlags, uint64(pool.FlagFin|pool.FlagClosed|pool.FlagAbort)), poolOp(poolOpData, 5))) // abort after a half close
 	f.Add(cat(poolOp(poolOpHead, ^uint64(0)), poolOp(poolOpTail, ^uint64(0)), poolOp(poolOpFlags, ^uint64(0))))
 	f.Add(cat(poolOp(poolOpFin, 0), poolOp(poolOpData, 1)))
 	f.Fuzz(func(t *testing.T, in []byte) {
@@ -103,10 +106,13 @@ func FuzzPoolSlot(f *testing.F) {
 				return // runPool closes the connection
 			}
 			l.mu.Lock()
-			base, end := l.tx.base, l.tx.end()
+			base, end, reset := l.tx.base, l.tx.end(), l.resetQueued
 			l.mu.Unlock()
 			if end != head || end-base > ring {
 				t.Fatalf("out head %d accepted as %d..%d of a %d-byte ring", head, base, end, ring)
+			}
+			if af&pool.FlagAbort != 0 && !reset {
+				t.Fatalf("flags %#x queue no reset", af)
 			}
 			if err := l.poolIn(af, tail); err != nil {
 				return

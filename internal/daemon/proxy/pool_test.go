@@ -207,3 +207,26 @@ func TestPoolCorruptIndices(t *testing.T) {
 	require.NoError(t, good.Close())
 	require.Eventually(t, func() bool { return len(r.a.Snapshot().Conns) == 0 }, 5*time.Second, 10*time.Millisecond)
 }
+
+// A connection in shared-pool mode at one end and through the memory link
+// at the other carries streams of many rings both ways: the proxy-mode
+// end acknowledges within the pool end's ring, which is all that end can
+// hold unacknowledged.
+func TestPoolMixedModes(t *testing.T) {
+	const ring = 64 << 10
+	r := newRack(t, "", fmt.Sprintf("pool_ring = %d", ring))
+	srv := attach(t, r.cb)
+	client := attach(t, r.ca)
+	for _, dialPool := range []bool{false, true} {
+		ln, err := (&socklike.ListenConfig{Proxy: srv, Pool: !dialPool}).Listen(context.Background(), "tcp", ":0")
+		require.NoError(t, err)
+		go echo(ln)
+		c, err := (&socklike.Dialer{Proxy: client, Pool: dialPool}).Dial("tcp", fmt.Sprintf("b:%d", ln.Addr().(socklike.Addr).Port))
+		require.NoError(t, err)
+		require.Equal(t, map[bool]string{false: "proxy", true: "pool"}[dialPool], c.(*socklike.Conn).Route().Mode)
+		require.NoError(t, c.SetDeadline(time.Now().Add(time.Minute))) // a failure guard only
+		roundTrip(t, c, 4, 16*ring+17)
+		require.NoError(t, c.Close())
+		require.NoError(t, ln.Close())
+	}
+}

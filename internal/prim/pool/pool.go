@@ -19,7 +19,8 @@
 //	 128      8  proxy   out tail: bytes of out the far end acknowledged (free again)
 //	 192      8  proxy   in head: bytes written into in
 //	 256      8  app     in tail: bytes of in the application has read
-//	 320      4  app     application flags: FlagFin (no more writes), FlagClosed
+//	 320      4  app     application flags: FlagFin (no more writes), FlagClosed,
+//	                     FlagAbort
 //	 384      4  proxy   proxy flags: FlagFin (the far end finished), FlagReset
 //	 448      4  both    application wake-up counter (futex word)
 //	 452      4  both    application sleeping (1 while it may sleep on the counter)
@@ -36,6 +37,11 @@
 // a read notifies it only once its tail reaches the in tail wanted, so a
 // request/response connection wakes its proxy once a request, for the
 // request's bytes, not a second time for the response's tail.
+//
+// Flags only gain bits, and each side ignores the bits it does not know,
+// so a bit added later comes with those an older peer acts on instead:
+// FlagAbort is set with FlagFin and FlagClosed, which an ntproxy that
+// does not know it takes for a close (the far end reads io.EOF).
 //
 // Sleeping is Dekker-style: a side that runs out of work reads its
 // counter, sets its sleeping word, checks once more and sleeps on the
@@ -91,6 +97,7 @@ const (
 	FlagFin    uint32 = 1 // the writer of this side is done: EOF after the last byte
 	FlagClosed uint32 = 2 // application: closed, nothing more will be read
 	FlagReset  uint32 = 4 // proxy: the connection ended abnormally
+	FlagAbort  uint32 = 8 // application: closed as a reset (with FlagFin and FlagClosed): a reset, not a FIN, after the last byte
 )
 
 // Spin budgets: a waiter spins BusySpin instead of its usual budget when

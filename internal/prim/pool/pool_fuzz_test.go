@@ -54,9 +54,9 @@ func FuzzGeometry(f *testing.F) {
 		// Every word the other side writes is reachable.
 		s.SetOutHead(1)
 		s.SetInTail(2)
-		s.SetFlags(App, FlagFin|FlagClosed)
+		s.SetFlags(App, FlagFin|FlagClosed|FlagAbort)
 		s.SetFlags(Proxy, FlagReset)
-		if s.OutHead() != 1 || s.InTail() != 2 || s.AppFlags() != FlagFin|FlagClosed || s.ProxyFlags() != FlagReset {
+		if s.OutHead() != 1 || s.InTail() != 2 || s.AppFlags() != FlagFin|FlagClosed|FlagAbort || s.ProxyFlags() != FlagReset {
 			t.Fatal("slot words do not read back")
 		}
 		clear(mem)
