@@ -242,17 +242,16 @@ func (st *state) runPoller() {
 			}
 			continue
 		}
-		// The doorbell wait is a blocking system call during which this
-		// thread keeps its P until sysmon takes it back — up to 10 ms in a
-		// quiet process. Goroutines this loop just woke sit on that P's run
-		// queue, so let them run first.
+		// Goroutines this loop just woke sit on this P's run queue: let
+		// them run here first, rather than on a thread the doorbell wait
+		// would wake as it gives the P up (a futex wait, see
+		// proc.BlockingSyscall6) or the poller's.
 		runtime.Gosched()
 		if ctlDone && ep.callersRun() {
-			// A caller ran meanwhile and is not parked: it polls. The
-			// doorbell wait would hold this process's P (see above)
-			// while that caller waits to run — with GOMAXPROCS 1 until
-			// the doorbell rings, which with nothing more to publish on
-			// the other side may be never, or until sysmon retakes it.
+			// A caller ran meanwhile and is not parked: it polls. (This
+			// kept the doorbell wait from holding a one-P process's P
+			// while that caller waited to run, before futex waits gave
+			// their P up; it also spares a sleep and its wake-up.)
 			continue
 		}
 		st.expireIdleTurns() // the rings are empty

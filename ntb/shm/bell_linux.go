@@ -18,12 +18,13 @@ import (
 // the peer's registers (regBells), and the peer then rings by writing a
 // byte into it; one goroutine reads it through the runtime's poller and
 // wakes every WaitDoorbell call, which waits on a channel. So a sleeping
-// end holds no processor. A futex wait is a blocking system call that
-// keeps its P, and while another P idles the runtime's sysmon polls every
-// 20 µs for up to 10 ms before it takes it back: a request a millisecond
-// (ntbench -gap 1ms) cost ntb 46-49 % of a core unpinned and 29-31 %
-// pinned against TCP's 21-27 %, where TCP's goroutines park on the poller
-// as these now do (30-33 % and 21-23 %).
+// end holds no processor. A futex wait then was a blocking system call
+// that kept its P, and while another P idled the runtime's sysmon polled
+// every 20 µs for up to 10 ms before it took it back: a request a
+// millisecond (ntbench -gap 1ms) cost ntb 46-49 % of a core unpinned and
+// 29-31 % pinned against TCP's 21-27 %, where TCP's goroutines park on
+// the poller as these now do (30-33 % and 21-23 %). Futex waits now give
+// their P up first (proc.BlockingSyscall6); the FIFO is kept as measured.
 //
 // The poller is consulted only when no goroutine is runnable, though,
 // so while a goroutine of the process spins its bells would be heard

@@ -5,11 +5,14 @@ package shm
 import (
 	"encoding/binary"
 	"fmt"
+	"runtime"
 	"sync/atomic"
 	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ntstack/ntstack/internal/prim/proc"
 )
 
 var le = binary.LittleEndian
@@ -65,7 +68,8 @@ func futexWait2(shared []byte, soff int, sval uint32, private []byte, poff int, 
 			{val: uint64(sval), uaddr: uint64(uintptr(ptr(shared, soff, 4))), flags: futex2Size32},
 			{val: uint64(pval), uaddr: uint64(uintptr(ptr(private, poff, 4))), flags: futex2Size32 | futex2Private},
 		}
-		_, _, errno := unix.Syscall6(unix.SYS_FUTEX_WAITV, uintptr(unsafe.Pointer(&w[0])), 2, 0, 0, 0, 0)
+		_, _, errno := proc.BlockingSyscall6(unix.SYS_FUTEX_WAITV, uintptr(unsafe.Pointer(&w[0])), 2, 0, 0, 0, 0)
+		runtime.KeepAlive(&w)
 		if errno != unix.ENOSYS {
 			return
 		}
@@ -75,7 +79,8 @@ func futexWait2(shared []byte, soff int, sval uint32, private []byte, poff int, 
 		return
 	}
 	ts := unix.NsecToTimespec(int64(fallbackSlice))
-	_, _, _ = unix.Syscall6(unix.SYS_FUTEX, uintptr(ptr(shared, soff, 4)), futexWaitOp, uintptr(sval), uintptr(unsafe.Pointer(&ts)), 0, 0)
+	_, _, _ = proc.BlockingSyscall6(unix.SYS_FUTEX, uintptr(ptr(shared, soff, 4)), futexWaitOp, uintptr(sval), uintptr(unsafe.Pointer(&ts)), 0, 0)
+	runtime.KeepAlive(&ts)
 }
 
 // futexWait3 is futexWait2 on two shared words, soff1 and soff2, at
@@ -87,7 +92,8 @@ func futexWait3(shared []byte, soff1 int, sval1 uint32, soff2 int, sval2 uint32,
 			{val: uint64(sval2), uaddr: uint64(uintptr(ptr(shared, soff2, 4))), flags: futex2Size32},
 			{val: uint64(pval), uaddr: uint64(uintptr(ptr(private, poff, 4))), flags: futex2Size32 | futex2Private},
 		}
-		_, _, errno := unix.Syscall6(unix.SYS_FUTEX_WAITV, uintptr(unsafe.Pointer(&w[0])), 3, 0, 0, 0, 0)
+		_, _, errno := proc.BlockingSyscall6(unix.SYS_FUTEX_WAITV, uintptr(unsafe.Pointer(&w[0])), 3, 0, 0, 0, 0)
+		runtime.KeepAlive(&w)
 		if errno != unix.ENOSYS {
 			return
 		}

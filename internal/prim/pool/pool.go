@@ -265,10 +265,10 @@ func (s *Slot) spin(ready func() bool, ev int, seen uint32, start time.Time, spi
 // On a slot that polls with a Poller the poller spins for it meanwhile,
 // and the caller stays parked.
 //
-// The sleep is a futex wait in the calling goroutine, and a blocking
-// system call keeps its thread's P until sysmon takes it back (20 µs to
-// 10 ms): other goroutines of the process may wait that long. Callers
-// therefore spin longer while their connection is busy (BusySpin). Waking
+// The sleep is a futex wait in the calling goroutine that gives up its
+// thread's P first (proc.BlockingSyscall6), and waking from it costs a
+// system call on each side. Callers therefore spin longer while their
+// connection is busy (BusySpin). Waking
 // through an eventfd read by the runtime's poller instead was tried: it
 // holds no P, but the poller is consulted only when no goroutine is
 // runnable, and ntproxy's spinners always are — 64 B round trips took
@@ -296,9 +296,8 @@ func (s *Slot) Wait(side Side, ready func() bool, spin time.Duration, deadline t
 	case s.spin(ready, ev, seen, start, spin):
 		return false
 	}
-	// The futex sleep is a blocking system call during which this thread
-	// keeps its P until sysmon takes it back (up to 10 ms in a quiet
-	// process): let this process's runnable goroutines go first.
+	// The sleep gives up this thread's P, waking another thread for the
+	// process's runnable goroutines: let them run here first.
 	runtime.Gosched()
 	seen = s.hdr.Load32(ev)
 	s.hdr.Store32(sleep, 1)

@@ -3,6 +3,8 @@
 package proc
 
 import (
+	"runtime"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -24,10 +26,48 @@ func FutexWait(addr *uint32, val uint32, timeout time.Duration) {
 		t := unix.NsecToTimespec(int64(timeout))
 		ts = &t
 	}
-	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWait, uintptr(val), uintptr(unsafe.Pointer(ts)), 0, 0)
+	BlockingSyscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWait, uintptr(val), uintptr(unsafe.Pointer(ts)), 0, 0)
+	runtime.KeepAlive(ts)
 }
 
 // FutexWake wakes every sleeper on the word at addr, in any process.
 func FutexWake(addr *uint32) {
 	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWake, uintptr(1<<30), 0, 0, 0)
 }
+
+// BlockingSyscall6 makes a system call expected to sleep, such as a futex
+// wait, and gives up the calling thread's P before it enters the kernel,
+// as the runtime does for its own blocking waits: another thread runs the
+// process's goroutines meanwhile. syscall.Syscall6 keeps the P until
+// sysmon takes it back, which it does on its second look at the call;
+// sysmon looks every 20 µs in a busy process but only every 10 ms in a
+// quiet one. With both its Ps asleep in futex waits so, the process of
+// the rack's KV clients and server ran nothing for 15 ms at a time while
+// its other goroutines were runnable: the pools' KV took 19 ms at p99.9
+// (docs/perf-log.md, 2026-12-03, issue 42). The price: giving the P up
+// wakes another thread when no other P is idle, more CPU a sleep in a
+// one-P process.
+//
+// Pointer arguments must stay alive until it returns (runtime.KeepAlive
+// after the call). It is nosplit, as syscall.Syscall6 is, so a caller's
+// stack does not move under a pointer into it, and norace: with its P
+// given up the race detector's hooks must not run.
+//
+//go:nosplit
+//go:norace
+func BlockingSyscall6(trap, a1, a2, a3, a4, a5, a6 uintptr) (r1, r2 uintptr, errno syscall.Errno) {
+	entersyscallblock()
+	r1, r2, errno = syscall.RawSyscall6(trap, a1, a2, a3, a4, a5, a6)
+	exitsyscall()
+	return r1, r2, errno
+}
+
+// The runtime keeps these two open to packages that make their own
+// blocking system calls (go.dev/issue/67401). syscall.Syscall6 is the
+// same raw call between entersyscall and exitsyscall.
+
+//go:linkname entersyscallblock runtime.entersyscallblock
+func entersyscallblock()
+
+//go:linkname exitsyscall runtime.exitsyscall
+func exitsyscall()
