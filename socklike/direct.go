@@ -118,6 +118,10 @@ type directConn struct {
 	// dialFallback opens side 0's fallback (through the proxies, a
 	// dialOnce with dialOpts.cont; tests put another carrier in).
 	dialFallback func(ctx context.Context) (*transport.Conn, Route, error)
+	// backStep, if set (by tests, under moveMu), runs as the move back to
+	// the direct link has dialed it (marked false) and again once the
+	// back mark is on the fallback (true).
+	backStep func(marked bool)
 
 	moveMu sync.Mutex // serialises moves
 	rlock  sync.Mutex // serialises Reads
@@ -769,6 +773,9 @@ func (d *directConn) toDirect() {
 			d.logf("direct link %s up: dial it again (try %d): %v", d.name, try, err)
 			continue
 		}
+		if d.backStep != nil {
+			d.backStep(false)
+		}
 		if d.back(nc) {
 			return
 		}
@@ -797,10 +804,24 @@ func (d *directConn) back(nc *transport.Conn) bool {
 	if err == nil {
 		err = d.mark(cur, fbBack)
 	}
+	if err != nil && d.side == 1 && errors.Is(err, syscall.ECONNRESET) {
+		// Side 0 resets a new direct connection only once its back mark
+		// is on the fallback (an Abort during the move, see below): the
+		// stream ends with that reset where the fallback ends.
+		nc.Close()
+		d.logf("direct link %s up: the peer aborted the connection as it moved back: %v", d.name, err)
+		d.mu.Lock()
+		d.failLocked(err)
+		d.mu.Unlock()
+		return true
+	}
 	if err != nil {
 		nc.Close()
 		d.logf("direct link %s up: the move back failed, the connection stays on the fallback: %v", d.name, err)
 		return false
+	}
+	if d.backStep != nil {
+		d.backStep(true)
 	}
 	if shut {
 		nc.CloseWrite()

@@ -603,6 +603,43 @@ func TestDirectAbortResets(t *testing.T) {
 	})
 }
 
+// TestDirectAbortMovingBack: an abort that comes while side 0 moves the
+// stream from the fallback back to the direct link still reaches the peer
+// as a reset after the bytes written before it, from either side and at
+// either step of the move: once the link is dialed (the move then finds
+// the connection closed and leaves the stream on the fallback, which the
+// abort reset) or once the back mark is on the fallback (the peer reads on
+// to the new direct connection, which the move resets).
+func TestDirectAbortMovingBack(t *testing.T) {
+	const words = "last words"
+	for _, marked := range []bool{false, true} {
+		for from := range 2 {
+			t.Run(fmt.Sprintf("marked=%v/side%d", marked, from), func(t *testing.T) {
+				r := newDirectRig(t)
+				r.pull(t, true)
+				check := readsReset(t, r.c[1-from])
+				_, err := r.c[from].Write([]byte(words))
+				require.NoError(t, err)
+				var aborted atomic.Bool
+				d := r.c[0].d
+				d.moveMu.Lock()
+				d.backStep = func(m bool) {
+					if m == marked && aborted.CompareAndSwap(false, true) {
+						if err := r.c[from].Abort(); err != nil {
+							t.Errorf("abort: %v", err)
+						}
+					}
+				}
+				d.moveMu.Unlock()
+				r.tell(t, appproto.LeaseLinkUp)
+				check(words)
+				require.True(t, aborted.Load(), "the move back reached the step")
+				require.NoError(t, r.c[1-from].Close())
+			})
+		}
+	}
+}
+
 // enginePair returns two engine endpoints over an in-memory link, closed
 // with the test: the rigs' stand-in for the memory links to ntproxy.
 func enginePair(t *testing.T) (ma, mb *transport.Endpoint) {
