@@ -41,6 +41,84 @@ func current(ep *Endpoint) *state {
 	return ep.cur
 }
 
+// The two tests below share their set-up: b accepts one connection on
+// port 7 while a goroutine of b's ended session is held in a hook and b's
+// doorbell waits are held at their entry (gate), and a then dials.
+
+// acceptOne accepts one connection on b's port 7 in the background,
+// closes it and sends the result.
+func acceptOne(t *testing.T, b *Endpoint) <-chan error {
+	ln, err := b.Listen(7)
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	accepted := make(chan error, 1)
+	go func() {
+		c, err := ln.AcceptConn()
+		if err == nil {
+			c.Close()
+		}
+		accepted <- err
+	}()
+	return accepted
+}
+
+// hold is where a hook holds the goroutine it runs in: hold closes held
+// and waits for free, which the test calls (and the cleanup, once more).
+type hold struct {
+	held, release chan struct{}
+	once          sync.Once
+}
+
+func newHold(t *testing.T) *hold {
+	h := &hold{held: make(chan struct{}), release: make(chan struct{})}
+	t.Cleanup(h.free)
+	return h
+}
+
+func (h *hold) hold() {
+	close(h.held)
+	<-h.release
+}
+
+func (h *hold) free() { h.once.Do(func() { close(h.release) }) }
+
+// closeGate holds gb's doorbell waits at entry until the returned open
+// is called (the cleanup calls it too).
+func closeGate(t *testing.T, gb *gatedDev) (open func()) {
+	gate := make(chan struct{})
+	var once sync.Once
+	open = func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(open)
+	gb.gate.Store(&gate)
+	return open
+}
+
+// dialAsync dials a's port 7 in the background, with a 10 s timeout,
+// closes the connection and sends the result.
+func dialAsync(a *Endpoint) <-chan error {
+	dialed := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := a.DialContext(ctx, 7)
+		if err == nil {
+			c.Close()
+		}
+		dialed <- err
+	}()
+	return dialed
+}
+
+// awaitClosed fails the test unless ch closes within waitfor.Timeout.
+func awaitClosed(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(waitfor.Timeout):
+		t.Fatal(what)
+	}
+}
+
 // The poller of a session that has ended, on its way out, takes the
 // doorbell that the peer's OPEN on the next session rang. The next
 // session's poller must still see the OPEN: it does not wait on the
@@ -54,71 +132,36 @@ func TestNewSessionSeesDoorbellOldPollerTook(t *testing.T) {
 	t.Cleanup(func() { da.Close(); db.Close() })
 	gb := &gatedDev{Device: db}
 	a, b := attachPair(t, da, gb, Config{})
-	ln, err := b.Listen(7)
-	require.NoError(t, err)
-	defer ln.Close()
-	accepted := make(chan error, 1)
-	go func() {
-		c, err := ln.AcceptConn()
-		if err == nil {
-			c.Close()
-		}
-		accepted <- err
-	}()
+	accepted := acceptOne(t, b)
 	newEpoch(t, a, 0)
 	newEpoch(t, b, 0)
 	old := current(b)
 	// b is idle from here (no calls, nothing rings it): its poller sleeps
 	// on the doorbell until the session ends.
-	require.Eventually(t, func() bool { return b.accepting.Load() > 0 && b.Stats().PollerSleeps > 0 },
-		30*time.Second, time.Millisecond, "b's poller asleep with an Accept pending")
+	waitfor.True(t, "b's poller asleep with an Accept pending", func() bool {
+		return b.accepting.Load() > 0 && b.Stats().PollerSleeps > 0
+	})
 
-	held, release := make(chan struct{}), make(chan struct{})
-	var releaseOnce sync.Once
-	free := func() { releaseOnce.Do(func() { close(release) }) }
-	defer free()
+	h := newHold(t)
 	hook := func(st *state) {
 		if st == old && st.sess.Err() != nil {
-			close(held)
-			<-release
+			h.hold()
 		}
 	}
 	pollerWoke.Store(&hook)
 	defer pollerWoke.Store(nil)
-	gate := make(chan struct{})
-	var gateOnce sync.Once
-	open := func() { gateOnce.Do(func() { close(gate) }) }
-	defer open()
-	gb.gate.Store(&gate)
+	open := closeGate(t, gb)
 
 	oldA := epoch(a)
 	restart(b)
-	select {
-	case <-held:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the ended session's poller never returned from its doorbell wait")
-	}
+	awaitClosed(t, h.held, "the ended session's poller never returned from its doorbell wait")
 	newEpoch(t, b, old.sess.Epoch)
 	newEpoch(t, a, oldA)
-	dialed := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		c, err := a.DialContext(ctx, 7)
-		if err == nil {
-			c.Close()
-		}
-		dialed <- err
-	}()
+	dialed := dialAsync(a)
 	dataBit := current(b).parts[0].DataBit()
-	require.Eventually(t, func() bool { return gb.Doorbells()&dataBit != 0 },
-		30*time.Second, time.Millisecond, "the OPEN rings b's doorbell")
-	free() // the old poller takes the bit and returns
-	select {
-	case <-old.stopped:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the ended session's poller never returned")
-	}
+	waitfor.True(t, "the OPEN rings b's doorbell", func() bool { return gb.Doorbells()&dataBit != 0 })
+	h.free() // the old poller takes the bit and returns
+	awaitClosed(t, old.stopped, "the ended session's poller never returned")
 	open()
 	require.NoError(t, <-dialed, "the dial on the new session")
 	require.NoError(t, <-accepted)
@@ -153,17 +196,7 @@ func TestNewSessionSeesDoorbellOldWorkerTook(t *testing.T) {
 			b, err := Attach(gb, Config{CoreModel: m, Logf: t.Logf})
 			require.NoError(t, err)
 			t.Cleanup(func() { b.Close() })
-			ln, err := b.Listen(7)
-			require.NoError(t, err)
-			defer ln.Close()
-			accepted := make(chan error, 1)
-			go func() {
-				c, err := ln.AcceptConn()
-				if err == nil {
-					c.Close()
-				}
-				accepted <- err
-			}()
+			accepted := acceptOne(t, b)
 			newEpoch(t, a, 0)
 			newEpoch(t, b, 0)
 			old := current(b)
@@ -174,54 +207,29 @@ func TestNewSessionSeesDoorbellOldWorkerTook(t *testing.T) {
 				return b.accepting.Load() > 0 && int(old.asleep.Load()) == old.workers
 			})
 
-			held, release := make(chan struct{}), make(chan struct{})
-			var releaseOnce sync.Once
-			free := func() { releaseOnce.Do(func() { close(release) }) }
-			defer free()
+			h := newHold(t)
 			hook := func(st *state, bits uint64) {
 				if st == old && st.sess.Err() != nil && bits&dataBit != 0 {
-					close(held)
-					<-release
+					h.hold()
 				}
 			}
 			workerWoke.Store(&hook)
 			defer workerWoke.Store(nil)
-			gate := make(chan struct{})
-			var gateOnce sync.Once
-			open := func() { gateOnce.Do(func() { close(gate) }) }
-			defer open()
-			gb.gate.Store(&gate)
+			open := closeGate(t, gb)
 
 			oldA := epoch(a)
 			restart(b)
-			select {
-			case <-held:
-			case <-time.After(waitfor.Timeout):
-				t.Fatal("the ended session's RX worker never returned from its doorbell wait")
-			}
+			awaitClosed(t, h.held, "the ended session's RX worker never returned from its doorbell wait")
 			// The old poller, and in CoreSplit the old TX worker, return
 			// at the session's end: only the held worker is left.
 			waitfor.True(t, "the ended session's other waiters returned", func() bool { return old.waiters.Load() == 1 })
 			newEpoch(t, b, old.sess.Epoch)
 			newEpoch(t, a, oldA)
 			waitfor.BlockedN(t, "(*unit).runWorker", 1+current(b).workers)
-			dialed := make(chan error, 1)
-			go func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				c, err := a.DialContext(ctx, 7)
-				if err == nil {
-					c.Close()
-				}
-				dialed <- err
-			}()
+			dialed := dialAsync(a)
 			waitfor.True(t, "the OPEN rings b's doorbell", func() bool { return gb.Doorbells()&dataBit != 0 })
-			free() // the old worker takes the bit and returns
-			select {
-			case <-old.stopped:
-			case <-time.After(waitfor.Timeout):
-				t.Fatal("the ended session's RX worker never returned")
-			}
+			h.free() // the old worker takes the bit and returns
+			awaitClosed(t, old.stopped, "the ended session's RX worker never returned")
 			open()
 			require.NoError(t, <-dialed, "the dial on the new session")
 			require.NoError(t, <-accepted)
