@@ -306,8 +306,8 @@ func (u *unit) runWorker(tx, rx bool, cpu int) {
 // milliseconds after work, at most workerRecheckMax after a long idle
 // spell, instead of a hang. It is a timer's, and wakes the worker only
 // when it finds work: a worker that woke to look itself would re-enter its
-// blocking wait each time, which keeps the runtime's sysmon polling, and
-// an idle pair would spend CPU on it. The default CoreInline does not use
+// blocking wait each time, a thread's wake-up or more, and an idle pair
+// would spend CPU on it. The default CoreInline does not use
 // workers.
 const (
 	workerRecheck    = 10 * time.Millisecond
