@@ -806,8 +806,9 @@ func (d *directConn) back(nc *transport.Conn) bool {
 	}
 	if err != nil && d.side == 1 && errors.Is(err, syscall.ECONNRESET) {
 		// Side 0 resets a new direct connection only once its back mark
-		// is on the fallback (an Abort during the move, see below): the
-		// stream ends with that reset where the fallback ends.
+		// is on the fallback (an Abort during the move, see below; a
+		// failed move closes it), and a far end that went resets it too:
+		// the stream ends with that reset where the fallback ends.
 		nc.Close()
 		d.logf("direct link %s up: the peer aborted the connection as it moved back: %v", d.name, err)
 		d.mu.Lock()
