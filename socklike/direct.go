@@ -122,6 +122,10 @@ type directConn struct {
 	// the direct link has dialed it (marked false) and again once the
 	// back mark is on the fallback (true).
 	backStep func(marked bool)
+	// installStep, if set (by tests, under moveMu), runs as a move to
+	// the fallback has sent on it what the peer lacked; an error fails
+	// the move.
+	installStep func() error
 
 	moveMu sync.Mutex // serialises moves
 	rlock  sync.Mutex // serialises Reads
@@ -479,9 +483,9 @@ func (d *directConn) close(abort bool) error {
 
 // endOn ends c, a carrier the peer may read the stream's end from, as the
 // stream ended: with a reset if Abort closed the connection, else in
-// order (Close's, or a move's that failed). Close ends the carrier it
-// writes on so, and a move under way that finds the connection closed
-// ends so the carrier it has sent on (install, back).
+// order. Close ends the carrier it writes on so, and a move under way
+// that finds the connection closed ends so the carrier it has sent on
+// (install, back, fail).
 func (d *directConn) endOn(c *transport.Conn) {
 	d.mu.Lock()
 	abort := d.aborted
@@ -661,8 +665,7 @@ func (d *directConn) toFallback() {
 			err = d.install(cur, f, h, peer, route)
 		}
 		if err != nil {
-			d.endOn(f)
-			d.fail(cur, err)
+			d.fail(f, err)
 		}
 		return
 	}
@@ -696,18 +699,27 @@ func (d *directConn) fromFallback(f *transport.Conn, route Route) {
 		err = d.install(cur, f, h, peer, route)
 	}
 	if err != nil {
-		d.endOn(f)
-		d.fail(cur, err)
+		d.fail(f, err)
 	}
 }
 
-// fail ends a connection whose direct carrier cur is detached and whose
-// move failed.
-func (d *directConn) fail(cur *carrier, err error) {
-	d.logf("direct link %s: the move to the fallback failed, the connection ends: %v", d.name, err)
+// fail ends a connection whose direct carrier is detached and whose
+// move to fallback f failed: its reads fail with ECONNRESET, and f ends
+// with a reset, so the peer's do too once it has read what came before
+// (a FIN would read as the stream's end, the bytes after it lost). If
+// the application closed the connection during the move, f ends as the
+// stream did.
+func (d *directConn) fail(f *transport.Conn, err error) {
 	d.mu.Lock()
+	closed := d.closed
 	d.failLocked(fmt.Errorf("%w: direct link down and the fallback failed: %v", syscall.ECONNRESET, err))
 	d.mu.Unlock()
+	if closed {
+		d.endOn(f)
+		return
+	}
+	f.Abort()
+	d.logf("direct link %s: the move to the fallback failed, the connection ends: %v", d.name, err)
 }
 
 // install puts the stream on fallback f after detached direct carrier cur:
@@ -733,6 +745,11 @@ func (d *directConn) install(cur *carrier, f *transport.Conn, h transport.Handov
 	d.mu.Unlock()
 	if shut {
 		if err := d.mark(nf, fbFin); err != nil {
+			return err
+		}
+	}
+	if d.installStep != nil {
+		if err := d.installStep(); err != nil {
 			return err
 		}
 	}

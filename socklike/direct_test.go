@@ -640,6 +640,33 @@ func TestDirectAbortMovingBack(t *testing.T) {
 	}
 }
 
+// TestDirectMoveFailResets: a move to the fallback that fails on either
+// side once that side has sent on the fallback what its peer lacked ends
+// the connection with a reset at both ends, never an end of stream the
+// peer would take for the stream's whole: the peer reads the bytes
+// written before, then ECONNRESET, and so does the side that failed.
+func TestDirectMoveFailResets(t *testing.T) {
+	const words = "last words"
+	for failing := range 2 {
+		t.Run(fmt.Sprintf("side%d", failing), func(t *testing.T) {
+			r := newDirectRig(t)
+			d := r.c[failing].d
+			d.moveMu.Lock()
+			d.installStep = func() error { return errors.New("injected") }
+			d.moveMu.Unlock()
+			check := readsReset(t, r.c[1-failing])
+			_, err := r.c[failing].Write([]byte(words))
+			require.NoError(t, err)
+			r.tell(t, appproto.LeaseLinkDown)
+			check(words)
+			_, err = r.c[failing].Read(make([]byte, 1))
+			require.ErrorIs(t, err, syscall.ECONNRESET, "the failing side's Read")
+			require.NoError(t, r.c[0].Close())
+			require.NoError(t, r.c[1].Close())
+		})
+	}
+}
+
 // enginePair returns two engine endpoints over an in-memory link, closed
 // with the test: the rigs' stand-in for the memory links to ntproxy.
 func enginePair(t *testing.T) (ma, mb *transport.Endpoint) {
