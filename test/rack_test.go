@@ -47,7 +47,7 @@ func daemons(t *testing.T) string {
 		if binErr != nil {
 			return
 		}
-		out, err := exec.Command("go", "build", "-tags", os.Getenv(daemonTagsEnv), "-o", binDir+"/", "../cmd/ntmon", "../cmd/ntproxy").CombinedOutput()
+		out, err := exec.Command("go", "build", "-tags", os.Getenv(daemonTagsEnv), "-o", binDir+"/", "../cmd/ntmon", "../cmd/ntproxy", "../cmd/ntrack").CombinedOutput()
 		if err != nil {
 			binErr = fmt.Errorf("build daemons: %v\n%s", err, out)
 		}

@@ -16,12 +16,15 @@
 // left behind (namespaces, veths, bridges, default directories) when their
 // ntrack or test was killed. demo starts a 2-host rack, runs the KV (YCSB
 // over RESP) and HTTP workloads between the hosts through their ntproxy
-// daemons and over TCP loopback, prints both, then unmodified redis-server
+// daemons, over TCP through two plain TCP relays in the daemons' place
+// (ntrack relay, one P each as ntproxy) and over TCP loopback, prints
+// them side by side, then unmodified redis-server
 // and nginx under redis-benchmark and wrk through the TCP gateway and over
 // TCP, and beside them two plain TCP relays (ntrack relay) in place of the
 // gateways, the ceiling of two user-space hops (-gateway: that table
-// alone); then it tears the rack down. relay copies each connection to LISTEN to a new one to TO, both
-// ways, with two Ps as ntproxy's gateway process.
+// alone); then it tears the rack down. relay copies each connection to
+// LISTEN to a new one to TO, both ways, with -procs Ps (by default two, as
+// ntproxy's gateway process).
 package main
 
 import (
@@ -192,7 +195,7 @@ func demo(args []string, out, stderr io.Writer) error {
 	fs := cli.FlagSet("ntrack demo", demoSynopsis, stderr)
 	bin := fs.String("bin", "", "directory holding the ntmon and ntproxy binaries (required)")
 	per := fs.Duration("time", 2*time.Second, "measured time per workload, size and transport")
-	only := fs.String("only", "", "parts to run, comma-separated, of the rack workloads' transports proxy, pool, direct and tcp, and gateway (the gateway table: TCP, the relays and the gateway); default: all")
+	only := fs.String("only", "", "parts to run, comma-separated, of the rack workloads' transports proxy, pool, direct, relay (TCP through two relays) and tcp, and gateway (the gateway table: TCP, the relays and the gateway); default: all")
 	if done, err := parse(fs, args, out); done {
 		return err
 	}
@@ -206,10 +209,10 @@ func demo(args []string, out, stderr io.Writer) error {
 		case "":
 		case "gateway":
 			withGateway = true
-		case "proxy", "pool", "direct", "tcp":
+		case "proxy", "pool", "direct", "relay", "tcp":
 			transports = append(transports, part)
 		default:
-			return fmt.Errorf("demo: -only %q: want proxy, pool, direct, tcp or gateway: %w", part, errUsage)
+			return fmt.Errorf("demo: -only %q: want proxy, pool, direct, relay, tcp or gateway: %w", part, errUsage)
 		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -222,9 +225,14 @@ func demo(args []string, out, stderr io.Writer) error {
 	a, b := r.Host("a"), r.Host("b")
 	fmt.Fprintf(out, "rack %s: hosts a (%s) and b (%s), NTB link %s, ntmon and ntproxy on each\n",
 		r.Name(), a.IP, b.IP, a.Config.Peers[0].Link)
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
 	if *only == "" || len(transports) > 0 {
-		fmt.Fprintf(out, "KV server and HTTP file server attached to b's ntproxy, clients to a's; baseline: the same code over TCP loopback\n\n")
-		res, err := rackdemo.Run(ctx, rackdemo.Options{ServerHost: b.Config, ClientHost: a.Config, KVTime: *per, HTTPTime: *per, Transports: transports})
+		fmt.Fprintf(out, "KV server and HTTP file server attached to b's ntproxy, clients to a's; baseline: the same code over TCP loopback\n")
+		fmt.Fprintf(out, "relays: the same code over TCP through two plain Go TCP relays (ntrack relay, one P each as ntproxy) in place of the ntproxys: the ceiling of two user-space hops\n\n")
+		res, err := rackdemo.Run(ctx, rackdemo.Options{ServerHost: b.Config, ClientHost: a.Config, KVTime: *per, HTTPTime: *per, Transports: transports, RelayCmd: []string{self, "relay"}})
 		res.Print(out)
 		if err != nil {
 			return err
@@ -234,10 +242,6 @@ func demo(args []string, out, stderr io.Writer) error {
 		return nil
 	}
 	fmt.Fprintf(out, "\nunmodified redis-server and nginx on b; redis-benchmark and wrk on a through ntproxy's TCP gateway (NTB link), then over TCP to %s\n\n", b.IP)
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
 	fmt.Fprintf(out, "relay: two plain Go TCP relays (ntrack relay, two Ps as the gateway process) in place of the gateways, a loopback hop on each host: the ceiling of two user-space hops\n\n")
 	rows, err := rackdemo.RunGateway(ctx, r, rackdemo.GatewayOptions{Client: "a", Server: "b", Clients: 50, OneClient: true, BesideBulk: true, WrkTime: *per, RelayCmd: []string{self, "relay"}})
 	rackdemo.PrintGateway(out, rows)

@@ -348,20 +348,25 @@ func waitGateway(ctx context.Context, r *rack.Rack, client, server string) error
 
 // waitTCP waits until something listens on host's port.
 func waitTCP(ctx context.Context, r *rack.Rack, host string, port int) error {
+	return r.Enter(host, func() error {
+		if err := awaitListen(ctx, net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); err != nil {
+			return fmt.Errorf("server on %s:%d: %w", host, port, err)
+		}
+		return nil
+	})
+}
+
+// awaitListen waits until a TCP connection to addr succeeds, for 10 s at
+// most.
+func awaitListen(ctx context.Context, addr string) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		err := r.Enter(host, func() error {
-			c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), time.Second)
-			if err == nil {
-				c.Close()
-			}
-			return err
-		})
+		c, err := net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {
-			return nil
+			return c.Close()
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("server on %s:%d: %w", host, port, err)
+			return err
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

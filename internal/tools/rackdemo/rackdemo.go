@@ -13,7 +13,9 @@
 // own and the bytes go from application to application. Both
 // applications live in the calling process (attached separately, each
 // with its own memory link); the TCP baseline runs the same server and
-// client code on 127.0.0.1.
+// client code on 127.0.0.1, and with Options.RelayCmd the same code runs
+// over TCP through two plain relay processes in the two ntproxys' place,
+// the ceiling of a path through two user-space daemons (relay.go).
 package rackdemo
 
 import (
@@ -21,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -41,8 +44,15 @@ type Options struct {
 	ServerHost *config.Config // the host the servers attach to (b)
 	ClientHost *config.Config // the host the clients attach to (a)
 	// Transports names the transports to run, of "proxy", "pool",
-	// "direct" and "tcp" (default: all, in that order).
+	// "direct", "relay" and "tcp" (default: all, in that order; "relay"
+	// only with RelayCmd).
 	Transports []string
+	// RelayCmd, if set, is the command line (program and leading
+	// arguments) of a process running RelayMain, "ntrack relay": the
+	// "relay" transport runs the TCP baseline's code through two such
+	// relays in place of the two ntproxys, the ceiling of a path through
+	// two user-space daemons.
+	RelayCmd []string
 }
 
 func (o *Options) setDefaults() {
@@ -153,16 +163,22 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		path: func(net.Conn) string { return "tcp" },
 	}
 	all := map[string]transport{"proxy": rackT, "pool": poolT, "direct": directT, "tcp": tcpT}
+	known := []string{"proxy", "pool", "direct", "tcp"}
+	if o.RelayCmd != nil {
+		all["relay"] = relayTransport(ctx, o.RelayCmd)
+		known = []string{"proxy", "pool", "direct", "relay", "tcp"}
+	}
+	names := known
+	if len(o.Transports) > 0 {
+		names = o.Transports
+	}
 	var run []transport
-	for _, name := range o.Transports {
+	for _, name := range names {
 		t, ok := all[name]
 		if !ok {
-			return Result{}, fmt.Errorf("unknown transport %q (want proxy, pool, direct or tcp)", name)
+			return Result{}, fmt.Errorf("unknown transport %q (want one of %s)", name, strings.Join(known, ", "))
 		}
 		run = append(run, t)
-	}
-	if len(run) == 0 {
-		run = []transport{rackT, poolT, directT, tcpT}
 	}
 	var res Result
 	for _, t := range run {
@@ -299,23 +315,54 @@ func (r Result) Print(w io.Writer) {
 		if k.Path == "tcp" {
 			continue
 		}
+		var tcp, relay float64
 		for _, b := range r.KV {
-			if b.Path == "tcp" && b.Workload == k.Workload && b.All.P50 > 0 && k.All.P50 > 0 {
-				fmt.Fprintf(w, "KV workload %s over %s: p50 %.2fx TCP's, throughput %.2fx TCP's\n", k.Workload, k.Path,
-					float64(k.All.P50)/float64(b.All.P50), k.OpsPerSec/b.OpsPerSec)
+			if b.Workload != k.Workload || b.All.P50 <= 0 || k.All.P50 <= 0 {
+				continue
+			}
+			switch b.Path {
+			case "tcp":
+				tcp = k.OpsPerSec / b.OpsPerSec
+				fmt.Fprintf(w, "KV workload %s over %s: p50 %.2fx TCP's, throughput %.2fx TCP's", k.Workload, k.Path,
+					float64(k.All.P50)/float64(b.All.P50), tcp)
+			case RelayPath:
+				relay = k.OpsPerSec / b.OpsPerSec
 			}
 		}
+		printRelay(w, k.Path, tcp, relay)
 	}
 	for _, h := range r.HTTP {
 		if h.Path == "tcp" {
 			continue
 		}
+		var tcp, relay float64
 		for _, b := range r.HTTP {
-			if b.Path == "tcp" && b.Size == h.Size && b.Latency.P50 > 0 && h.Latency.P50 > 0 {
-				fmt.Fprintf(w, "HTTP %s over %s: p50 %.2fx TCP's, throughput %.2fx TCP's\n", size(h.Size), h.Path,
-					float64(h.Latency.P50)/float64(b.Latency.P50), h.MBPerSec/b.MBPerSec)
+			if b.Size != h.Size || b.Latency.P50 <= 0 || h.Latency.P50 <= 0 {
+				continue
+			}
+			switch b.Path {
+			case "tcp":
+				tcp = h.MBPerSec / b.MBPerSec
+				fmt.Fprintf(w, "HTTP %s over %s: p50 %.2fx TCP's, throughput %.2fx TCP's", size(h.Size), h.Path,
+					float64(h.Latency.P50)/float64(b.Latency.P50), tcp)
+			case RelayPath:
+				relay = h.MBPerSec / b.MBPerSec
 			}
 		}
+		printRelay(w, h.Path, tcp, relay)
+	}
+}
+
+// printRelay ends a ratio line: with the relays' throughput against the
+// row's, unless the row is the relays' own or they did not run.
+func printRelay(w io.Writer, path string, tcp, relay float64) {
+	switch {
+	case tcp == 0:
+		return
+	case path != RelayPath && relay > 0:
+		fmt.Fprintf(w, ", %.2fx the relays'\n", relay)
+	default:
+		fmt.Fprintln(w)
 	}
 }
 

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"os/exec"
 	"os/signal"
 	"runtime"
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // The gateway table's ceiling: two plain Go TCP relays in place of the
@@ -120,4 +123,77 @@ func RelayMain(pairs []string, procs int) error {
 		err = errors.Join(err, <-errc)
 	}
 	return err
+}
+
+// The rack workloads' ceiling: the TCP baseline's server and client code
+// with two relays (RelayMain, one P each, as ntproxy runs) in place of the
+// two ntproxys: client → relay → relay → server, three loopback hops each
+// way, where the proxied path crosses its application's memory link, the
+// NTB link and the far application's. RelayPath is its path; the client's
+// relay listens on the first port, the server's on the second.
+const RelayPath = "tcp-relays"
+
+var workloadRelayPorts = [2]int{26410, 26411}
+
+// relayTransport runs the relays cmd (ntrack relay) starts in front of
+// each server it listens for.
+func relayTransport(ctx context.Context, cmd []string) transport {
+	return transport{
+		name:   "tcp through two relays (a → relay → relay → b)",
+		listen: func(int) (net.Listener, error) { return listenRelayed(ctx, cmd) },
+		dial:   (&net.Dialer{}).DialContext,
+		host:   func(int) string { return fmt.Sprintf("127.0.0.1:%d", workloadRelayPorts[0]) },
+		path:   func(net.Conn) string { return RelayPath },
+	}
+}
+
+// relayedListener is a server's listener with the relays in front of it;
+// Close stops them too.
+type relayedListener struct {
+	net.Listener
+	cmds []*exec.Cmd
+	once sync.Once
+}
+
+func (l *relayedListener) Close() error {
+	err := l.Listener.Close()
+	l.once.Do(func() {
+		for _, c := range l.cmds {
+			c.Process.Signal(syscall.SIGTERM)
+		}
+		for _, c := range l.cmds {
+			c.Wait()
+		}
+	})
+	return err
+}
+
+// listenRelayed listens on loopback and starts the two relays in front of
+// it, the server's first.
+func listenRelayed(ctx context.Context, cmd []string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	l := &relayedListener{Listener: ln}
+	client, server := workloadRelayPorts[0], workloadRelayPorts[1]
+	for _, hop := range []struct {
+		port int
+		to   string
+	}{{server, ln.Addr().String()}, {client, fmt.Sprintf("127.0.0.1:%d", server)}} {
+		listen := fmt.Sprintf("127.0.0.1:%d", hop.port)
+		c := exec.CommandContext(ctx, cmd[0], append(cmd[1:len(cmd):len(cmd)], "-procs", "1", listen+"="+hop.to)...)
+		c.Stdout, c.Stderr = os.Stderr, os.Stderr
+		c.WaitDelay = 2 * time.Second
+		if err := c.Start(); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("start relay: %w", err)
+		}
+		l.cmds = append(l.cmds, c)
+		if err := awaitListen(ctx, listen); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("relay on %s: %w", listen, err)
+		}
+	}
+	return l, nil
 }
