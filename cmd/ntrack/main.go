@@ -188,7 +188,7 @@ func relay(args []string, out, stderr io.Writer) error {
 	if fs.NArg() == 0 {
 		return fmt.Errorf("relay: want LISTEN=TO pairs: %w", errUsage)
 	}
-	return rackdemo.RelayMain(fs.Args(), *procs)
+	return rackdemo.RelayMain(fs.Args(), *procs, out)
 }
 
 func demo(args []string, out, stderr io.Writer) error {

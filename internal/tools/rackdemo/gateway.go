@@ -224,7 +224,7 @@ func startRelays(ctx context.Context, r *rack.Rack, o GatewayOptions, serverIP s
 		args []string
 	}{{o.Server, serverArgs}, {o.Client, clientArgs}} {
 		c := r.ExecContext(ctx, h.host, o.RelayCmd[0], append(o.RelayCmd[1:len(o.RelayCmd):len(o.RelayCmd)], h.args...)...)
-		c.Stdout, c.Stderr = os.Stderr, os.Stderr
+		c.Stderr = os.Stderr // stdout: the relay's addresses, known here
 		c.WaitDelay = 2 * time.Second
 		if err := c.Start(); err != nil {
 			return stop, nil, fmt.Errorf("start relay on %s: %w", h.host, err)
@@ -348,25 +348,20 @@ func waitGateway(ctx context.Context, r *rack.Rack, client, server string) error
 
 // waitTCP waits until something listens on host's port.
 func waitTCP(ctx context.Context, r *rack.Rack, host string, port int) error {
-	return r.Enter(host, func() error {
-		if err := awaitListen(ctx, net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); err != nil {
-			return fmt.Errorf("server on %s:%d: %w", host, port, err)
-		}
-		return nil
-	})
-}
-
-// awaitListen waits until a TCP connection to addr succeeds, for 10 s at
-// most.
-func awaitListen(ctx context.Context, addr string) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
+		err := r.Enter(host, func() error {
+			c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), time.Second)
+			if err == nil {
+				c.Close()
+			}
+			return err
+		})
 		if err == nil {
-			return c.Close()
+			return nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return err
+			return fmt.Errorf("server on %s:%d: %w", host, port, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -1,6 +1,7 @@
 package rackdemo
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -89,8 +90,9 @@ func relayCopy(dst, src net.Conn) {
 
 // RelayMain is the relay program ("ntrack relay LISTEN=TO ..."): it relays
 // each LISTEN address to its TO address with procs Ps (GOMAXPROCS), until
-// SIGINT or SIGTERM.
-func RelayMain(pairs []string, procs int) error {
+// SIGINT or SIGTERM. It writes a line "ADDR=TO" to out for each pair once
+// it listens, ADDR the address bound (LISTEN may name port 0).
+func RelayMain(pairs []string, procs int, out io.Writer) error {
 	if len(pairs) == 0 {
 		return errors.New("relay: want LISTEN=TO pairs")
 	}
@@ -114,6 +116,7 @@ func RelayMain(pairs []string, procs int) error {
 			break
 		}
 		started++
+		fmt.Fprintf(out, "%s=%s\n", ln.Addr(), to)
 		go func() { errc <- Relay(ctx, ln, to) }()
 	}
 	if err != nil {
@@ -129,28 +132,33 @@ func RelayMain(pairs []string, procs int) error {
 // with two relays (RelayMain, one P each, as ntproxy runs) in place of the
 // two ntproxys: client → relay → relay → server, three loopback hops each
 // way, where the proxied path crosses its application's memory link, the
-// NTB link and the far application's. RelayPath is its path; the client's
-// relay listens on the first port, the server's on the second.
+// NTB link and the far application's. RelayPath is its path.
 const RelayPath = "tcp-relays"
-
-var workloadRelayPorts = [2]int{26410, 26411}
 
 // relayTransport runs the relays cmd (ntrack relay) starts in front of
 // each server it listens for.
 func relayTransport(ctx context.Context, cmd []string) transport {
+	var addr string // the client's relay's, set by listen
 	return transport{
-		name:   "tcp through two relays (a → relay → relay → b)",
-		listen: func(int) (net.Listener, error) { return listenRelayed(ctx, cmd) },
-		dial:   (&net.Dialer{}).DialContext,
-		host:   func(int) string { return fmt.Sprintf("127.0.0.1:%d", workloadRelayPorts[0]) },
-		path:   func(net.Conn) string { return RelayPath },
+		name: "tcp through two relays (a → relay → relay → b)",
+		listen: func(int) (net.Listener, error) {
+			l, err := listenRelayed(ctx, cmd)
+			if err == nil {
+				addr = l.addr
+			}
+			return l, err
+		},
+		dial: (&net.Dialer{}).DialContext,
+		host: func(int) string { return addr },
+		path: func(net.Conn) string { return RelayPath },
 	}
 }
 
 // relayedListener is a server's listener with the relays in front of it;
-// Close stops them too.
+// addr is the first relay's, and Close stops them too.
 type relayedListener struct {
 	net.Listener
+	addr string
 	cmds []*exec.Cmd
 	once sync.Once
 }
@@ -169,31 +177,34 @@ func (l *relayedListener) Close() error {
 }
 
 // listenRelayed listens on loopback and starts the two relays in front of
-// it, the server's first.
-func listenRelayed(ctx context.Context, cmd []string) (net.Listener, error) {
+// it, the server's first, each on a port of its choosing.
+func listenRelayed(ctx context.Context, cmd []string) (*relayedListener, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	l := &relayedListener{Listener: ln}
-	client, server := workloadRelayPorts[0], workloadRelayPorts[1]
-	for _, hop := range []struct {
-		port int
-		to   string
-	}{{server, ln.Addr().String()}, {client, fmt.Sprintf("127.0.0.1:%d", server)}} {
-		listen := fmt.Sprintf("127.0.0.1:%d", hop.port)
-		c := exec.CommandContext(ctx, cmd[0], append(cmd[1:len(cmd):len(cmd)], "-procs", "1", listen+"="+hop.to)...)
-		c.Stdout, c.Stderr = os.Stderr, os.Stderr
+	l := &relayedListener{Listener: ln, addr: ln.Addr().String()}
+	for range 2 {
+		c := exec.CommandContext(ctx, cmd[0], append(cmd[1:len(cmd):len(cmd)], "-procs", "1", "127.0.0.1:0="+l.addr)...)
+		c.Stderr = os.Stderr
 		c.WaitDelay = 2 * time.Second
-		if err := c.Start(); err != nil {
+		out, err := c.StdoutPipe()
+		if err == nil {
+			err = c.Start()
+		}
+		if err != nil {
 			l.Close()
 			return nil, fmt.Errorf("start relay: %w", err)
 		}
 		l.cmds = append(l.cmds, c)
-		if err := awaitListen(ctx, listen); err != nil {
+		// Its one line, "ADDR=TO", once it listens (EOF if it failed).
+		line, err := bufio.NewReader(out).ReadString('\n')
+		addr, _, ok := strings.Cut(line, "=")
+		if err != nil || !ok {
 			l.Close()
-			return nil, fmt.Errorf("relay on %s: %w", listen, err)
+			return nil, fmt.Errorf("relay to %s did not start listening: %q, %v", l.addr, line, err)
 		}
+		l.addr = addr
 	}
 	return l, nil
 }
