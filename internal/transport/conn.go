@@ -103,6 +103,7 @@ func newConn(ep *Endpoint, local, remote Addr) *Conn {
 		wdl:       deadline.New(),
 	}
 	c.rxPart.Store(-1)
+	c.movedAt.Store(-1)
 	return c
 }
 

@@ -34,7 +34,8 @@ type Handover struct {
 	// peer must send again from here.
 	Received int64
 	// Sent is how many bytes this side sent; Acked how many of them the
-	// peer's application has read, for sure.
+	// peer holds for sure: its application read them, or (by reference,
+	// see retention) it took them off the rings.
 	Sent, Acked int64
 	// Unacked is a copy of the bytes from Acked up to Sent: whatever the
 	// peer says it received among them goes again over the new carrier.
@@ -120,7 +121,7 @@ func (c *Conn) Detach() (Handover, error) {
 	c.flags.Or(fFailed)
 	var h Handover
 	c.smu.Lock()
-	h.Sent, h.Acked = c.sent.Load(), c.peerRead.Load()
+	h.Sent, h.Acked = c.sent.Load(), c.keep.from(c.peerRead.Load())
 	h.Unacked = c.retainedLocked(h.Acked, h.Sent)
 	c.resuming = true // no DATA goes out after this count (see serveOnce, sendNow)
 	c.smu.Unlock()

@@ -14,13 +14,16 @@ import (
 //   - By reference, on a device whose outbound window is shared memory
 //     (ntb.SharedWindow): each DATA record's bytes stay where they were
 //     written, in the peer's ring, and only this end ever overwrites
-//     them there. A span records where (partition.SendRef); before a
-//     record of the ring overwrites an unacknowledged span, the ring's
-//     overwrite hook copies it out (ringRefs.overwrite), and when the
-//     session ends, takeOver copies out the rest (materialize) before the
-//     next session writes the rings. A lone stream, whose window is at
-//     most half the ring, has its bytes acknowledged before the ring
-//     comes round: nothing is copied.
+//     them there. A span records where (partition.SendRef). The ring
+//     overwrites a span only once the peer has taken it off: the peer
+//     holds it then, and the ring's overwrite hook drops it
+//     unacknowledged (ringRefs.overwrite), unless the connection moved
+//     partitions and the peer may count it lost (see there), when the
+//     hook copies it out. When the session ends, takeOver copies out
+//     the rest (materialize) before the next session writes the rings.
+//     (CREDIT acknowledges late: a receiver sharing its rings reports
+//     less than it read, to bound the writer's share, so with many
+//     streams most spans meet the ring coming round unacknowledged.)
 //     Records of keepSmall bytes or less are copied all the same, into
 //     chunks of our own (a span per record would cost more than the
 //     copy).
@@ -38,6 +41,7 @@ type retention struct {
 	ring  []byte     // by copy
 	spans []keepSpan // by reference: by offset, contiguous; spans[head:] are live
 	head  int
+	floor int64    // by reference: the bytes below were taken off the rings (taken)
 	free  [][]byte // retired copies, for the next ones (at most keepFree)
 }
 
@@ -165,6 +169,23 @@ func (r *retention) find(o int64) int {
 		return -1
 	}
 	return r.head + i
+}
+
+// taken drops the spans up to stream offset end, which the peer has
+// taken off the rings (ringRefs.overwrite): a resume or a hand-over never
+// asks for them again.
+func (r *retention) taken(end int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.retire(end)
+	r.floor = max(r.floor, end)
+}
+
+// from is where the retained bytes begin, at least peerRead.
+func (r *retention) from(peerRead int64) int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return max(r.floor, peerRead)
 }
 
 // copyOut copies out of part's ring the unacknowledged bytes of the span
@@ -297,7 +318,18 @@ func (q *ringRefs) overwrite(part *partition.Partition, below uint64) {
 		if !acked && e.at >= below {
 			break
 		}
-		if !acked {
+		switch {
+		case acked:
+		case read > e.c.movedAt.Load():
+			// The ring overwrites only what the peer took off it, so the
+			// peer holds the span, and every byte before it (they came
+			// first on this ring, or were read before the last MOVE):
+			// its RESUME will count them received.
+			e.c.keep.taken(e.end)
+		default:
+			// The peer may hold it among the frames that came early on
+			// this partition while it had not read up to the MOVE, which
+			// it counts lost should the session end.
 			e.c.keep.copyOut(part, e.at, e.end, read)
 		}
 		q.q[q.head] = ringRef{}

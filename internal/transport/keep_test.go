@@ -127,8 +127,9 @@ func TestKeepResumeUnreadRing(t *testing.T) {
 
 // A connection whose reader stops while another streams on the same ring:
 // its bytes leave the ring for its receive queue unacknowledged, and the
-// ring comes round over them, so the sender copies them out first. A
-// restart then, and a link flap after it, lose none of either stream.
+// ring comes round over them; by reference the sender drops them then,
+// uncopied, as the peer holds them. A restart then, and a link flap after
+// it, lose none of either stream.
 func TestKeepResumeOverwrittenRing(t *testing.T) {
 	retentionBackends(t, func(t *testing.T, da, db ntb.Device) {
 		a, b := attachPair(t, da, db, Config{})
@@ -155,8 +156,11 @@ func TestKeepResumeOverwrittenRing(t *testing.T) {
 		}()
 		require.NoError(t, <-fastRead, "the fast stream laps the ring")
 		if a.byRef {
-			require.GreaterOrEqual(t, int64(slow1.keep.size()), min(held, inFlight(slow1)),
-				"the ring came round: the slow connection's unacknowledged bytes were copied out")
+			require.Zero(t, slow1.keep.size(), "the ring came round: the peer holds what it overwrote, nothing is copied")
+			require.Greater(t, slow1.keep.from(slow1.peerRead.Load()), slow1.peerRead.Load(),
+				"the retention begins past the acknowledgement")
+		} else {
+			require.GreaterOrEqual(t, int64(slow1.keep.size()), min(held, inFlight(slow1)))
 		}
 		first := epoch(a)
 		restart(a)
@@ -216,23 +220,47 @@ func TestKeepResumeLinkFailsInFlight(t *testing.T) {
 
 // Retained by reference over a ring that comes round: whatever the ring
 // overwrites, materialize and bytesAt give back exactly the bytes from
-// the acknowledgement to what was sent, small records copied and large
-// ones referenced alike, at every step and once the ring is scribbled
-// over (a new session's records).
+// where the retention begins to what was sent, small records copied and
+// large ones referenced alike, at every step and once the ring is
+// scribbled over (a new session's records). What the ring overwrites the
+// peer took off it: it is dropped, unacknowledged, and the retention
+// begins past it — unless the connection moved partitions and the peer
+// has not read up to the MOVE, when it is copied out and the retention
+// begins at the acknowledgement.
 func TestKeepRefsRing(t *testing.T) {
+	for _, moved := range []bool{false, true} {
+		t.Run(map[bool]string{false: "taken", true: "moved"}[moved], func(t *testing.T) {
+			keepRefsRing(t, moved)
+		})
+	}
+}
+
+func keepRefsRing(t *testing.T, moved bool) {
 	const size = 64 << 10
 	mem := make([]byte, size)
-	c := &Conn{}
+	c := newConn(nil, Addr{}, Addr{})
+	if moved {
+		c.movedAt.Store(1 << 40) // the peer never reads up to it
+	}
 	part := &partition.Partition{} // the ring's, for the spans
 	var q ringRefs
 	rng := rand.New(rand.NewPCG(7, 8))
 	var stream []byte
-	var sent, pos int64 // stream offset, ring write position
+	var sent, pos int64   // stream offset, ring write position
+	var overwritten int64 // the stream offset the ring has overwritten up to
+	var ends []int64      // the ring's records' ends and positions, in order
+	var ats []int64
 	check := func() {
 		t.Helper()
 		ack := c.peerRead.Load()
-		require.True(t, c.keep.holds(ack, sent), "holds %d..%d", ack, sent)
-		for o := ack; o < sent; {
+		from := c.keep.from(ack)
+		if moved {
+			require.Equal(t, ack, from, "a move pending: retained from the acknowledgement")
+		} else {
+			require.Equal(t, max(ack, overwritten), from, "retained from the acknowledgement or what the ring overwrote")
+		}
+		require.True(t, c.keep.holds(from, sent), "holds %d..%d", from, sent)
+		for o := from; o < sent; {
 			b := c.keep.bytesAt(o, sent)
 			require.NotEmpty(t, b, "byte %d not retained", o)
 			require.True(t, bytes.Equal(b, stream[o:o+int64(len(b))]), "bytes from %d differ", o)
@@ -248,7 +276,12 @@ func TestKeepRefsRing(t *testing.T) {
 		if pos%size+int64(n) > size {
 			pos += size - pos%size // padding at the end
 		}
-		q.overwrite(part, uint64(max(0, pos+int64(n)-size)))
+		below := max(0, pos+int64(n)-size)
+		q.overwrite(part, uint64(below))
+		for len(ats) > 0 && ats[0] < below {
+			overwritten = ends[0]
+			ends, ats = ends[1:], ats[1:]
+		}
 		ref := mem[pos%size:][:n:n]
 		copy(ref, b)
 		if n <= keepSmall {
@@ -256,6 +289,7 @@ func TestKeepRefsRing(t *testing.T) {
 		} else {
 			c.keep.addRef(sent, ref, part, uint64(pos), c.peerRead.Load())
 			q.push(c, sent+int64(n), uint64(pos))
+			ends, ats = append(ends, sent+int64(n)), append(ats, pos)
 		}
 		sent += int64(n)
 		pos += int64(n)
@@ -284,6 +318,9 @@ func TestKeepRefsRing(t *testing.T) {
 		mem[i] = 0xee
 	}
 	check()
+	if !moved {
+		require.Less(t, c.keep.size(), 64<<10, "little copied: the small records since the ring last came round")
+	}
 }
 
 // Sessions restarted back to back while what waited unread is being sent

@@ -19,7 +19,9 @@ import (
 // peer's CREDIT covers it (sendHalf.keep): the bytes between peerRead and
 // sent, which the credit bounds by the peer's window. CREDIT reports
 // bytes the peer's application has read; a byte read is out of the ring,
-// in the reader's own process, and survives the session. On a device
+// in the reader's own process, and survives the session. So does a byte
+// the peer took off the ring in order, read or not (RESUME's received
+// counts it): by reference, the sender drops what the ring overwrites. On a device
 // whose outbound window is shared memory the bytes are kept where they
 // were written, in the peer's ring, and copied out only before the ring
 // overwrites them or a new session writes it; elsewhere they are copied

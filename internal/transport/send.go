@@ -29,9 +29,12 @@ type sendHalf struct {
 	window   int64
 	sent     atomic.Int64
 	peerRead atomic.Int64
-	prio     atomic.Uint32 // qos.Class
-	wdone    atomic.Bool   // the posted write has gone out
-	wantOut  atomic.Bool   // a WANT to send once the serve pass has published (see unit.serve)
+	// movedAt is sent when this side last moved the connection to
+	// another partition (-1: never); see ringRefs.overwrite.
+	movedAt atomic.Int64
+	prio    atomic.Uint32 // qos.Class
+	wdone   atomic.Bool   // the posted write has gone out
+	wantOut atomic.Bool   // a WANT to send once the serve pass has published (see unit.serve)
 
 	smu sync.Mutex // taken by whoever serves the connection
 	// smu protects the following fields.
@@ -233,6 +236,7 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wa
 		if err := send(makeTag(kindMove, c.peerID), le32(uint32(to.Index))); err != nil {
 			return failed(err)
 		}
+		c.movedAt.Store(c.sent.Load())
 		if !c.unplaced {
 			c.unit.unplace(c.slot)
 		}
