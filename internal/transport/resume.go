@@ -21,10 +21,11 @@ import (
 // bytes the peer's application has read; a byte read is out of the ring,
 // in the reader's own process, and survives the session. So does a byte
 // the peer took off the ring in order, read or not (RESUME's received
-// counts it): by reference, the sender drops what the ring overwrites. On a device
-// whose outbound window is shared memory the bytes are kept where they
-// were written, in the peer's ring, and copied out only before the ring
-// overwrites them or a new session writes it; elsewhere they are copied
+// counts it). On a device whose outbound window is shared memory the
+// bytes are kept where they were written, in the peer's ring: the ring
+// overwrites only what the peer took off it, so those are dropped then
+// (copied out only after a MOVE the peer has not read past), and the rest
+// are copied out before a new session writes the ring; elsewhere they are copied
 // as they are sent (keep.go).
 //
 // Resume. When a session ends and the cause leaves hope — the link went
