@@ -110,6 +110,27 @@ func (p *Partition) SendRef(tag uint32, body []byte) (ref []byte, at uint64, err
 	return b, at, nil
 }
 
+// SendFill is SendRef of a record that fill writes in place: fill gets
+// room for up to max payload bytes in the peer's memory and returns how
+// many it wrote there. A record of what it wrote is added to the batch;
+// if it wrote nothing, none is, and ref is empty. It saves the copy of a
+// source that can write into memory itself (a socket's read).
+func (p *Partition) SendFill(tag uint32, max int, fill func(b []byte) int) (ref []byte, at uint64, err error) {
+	b, err := p.reserve(max)
+	if err != nil {
+		return nil, 0, err
+	}
+	n := fill(b)
+	if n <= 0 {
+		p.tx.Cancel()
+		return nil, 0, nil
+	}
+	p.tx.Shrink(n)
+	at = p.tx.Reserved()
+	p.tx.Commit(tag)
+	return b[:n:n], at, nil
+}
+
 // OnOverwrite installs fn, which Send and SendRef call (TX lock held)
 // before each record they write, with the write position below which
 // that record overwrites what earlier laps of the ring left: whoever

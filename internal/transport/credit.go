@@ -193,12 +193,15 @@ func (c *Conn) credit(m creditMsg) error {
 // (the "silly window" TCP avoids the same way). Records of DefaultMTU are
 // large enough; waiting for more starves a lone connection's pipe when its
 // MTU is the window (segmentation off).
-func (c *Conn) creditFloor() int64 {
+func (c *Conn) creditFloor() int64 { return c.creditFloorFor(c.postedLocked()) }
+
+// creditFloorFor is creditFloor for a write of n bytes (c.smu held).
+func (c *Conn) creditFloorFor(n int) int64 {
 	floor := c.peerFloor
 	if floor == 0 || floor > c.window {
 		floor = c.window // none yet, or more than the window could ever free
 	}
-	f := max(1, min(int64(len(c.out)-c.outOff), int64(c.ep.cfg.MTU), floor, DefaultMTU))
+	f := max(1, min(int64(n), int64(c.ep.cfg.MTU), floor, DefaultMTU))
 	if f > smallPiece && c.ep.cfg.MTU <= DefaultMTU && c.unit != nil && c.st().smallTraffic(c.unit.parts[c.slot].Index) {
 		f = smallPiece // it sends pieces (see serveOnce)
 	}

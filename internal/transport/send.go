@@ -38,13 +38,19 @@ type sendHalf struct {
 
 	smu sync.Mutex // taken by whoever serves the connection
 	// smu protects the following fields.
-	unit       *unit
-	slot       int // the partition in unit.parts
-	inSched    bool
-	unplaced   bool       // released: counted on no unit
-	frames     []ctlFrame // connection frames to send before more data
-	out        []byte     // the posted write
-	outOff     int
+	unit     *unit
+	slot     int // the partition in unit.parts
+	inSched  bool
+	unplaced bool       // released: counted on no unit
+	frames   []ctlFrame // connection frames to send before more data
+	out      []byte     // the posted write
+	outOff   int
+	// Or a posted fill (ReadSocket): fill writes up to len(b) bytes into
+	// a record's room in the ring and returns how many (0: none now); it
+	// may fill fillLeft more and has filled filled.
+	fill       func(b []byte) int
+	fillLeft   int
+	filled     int
 	waitCredit bool
 	peerFloor  int64 // the credit floor from the peer's last CREDIT (0: none, the window)
 	peerPooled bool  // the peer gives credit in turns: ask (WANT) when waiting for it
@@ -95,14 +101,26 @@ func (c *Conn) Write(b []byte) (int, error) {
 	if len(b) <= smallWrite {
 		self = c
 	}
+	if err := c.awaitWrite(self, len(b) > yieldAbove); err != nil {
+		return c.retract(), err
+	}
+	return len(b), nil
+}
+
+// awaitWrite waits until the posted write has gone out (nil) or cannot
+// (the error), serving the unit meanwhile in the inline core model. self
+// is the connection of a small write (see tryServe); bulk, a write of more
+// than yieldAbove.
+func (c *Conn) awaitWrite(self *Conn, bulk bool) error {
+	inline := c.ep.cfg.CoreModel == CoreInline
 	sp := spinner{ep: c.ep, c: c, short: c.sporadic.Load()}
 	defer sp.stop()
 	for {
 		if c.wdone.Load() {
-			return len(b), nil
+			return nil
 		}
 		if err := c.writeErr(); err != nil {
-			return c.retract(), err
+			return err
 		}
 		var wait time.Duration
 		contended := false
@@ -117,7 +135,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 			c.smu.Unlock()
 			var progress bool
 			if progress, wait, contended = u.tryServe(self); progress {
-				if len(b) > yieldAbove {
+				if bulk {
 					runtime.Gosched() // let a small flow's goroutine in (see yieldAbove)
 				}
 				continue
@@ -266,7 +284,7 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wa
 			return sent, 0, true
 		}
 	}
-	if c.out == nil {
+	if c.out == nil && c.fill == nil {
 		return sent, 0, false
 	}
 	cfg := &c.ep.cfg
@@ -288,7 +306,7 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wa
 			keepAt, keepOff = keepAt+int64(n), c.outOff
 		}
 	}
-	for budget := cfg.Batch; budget > 0 && c.outOff < len(c.out); {
+	for budget := cfg.Batch; budget > 0 && c.postedLocked() > 0; {
 		credit := c.window - (c.sent.Load() - c.peerRead.Load())
 		if credit < c.creditFloor() {
 			keep()
@@ -300,7 +318,7 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wa
 			}
 			return sent, 0, false
 		}
-		chunk := int(min(int64(len(c.out)-c.outOff), int64(cfg.MTU), credit, int64(p.MaxPayload()), int64(budget)))
+		chunk := int(min(int64(c.postedLocked()), int64(cfg.MTU), credit, int64(p.MaxPayload()), int64(budget)))
 		if chunk > smallPiece && cfg.MTU <= DefaultMTU && c.st().smallTraffic(p.Index) {
 			// A piece, and the pass ends with it: published, and the
 			// writer yields before the next (see smallPiece).
@@ -312,6 +330,22 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wa
 			return sent, w, true
 		}
 		begin()
+		if c.fill != nil {
+			n, err := c.fillDataLocked(p, chunk, c.fill)
+			if err != nil {
+				return failed(err)
+			}
+			c.filled += n
+			c.fillLeft -= n
+			c.countTx(u, n)
+			*moved += n
+			budget -= n
+			sent = sent || n > 0
+			if n < chunk {
+				c.fillLeft = 0 // the source holds no more now: the write is done
+			}
+			continue
+		}
 		piece := c.out[c.outOff : c.outOff+chunk]
 		if err := c.sendDataLocked(p, piece); err != nil {
 			keep()
@@ -327,10 +361,10 @@ func (c *Conn) serveOnce(u *unit, open, full *uint64, moved *int) (sent bool, wa
 		sent = true
 	}
 	keep()
-	if c.outOff < len(c.out) {
+	if c.postedLocked() > 0 {
 		return sent, 0, true
 	}
-	c.out, c.outOff = nil, 0
+	c.out, c.outOff, c.fill = nil, 0, nil
 	c.wdone.Store(true)
 	c.wake(c.wnotify)
 	return sent, 0, false
@@ -423,8 +457,16 @@ func (c *Conn) countTx(u *unit, n int) {
 	u.txBytes.Add(uint64(n))
 }
 
+// postedLocked is how much more the posted write may send (c.smu held).
+func (c *Conn) postedLocked() int {
+	if c.fill != nil {
+		return c.fillLeft
+	}
+	return len(c.out) - c.outOff
+}
+
 func (c *Conn) hasWorkLocked() bool {
-	return len(c.frames) > 0 || c.moving || c.out != nil || c.resendTo > c.sent.Load() || len(c.after) > 0
+	return len(c.frames) > 0 || c.moving || c.out != nil || c.fill != nil || c.resendTo > c.sent.Load() || len(c.after) > 0
 }
 
 // queueFrame queues a connection frame (FIN, CLOSE, OPEN) behind what the
@@ -441,7 +483,7 @@ func (c *Conn) queueFrame(kind uint32, body []byte) {
 	copy(f.body[:], body)
 	c.smu.Lock()
 	if kind == kindClose {
-		c.out, c.outOff = nil, 0
+		c.out, c.outOff, c.fill = nil, 0, nil
 	}
 	if c.resuming || c.resendTo > c.sent.Load() || len(c.after) > 0 {
 		c.after = append(c.after, f) // behind the bytes that go again (resume.go)

@@ -80,7 +80,7 @@ const smallWrite = 4 << 10
 
 // smallLocked reports whether c has only a small write or frames to send
 // (c.smu held).
-func (c *Conn) smallLocked() bool { return len(c.out)-c.outOff <= smallWrite && !c.moving }
+func (c *Conn) smallLocked() bool { return c.postedLocked() <= smallWrite && !c.moving }
 
 // tryServe serves the unit if nobody else does. Combining has a lost-wake
 // race — a connection queued just after the server's last look, whose

@@ -350,6 +350,25 @@ func (p *Producer) Reach(n int) uint64 {
 // payload (see Position).
 func (p *Producer) Reserved() uint64 { return p.write + uint64(p.padLen) + recHdr }
 
+// Shrink cuts the outstanding reservation to its first n payload bytes
+// (n ≤ the reserved length), before Commit: for a record filled by a
+// source that had less than the room reserved for it.
+func (p *Producer) Shrink(n int) {
+	if !p.pending || n < 0 || n > p.resLen {
+		panic(fmt.Sprintf("ring: Shrink to %d of a %d-byte reservation", n, p.resLen))
+	}
+	p.resLen = n
+}
+
+// Cancel drops the outstanding reservation: nothing was written that the
+// consumer can see, and the next Reserve starts where it started.
+func (p *Producer) Cancel() {
+	if !p.pending {
+		panic("ring: Cancel without Reserve")
+	}
+	p.pending = false
+}
+
 // Commit publishes the reserved record with tag (≤ MaxTag). It reports
 // whether the consumer asked to be woken: if so, ring its doorbell.
 func (p *Producer) Commit(tag uint32) (wake bool) {

@@ -101,6 +101,56 @@ func TestWrapAndFull(t *testing.T) {
 	}
 }
 
+// TestShrinkAndCancel reserves more than it fills, across laps so that
+// padding is decided for the reserved length: a shrunk record reads back
+// as what was written, a cancelled one not at all.
+func TestShrinkAndCancel(t *testing.T) {
+	p, c, _, _ := newPair(t, MinSize)
+	rng := rand.New(rand.NewPCG(3, 4))
+	var sent, got uint64
+	var lens []int // of the records committed and not yet read
+	for lap := 0; lap < 200; lap++ {
+		for {
+			b, err := p.Reserve(rng.IntN(p.MaxPayload() + 1))
+			if errors.Is(err, ErrFull) {
+				break
+			}
+			require.NoError(t, err)
+			if rng.IntN(4) == 0 {
+				p.Cancel()
+				continue
+			}
+			n := rng.IntN(len(b) + 1)
+			for i := range n {
+				b[i] = byte(sent + uint64(i))
+			}
+			p.Shrink(n)
+			lens = append(lens, n)
+			p.Commit(uint32(sent & MaxTag))
+			sent++
+		}
+		for {
+			tag, b, ok, err := c.Peek()
+			require.NoError(t, err)
+			if !ok {
+				break
+			}
+			require.Equal(t, uint32(got&MaxTag), tag)
+			require.Len(t, b, lens[0])
+			lens = lens[1:]
+			for i := range b {
+				require.Equal(t, byte(got+uint64(i)), b[i])
+			}
+			c.Release()
+			got++
+		}
+		require.Equal(t, sent, got)
+	}
+	_, err := p.Reserve(8)
+	require.NoError(t, err)
+	require.Panics(t, func() { p.Shrink(9) })
+}
+
 func TestWriteBackWakesProducer(t *testing.T) {
 	p, c, _, _ := newPair(t, MinSize)
 	// Fill until full; the producer then sleeps on a space wake.
