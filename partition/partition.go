@@ -131,8 +131,9 @@ func (p *Partition) SendFill(tag uint32, max int, fill func(b []byte) int) (ref 
 	return b[:n:n], at, nil
 }
 
-// OnOverwrite installs fn, which Send and SendRef call (TX lock held)
-// before each record they write, with the write position below which
+// OnOverwrite installs fn, which Send, SendRef and SendFill call (TX lock
+// held) before each record they write (SendFill: for all the room it
+// reserves), with the write position below which
 // that record overwrites what earlier laps of the ring left: whoever
 // keeps references into the ring (SendRef) copies out there what it
 // still needs. Install it before the first Send.

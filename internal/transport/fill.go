@@ -111,7 +111,7 @@ func (c *Conn) fillNow(fill func([]byte) int, max int) (n int, ok bool) {
 	c.smu.Lock()
 	defer c.smu.Unlock()
 	u := c.unit
-	if u == nil || u.queued.Load() > 0 || len(c.frames) > 0 || c.moving || c.resuming || c.resendTo > c.sent.Load() || len(c.after) > 0 || c.ep.cfg.PartitionRate != 0 {
+	if !c.nothingAheadLocked() {
 		return 0, false
 	}
 	p := u.parts[c.slot]

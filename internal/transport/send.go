@@ -390,8 +390,7 @@ func (c *Conn) sendNow(b []byte) bool {
 	c.smu.Lock()
 	defer c.smu.Unlock()
 	u := c.unit
-	if u == nil || u.queued.Load() > 0 || len(c.frames) > 0 || c.moving || c.resuming || c.resendTo > c.sent.Load() || len(c.after) > 0 || c.ep.cfg.PartitionRate != 0 ||
-		c.window-(c.sent.Load()-c.peerRead.Load()) < int64(len(b)) {
+	if !c.nothingAheadLocked() || c.window-(c.sent.Load()-c.peerRead.Load()) < int64(len(b)) {
 		return false
 	}
 	p := u.parts[c.slot]
@@ -408,6 +407,15 @@ func (c *Conn) sendNow(b []byte) bool {
 	c.countTx(u, len(b))
 	c.ep.noteProgress()
 	return true
+}
+
+// nothingAheadLocked reports whether a record of c's may go into the ring
+// now, past the unit's schedule (sendNow, fillNow): no connection of the
+// unit is queued, c has no frames, move or resend to send first, and no
+// token bucket meters the partition (c.smu held).
+func (c *Conn) nothingAheadLocked() bool {
+	return c.unit != nil && c.unit.queued.Load() == 0 && len(c.frames) == 0 && !c.moving && !c.resuming &&
+		c.resendTo <= c.sent.Load() && len(c.after) == 0 && c.ep.cfg.PartitionRate == 0
 }
 
 // txLocked adds a record of c's to p's open batch and shows it to the
